@@ -1,0 +1,1 @@
+"""The `dsparklab` command line."""

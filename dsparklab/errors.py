@@ -1,0 +1,37 @@
+"""Typed errors. Messages are one line: what was wrong, in which file and field, how to fix it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DSparkLabError(Exception):
+    """Base class of every error dsparklab raises on purpose."""
+
+
+class TraceSchemaError(DSparkLabError, ValueError):
+    """A trace file breaks the trace contract (see dsparklab/store/schema.py)."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.field = field
+        where = ", ".join(
+            part
+            for part in (
+                f"file {self.path}" if self.path else "",
+                f"field {field!r}" if field else "",
+            )
+            if part
+        )
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class UnknownMethodError(DSparkLabError, KeyError):
+    """A name (method, metric, dataset...) that no registry knows."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class ProvenanceError(DSparkLabError, ValueError):
+    """An input whose origin cannot be established (e.g. a missing model file to hash)."""

@@ -1,0 +1,31 @@
+"""The trace store: schema v1, the writer engines use, readers and validation."""
+
+from dsparklab.store.reader import find_runs, list_runs, read_run_json, read_trace
+from dsparklab.store.schema import (
+    POSITIONS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SCHEMA_VERSION,
+    STEPS_SCHEMA,
+    TABLES,
+)
+from dsparklab.store.validate import RunReport, Violation, validate_run, validate_trace
+from dsparklab.store.writer import TraceWriter, new_run_json, write_json_atomic
+
+__all__ = [
+    "POSITIONS_SCHEMA",
+    "REQUESTS_SCHEMA",
+    "SCHEMA_VERSION",
+    "STEPS_SCHEMA",
+    "TABLES",
+    "RunReport",
+    "TraceWriter",
+    "Violation",
+    "find_runs",
+    "list_runs",
+    "new_run_json",
+    "read_run_json",
+    "read_trace",
+    "validate_run",
+    "validate_trace",
+    "write_json_atomic",
+]

@@ -1,0 +1,258 @@
+"""Readers: run directories -> pandas DataFrames with run metadata joined.
+
+Column projection and row filters are pushed down to parquet through ``pyarrow.dataset``,
+and run-level filters (method, n, ...) skip whole runs, so a large store need not fit in
+memory to answer a narrow question.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from dsparklab.errors import TraceSchemaError
+from dsparklab.store.schema import (
+    PART_PREFIX,
+    PART_SUFFIX,
+    RUN_COLUMNS,
+    RUN_JSON,
+    RUN_REQUIRED_FIELDS,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    STATUSES,
+    TABLES,
+)
+
+Filters = Mapping[str, Any]
+
+
+def read_run_json(run_dir: Path | str) -> dict[str, Any]:
+    """Load and check ``run.json``; raise TraceSchemaError naming the file and field."""
+    path = Path(run_dir) / RUN_JSON
+    if not path.is_file():
+        raise TraceSchemaError("run.json is missing; not a run directory", path=path)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TraceSchemaError(f"invalid JSON ({err})", path=path) from err
+    if not isinstance(meta, dict):
+        raise TraceSchemaError("expected a JSON object at the top level", path=path)
+    for field, expected in RUN_REQUIRED_FIELDS.items():
+        if field not in meta:
+            raise TraceSchemaError("required field missing", path=path, field=field)
+        if not isinstance(meta[field], expected) or isinstance(meta[field], bool):
+            raise TraceSchemaError(
+                f"expected {_type_names(expected)}, got {type(meta[field]).__name__}",
+                path=path,
+                field=field,
+            )
+    if meta["schema_version"] != SCHEMA_VERSION:
+        raise TraceSchemaError(
+            f"schema version {meta['schema_version']} is not supported (this dsparklab reads "
+            f"{SCHEMA_VERSION})",
+            path=path,
+            field="schema_version",
+        )
+    if meta["status"] not in STATUSES:
+        raise TraceSchemaError(
+            f"status {meta['status']!r} is not one of {list(STATUSES)}", path=path, field="status"
+        )
+    if meta["num_speculative_tokens"] < 0:
+        raise TraceSchemaError(
+            "must be >= 0", path=path, field="num_speculative_tokens"
+        )
+    return meta
+
+
+def _type_names(expected: type | tuple[type, ...]) -> str:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+def part_files(run_dir: Path | str, table: str) -> list[Path]:
+    """Finished parts of ``table`` in name order (temporary files are never listed)."""
+    if table not in TABLES:
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(TABLES)}")
+    table_dir = Path(run_dir) / table
+    if not table_dir.is_dir():
+        return []
+    return sorted(table_dir.glob(f"{PART_PREFIX}*{PART_SUFFIX}"))
+
+
+def check_part_schema(path: Path, table: str) -> pa.Schema:
+    """Read one part's footer and check version, columns and types against the contract."""
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise TraceSchemaError(
+            f"unreadable parquet (truncated or not parquet): {err}", path=path
+        ) from err
+    version = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
+    if version is None:
+        raise TraceSchemaError(
+            "parquet metadata has no schema version; write parts with TraceWriter",
+            path=path,
+            field="schema_version",
+        )
+    if version != str(SCHEMA_VERSION).encode():
+        raise TraceSchemaError(
+            f"schema version {version.decode(errors='replace')} is not supported "
+            f"(this dsparklab reads {SCHEMA_VERSION})",
+            path=path,
+            field="schema_version",
+        )
+    expected = TABLES[table]
+    for field in expected:
+        if field.name not in schema.names:
+            raise TraceSchemaError("required column missing", path=path, field=field.name)
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise TraceSchemaError(
+                f"type {got} does not match the contract's {field.type}",
+                path=path,
+                field=field.name,
+            )
+    return schema
+
+
+def find_runs(root: Path | str) -> list[Path]:
+    """``root`` itself when it is a run, else every run directory below it (sorted)."""
+    root = Path(root)
+    if not root.exists():
+        raise TraceSchemaError("no such file or directory", path=root)
+    if (root / RUN_JSON).is_file():
+        return [root]
+    runs = sorted(p.parent for p in root.rglob(RUN_JSON))
+    if not runs:
+        raise TraceSchemaError("no run.json found below this directory", path=root)
+    return runs
+
+
+def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-level values joined onto every row read from this run."""
+    drafter = meta.get("drafter") or {}
+    return {
+        "run_id": meta["run_id"],
+        "engine": meta["engine"].get("name", ""),
+        "method": meta["method"],
+        "n": int(meta["num_speculative_tokens"]),
+        "target": meta["target"].get("name", ""),
+        "drafter": drafter.get("name", "none"),
+        "tier": meta.get("tier", ""),
+        "temperature": float(meta["sampling"].get("temperature", 0.0)),
+        "dataset": meta["dataset"],
+    }
+
+
+def list_runs(root: Path | str) -> pd.DataFrame:
+    """One row per run below ``root``: run-level columns, status and path."""
+    rows = []
+    for run_dir in find_runs(root):
+        meta = read_run_json(run_dir)
+        rows.append(
+            {
+                **run_columns(meta),
+                "status": meta["status"],
+                "created_at": meta["created_at"],
+                "path": str(run_dir),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+    if isinstance(wanted, (list, tuple, set, frozenset)):
+        return value in wanted
+    return bool(value == wanted)
+
+
+def _row_filter(filters: Filters) -> ds.Expression | None:
+    expr: ds.Expression | None = None
+    for name, wanted in filters.items():
+        values = list(wanted) if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
+        term = pc.field(name).isin(values)
+        expr = term if expr is None else expr & term
+    return expr
+
+
+def read_trace(
+    root: Path | str,
+    table: str = "positions",
+    *,
+    columns: Sequence[str] | None = None,
+    filters: Filters | None = None,
+    statuses: Iterable[str] = STATUSES,
+) -> pd.DataFrame:
+    """Load ``table`` from one run or every run below ``root``, run metadata joined.
+
+    Parameters
+    ----------
+    root
+        A run directory or a directory of runs.
+    table
+        ``"steps"``, ``"positions"`` or ``"requests"``.
+    columns
+        Table columns to read (run-level columns are always added); None reads all.
+    filters
+        ``{column: value or list of values}``. Run-level columns (method, n, dataset,
+        engine, ...) select runs; table columns are pushed down to parquet.
+    statuses
+        Run statuses to include; incomplete runs are readable up to their last part.
+    """
+    filters = dict(filters or {})
+    schema = TABLES.get(table)
+    if schema is None:
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(TABLES)}")
+    run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS}
+    if "dataset" in run_level and "dataset" in schema.names:
+        run_level.pop("dataset")  # the table's own column decides
+    row_level = {k: v for k, v in filters.items() if k not in run_level}
+    for name in [*(columns or []), *row_level]:
+        if name not in schema.names:
+            raise TraceSchemaError(
+                f"unknown column for table {table!r}; expected one of {schema.names}",
+                field=name,
+            )
+    wanted_columns = list(columns) if columns is not None else list(schema.names)
+    expr = _row_filter(row_level)
+    statuses = set(statuses)
+
+    frames: list[pd.DataFrame] = []
+    for run_dir in find_runs(root):
+        meta = read_run_json(run_dir)
+        if meta["status"] not in statuses:
+            continue
+        constants = run_columns(meta)
+        if not all(_matches(constants[k], v) for k, v in run_level.items()):
+            continue
+        files = part_files(run_dir, table)
+        for path in files:
+            check_part_schema(path, table)
+        if not files:
+            continue
+        dataset = ds.dataset([str(p) for p in files], schema=schema, format="parquet")
+        try:
+            arrow = dataset.to_table(columns=wanted_columns, filter=expr)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise TraceSchemaError(f"unreadable part: {err}", path=run_dir / table) from err
+        frame = arrow.to_pandas()
+        for name, value in constants.items():
+            if name not in frame.columns:
+                frame[name] = value
+        frames.append(frame)
+    if not frames:
+        empty = schema.empty_table().select(wanted_columns).to_pandas()
+        for name in RUN_COLUMNS:
+            if name not in empty.columns:
+                empty[name] = pd.Series(dtype=object)
+        return empty
+    return pd.concat(frames, ignore_index=True)
+
