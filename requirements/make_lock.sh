@@ -20,3 +20,5 @@ pip="$scratch/venv/bin/pip"
 "$pip" uninstall -y -q torchvision torchaudio torchcodec triton || true
 "$pip" freeze | grep -v -E '^-e ' > "$here/lock.txt"
 echo "wrote $here/lock.txt ($(wc -l < "$here/lock.txt") packages)"
+python3 "$here/make_environment_yml.py"
+echo "wrote environment.yml"

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.provenance import provenance
 from dsparklab.store.schema import (
     PART_PREFIX,
     PART_SUFFIX,
@@ -70,8 +71,12 @@ def new_run_json(
     sampling: Mapping[str, Any],
     **extra: Any,
 ) -> dict[str, Any]:
-    """The run.json payload of a new run (status 'running'); ``extra`` is kept verbatim."""
+    """The run.json payload of a new run (status 'running'); ``extra`` is kept verbatim.
+
+    A ``provenance`` block (git state, argv, package versions, host) is added unless given.
+    """
     return {
+        "provenance": provenance(),
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
         "created_at": utc_now(),

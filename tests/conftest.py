@@ -1,0 +1,76 @@
+"""Shared test helpers: tiny traces written through the real store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsparklab.store import TraceWriter, new_run_json
+
+
+def make_run_json(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(
+        run_id="run-test",
+        engine={"name": "test", "version": "0"},
+        method="dspark",
+        num_speculative_tokens=3,
+        target={"name": "target", "path": "t", "content_hash": "sha256:0"},
+        drafter={"name": "drafter", "path": "d", "content_hash": "sha256:1"},
+        dataset="humaneval",
+        sampling={"temperature": 0.0, "seed": 0},
+    )
+    fields.update(overrides)
+    return new_run_json(**fields)
+
+
+def step_rows(
+    accepted_per_step: Iterable[int], *, n: int = 3, request_id: str = "r0"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Steps and positions for one request; step k accepts the first accepted_per_step[k]."""
+    steps, positions = [], []
+    for step, accepted_len in enumerate(accepted_per_step):
+        steps.append(
+            dict(request_id=request_id, prompt_id=f"p-{request_id}", dataset="humaneval",
+                 step=step, context_len=10 + step, num_drafted=n, num_verified=n,
+                 accepted_len=accepted_len, draft_time_s=0.01, verify_time_s=0.02)
+        )
+        for position in range(n):
+            accepted = position < accepted_len
+            positions.append(
+                dict(request_id=request_id, step=step, position=position, draft_token=7,
+                     target_token=7 if accepted else 8, accepted=accepted, confidence=0.5,
+                     markov_bias=0.1, markov_bias_norm=1.0, markov_flip=False,
+                     draft_logprob=-0.1, base_logprob=-0.2)
+            )
+    return steps, positions
+
+
+def request_row(request_id: str = "r0") -> dict[str, Any]:
+    return dict(request_id=request_id, prompt_id=f"p-{request_id}", dataset="humaneval",
+                prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5], output_text="ab",
+                wall_time_s=0.5)
+
+
+def write_run(
+    run_dir: Path,
+    accepted_per_step: Iterable[int] = (3, 1, 0, 2),
+    *,
+    meta: Mapping[str, Any] | None = None,
+    flush_rows: int = 5,
+) -> Path:
+    meta = dict(meta or make_run_json())
+    steps, positions = step_rows(accepted_per_step, n=meta["num_speculative_tokens"])
+    with TraceWriter(run_dir, meta, flush_rows=flush_rows) as writer:
+        for step in steps:  # one step at a time, as an engine writes
+            writer.add("steps", step)
+            writer.add_many("positions", [p for p in positions if p["step"] == step["step"]])
+        writer.add("requests", request_row())
+    return run_dir
+
+
+@pytest.fixture
+def good_run(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "run")

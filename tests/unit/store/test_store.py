@@ -1,0 +1,114 @@
+"""Round trips through the real writer and readers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from dsparklab.errors import TraceSchemaError
+from dsparklab.store import (
+    SCHEMA_VERSION,
+    TraceWriter,
+    list_runs,
+    read_run_json,
+    read_trace,
+    validate_trace,
+)
+from dsparklab.store.schema import SCHEMA_VERSION_KEY
+from tests.conftest import make_run_json, write_run
+
+
+def test_round_trip_joins_run_columns(good_run: Path) -> None:
+    positions = read_trace(good_run, "positions")
+    assert len(positions) == 4 * 3
+    assert set(positions["method"]) == {"dspark"}
+    assert set(positions["n"]) == {3}
+    assert set(positions["dataset"]) == {"humaneval"}
+    steps = read_trace(good_run, "steps")
+    assert steps["accepted_len"].tolist() == [3, 1, 0, 2]
+    recount = positions.groupby("step")["accepted"].sum().tolist()
+    assert recount == [3, 1, 0, 2]
+    requests = read_trace(good_run, "requests")
+    assert requests.loc[0, "output_token_ids"].tolist() == [4, 5]
+
+
+def test_parts_are_versioned_and_split(good_run: Path) -> None:
+    parts = sorted((good_run / "positions").glob("part-*.parquet"))
+    assert len(parts) > 1  # flush_rows=5 forces several parts
+    for part in parts:
+        meta = pq.read_schema(part).metadata
+        assert meta[SCHEMA_VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    meta = read_run_json(good_run)
+    assert meta["status"] == "complete"
+    assert meta["rows"] == {"steps": 4, "positions": 12, "requests": 1}
+
+
+def test_projection_and_filters_push_down(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", meta=make_run_json(run_id="a", method="dspark"))
+    write_run(tmp_path / "b", meta=make_run_json(run_id="b", method="eagle3", drafter={"name": "e"}))
+    both = read_trace(tmp_path, "positions", columns=["position", "accepted"])
+    assert set(both["run_id"]) == {"a", "b"}
+    assert "draft_token" not in both.columns
+    eagle = read_trace(tmp_path, "positions", filters={"method": "eagle3", "position": [0, 2]})
+    assert set(eagle["run_id"]) == {"b"}
+    assert set(eagle["position"]) == {0, 2}
+    assert len(eagle) == 8
+    runs = list_runs(tmp_path)
+    assert sorted(runs["method"]) == ["dspark", "eagle3"]
+    assert (runs["status"] == "complete").all()
+
+
+def test_empty_selection_keeps_columns(good_run: Path) -> None:
+    empty = read_trace(good_run, "steps", filters={"method": "eagle3"})
+    assert empty.empty
+    assert {"step", "accepted_len", "method", "run_id"} <= set(empty.columns)
+
+
+def test_exception_marks_failed_and_keeps_rows(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="boom"):
+        with TraceWriter(run, make_run_json(), flush_rows=1000) as writer:
+            writer.add("steps", dict(
+                request_id="r0", prompt_id="p", dataset="humaneval", step=0, context_len=1,
+                num_drafted=0, num_verified=0, accepted_len=0, draft_time_s=0.0,
+                verify_time_s=0.0))
+            raise RuntimeError("boom")
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "failed"
+    assert "boom" in meta["error"]
+    assert len(read_trace(run, "steps")) == 1
+    (report,) = validate_trace(run)
+    assert report.ok and not report.complete
+
+
+def test_bad_row_is_a_schema_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceSchemaError, match="positions"):
+        with TraceWriter(tmp_path / "run", make_run_json()) as writer:
+            writer.add("positions", {"request_id": "r0", "step": "zero"})
+            writer.flush()
+
+
+def test_existing_run_is_not_overwritten(good_run: Path) -> None:
+    with pytest.raises(FileExistsError):
+        with TraceWriter(good_run, make_run_json()):
+            pass
+    assert len(read_trace(good_run, "steps")) == 4
+
+
+def test_no_pickle_in_store() -> None:
+    import dsparklab.store as store
+
+    root = Path(store.__file__).parent
+    for source in root.glob("*.py"):
+        assert "pickle" not in source.read_text(), source
+
+
+def test_validate_counts_match_readers(good_run: Path) -> None:
+    (report,) = validate_trace(good_run)
+    assert report.ok and report.complete
+    assert report.rows == {"steps": 4, "positions": 12, "requests": 1}
+    assert isinstance(read_trace(good_run, "steps"), pd.DataFrame)
