@@ -12,6 +12,7 @@ venv: $(STAMP)
 # resolving anything itself (a CUDA torch, torchvision, triton...): the lock is the whole set.
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check pip==26.3
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements/lock.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
