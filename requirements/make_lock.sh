@@ -18,7 +18,7 @@ pip="$scratch/venv/bin/pip"
 "$pip" freeze | grep -v -E '^(dill|fsspec)==' > "$scratch/constraints.txt"
 "$pip" install -q -c "$scratch/constraints.txt" -r "$here/top-level.txt"
 "$pip" uninstall -y -q torchvision torchaudio torchcodec triton || true
-"$pip" freeze | grep -v -E '^-e ' > "$here/lock.txt"
+"$pip" freeze --all | grep -v -E "^(-e |pip==)" > "$here/lock.txt"
 echo "wrote $here/lock.txt ($(wc -l < "$here/lock.txt") packages)"
 python3 "$here/make_environment_yml.py"
 echo "wrote environment.yml"
