@@ -35,3 +35,7 @@ class UnknownMethodError(DSparkLabError, KeyError):
 
 class ProvenanceError(DSparkLabError, ValueError):
     """An input whose origin cannot be established (e.g. a missing model file to hash)."""
+
+
+class ConfigError(DSparkLabError, ValueError):
+    """A configuration value out of range or inconsistent with the models it runs."""

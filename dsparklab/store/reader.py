@@ -66,9 +66,7 @@ def read_run_json(run_dir: Path | str) -> dict[str, Any]:
             f"status {meta['status']!r} is not one of {list(STATUSES)}", path=path, field="status"
         )
     if meta["num_speculative_tokens"] < 0:
-        raise TraceSchemaError(
-            "must be >= 0", path=path, field="num_speculative_tokens"
-        )
+        raise TraceSchemaError("must be >= 0", path=path, field="num_speculative_tokens")
     return meta
 
 
@@ -255,4 +253,3 @@ def read_trace(
                 empty[name] = pd.Series(dtype=object)
         return empty
     return pd.concat(frames, ignore_index=True)
-

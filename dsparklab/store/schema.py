@@ -100,5 +100,13 @@ RUN_REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
 
 # Run-level columns the readers join onto every row, taken from run.json.
 RUN_COLUMNS = (
-    "run_id", "engine", "method", "n", "target", "drafter", "tier", "temperature", "dataset"
+    "run_id",
+    "engine",
+    "method",
+    "n",
+    "target",
+    "drafter",
+    "tier",
+    "temperature",
+    "dataset",
 )

@@ -211,7 +211,9 @@ def _check_steps(steps: pd.DataFrame, positions: pd.DataFrame, n: int, report: R
         "num_drafted ({num_drafted}) <= n=" + str(n),
     )
     per_request = steps.groupby("request_id")["step"].agg(["min", "max", "nunique"])
-    gaps = per_request[(per_request["min"] != 0) | (per_request["max"] != per_request["nunique"] - 1)]
+    gaps = per_request[
+        (per_request["min"] != 0) | (per_request["max"] != per_request["nunique"] - 1)
+    ]
     _flag(
         report,
         steps[steps["request_id"].isin(gaps.index)].drop_duplicates("request_id"),
@@ -240,7 +242,9 @@ def _check_steps(steps: pd.DataFrame, positions: pd.DataFrame, n: int, report: R
         "num_drafted {num_drafted} != {n_positions} position rows in step {step}",
     )
     orphans = positions.merge(
-        steps[["request_id", "step"]].drop_duplicates(), on=["request_id", "step"], how="left",
+        steps[["request_id", "step"]].drop_duplicates(),
+        on=["request_id", "step"],
+        how="left",
         indicator=True,
     )
     _flag(

@@ -113,17 +113,35 @@ def missing_column(run: Path) -> tuple[str, str | None]:
 
 def wrong_dtype(run: Path) -> tuple[str, str | None]:
     part = _first(run, "steps")
-    _rewrite(part, lambda t: t.set_column(
-        t.schema.get_field_index("accepted_len"), "accepted_len",
-        pc.cast(t["accepted_len"], pa.float64())))
+    _rewrite(
+        part,
+        lambda t: t.set_column(
+            t.schema.get_field_index("accepted_len"),
+            "accepted_len",
+            pc.cast(t["accepted_len"], pa.float64()),
+        ),
+    )
     return part.name, "accepted_len"
 
 
 def not_prefix_closed(run: Path) -> tuple[str, str | None]:
     part = _first(run, "positions")  # step 0 accepts all three; reject position 1 only
-    _rewrite(part, lambda t: _set_column(
-        t, "accepted", [not (s == 0 and p == 1) and a for s, p, a in zip(
-            t["step"].to_pylist(), t["position"].to_pylist(), t["accepted"].to_pylist())]))
+    _rewrite(
+        part,
+        lambda t: _set_column(
+            t,
+            "accepted",
+            [
+                not (s == 0 and p == 1) and a
+                for s, p, a in zip(
+                    t["step"].to_pylist(),
+                    t["position"].to_pylist(),
+                    t["accepted"].to_pylist(),
+                    strict=True,
+                )
+            ],
+        ),
+    )
     return part.name, "accepted"
 
 
@@ -161,7 +179,9 @@ def steps_not_contiguous(run: Path) -> tuple[str, str | None]:
 
 def null_in_required_column(run: Path) -> tuple[str, str | None]:
     part = _first(run, "positions")
-    _rewrite(part, lambda t: _set_column(t, "draft_token", [None] + t["draft_token"].to_pylist()[1:]))
+    _rewrite(
+        part, lambda t: _set_column(t, "draft_token", [None] + t["draft_token"].to_pylist()[1:])
+    )
     return part.name, "draft_token"
 
 
@@ -172,21 +192,47 @@ def missing_request_row(run: Path) -> tuple[str, str | None]:
 
 
 CASES = [
-    missing_run_json, invalid_json, missing_field, wrong_field_type, wrong_run_version,
-    unknown_status, truncated_part, leftover_temp_part, wrong_part_version, unversioned_part,
-    missing_column, wrong_dtype, not_prefix_closed, duplicate_rows, position_out_of_range,
-    empty_run, accepted_len_mismatch, steps_not_contiguous, null_in_required_column,
+    missing_run_json,
+    invalid_json,
+    missing_field,
+    wrong_field_type,
+    wrong_run_version,
+    unknown_status,
+    truncated_part,
+    leftover_temp_part,
+    wrong_part_version,
+    unversioned_part,
+    missing_column,
+    wrong_dtype,
+    not_prefix_closed,
+    duplicate_rows,
+    position_out_of_range,
+    empty_run,
+    accepted_len_mismatch,
+    steps_not_contiguous,
+    null_in_required_column,
     missing_request_row,
 ]
 # Breaks of the file format itself, which readers must refuse too (invariants are validate's job).
 READER_CASES = {
-    missing_run_json, invalid_json, missing_field, wrong_field_type, wrong_run_version, unknown_status,
-    truncated_part, wrong_part_version, unversioned_part, missing_column, wrong_dtype,
+    missing_run_json,
+    invalid_json,
+    missing_field,
+    wrong_field_type,
+    wrong_run_version,
+    unknown_status,
+    truncated_part,
+    wrong_part_version,
+    unversioned_part,
+    missing_column,
+    wrong_dtype,
 }
 
 
 @pytest.fixture(params=CASES, ids=[c.__name__ for c in CASES])
-def broken(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str, str | None, Callable]:
+def broken(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[Path, str, str | None, Callable]:
     run = write_run(tmp_path / "run", meta=make_run_json())
     file_hint, field = request.param(run)
     return run, file_hint, field, request.param
@@ -227,7 +273,9 @@ def test_cli_prints_one_line_and_exits_2(broken) -> None:
     run, file_hint, field, _ = broken
     proc = subprocess.run(
         [sys.executable, "-m", "dsparklab.cli.app", "validate", str(run)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
@@ -248,7 +296,9 @@ def test_no_data_lost_by_validation(broken) -> None:
 def test_missing_path_is_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "dsparklab.cli.app", "validate", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nope" in proc.stderr

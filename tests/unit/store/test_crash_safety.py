@@ -32,7 +32,8 @@ def test_sigkill_keeps_finished_parts(tmp_path: Path) -> None:
     run = tmp_path / "run"
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(run)], cwd=root,
+        [sys.executable, "-c", WRITER, str(run)],
+        cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
     )
     try:

@@ -49,7 +49,9 @@ def test_parts_are_versioned_and_split(good_run: Path) -> None:
 
 def test_projection_and_filters_push_down(tmp_path: Path) -> None:
     write_run(tmp_path / "a", meta=make_run_json(run_id="a", method="dspark"))
-    write_run(tmp_path / "b", meta=make_run_json(run_id="b", method="eagle3", drafter={"name": "e"}))
+    write_run(
+        tmp_path / "b", meta=make_run_json(run_id="b", method="eagle3", drafter={"name": "e"})
+    )
     both = read_trace(tmp_path, "positions", columns=["position", "accepted"])
     assert set(both["run_id"]) == {"a", "b"}
     assert "draft_token" not in both.columns
@@ -72,10 +74,21 @@ def test_exception_marks_failed_and_keeps_rows(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with pytest.raises(RuntimeError, match="boom"):
         with TraceWriter(run, make_run_json(), flush_rows=1000) as writer:
-            writer.add("steps", dict(
-                request_id="r0", prompt_id="p", dataset="humaneval", step=0, context_len=1,
-                num_drafted=0, num_verified=0, accepted_len=0, draft_time_s=0.0,
-                verify_time_s=0.0))
+            writer.add(
+                "steps",
+                dict(
+                    request_id="r0",
+                    prompt_id="p",
+                    dataset="humaneval",
+                    step=0,
+                    context_len=1,
+                    num_drafted=0,
+                    num_verified=0,
+                    accepted_len=0,
+                    draft_time_s=0.0,
+                    verify_time_s=0.0,
+                ),
+            )
             raise RuntimeError("boom")
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "failed"
