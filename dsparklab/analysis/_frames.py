@@ -1,0 +1,100 @@
+"""Small pandas helpers: column checks, key codes, tidy output."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.errors import TraceSchemaError
+
+# A request is identified by its run and its id: request ids need not be unique across runs.
+UNIT_COLUMNS = ("run_id", "request_id")
+STEP_KEY = ("run_id", "request_id", "step")
+
+
+def as_columns(by: str | Iterable[str] | None) -> tuple[str, ...]:
+    """``by`` as a tuple of column names (a single name is allowed)."""
+    if by is None:
+        return ()
+    if isinstance(by, str):
+        return (by,)
+    return tuple(by)
+
+
+def require_columns(frame: pd.DataFrame, columns: Iterable[str], *, what: str) -> None:
+    """Raise TraceSchemaError naming the first missing column and the ones available."""
+    for name in columns:
+        if name not in frame.columns:
+            raise TraceSchemaError(
+                f"{what} needs column {name!r}, which the frame lacks; it has "
+                f"{sorted(map(str, frame.columns))} (read it with dsparklab.store.read_trace, "
+                "or pass steps= for prompt_id / num_verified)",
+                field=name,
+            )
+
+
+def with_default_run(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame built by hand may lack ``run_id``: treat it as one run."""
+    if "run_id" in frame.columns:
+        return frame
+    return frame.assign(run_id="run")
+
+
+def factorize(
+    frame: pd.DataFrame, columns: Sequence[str]
+) -> tuple[list[np.ndarray], list[int], list[pd.Index]]:
+    """Sorted integer codes ``[N]`` per column, the number of codes, and the uniques."""
+    codes, sizes, uniques = [], [], []
+    for name in columns:
+        code, unique = pd.factorize(frame[name], sort=True, use_na_sentinel=False)
+        codes.append(np.asarray(code, dtype=np.int64))
+        sizes.append(len(unique))
+        uniques.append(pd.Index(unique))
+    return codes, sizes, uniques
+
+
+def combined_codes(frame: pd.DataFrame, columns: Sequence[str]) -> tuple[np.ndarray, int]:
+    """One dense code ``[N]`` per distinct combination of ``columns`` (in sorted order)."""
+    if not columns:
+        return np.zeros(len(frame), dtype=np.int64), 1
+    codes, sizes, _ = factorize(frame, columns)
+    key = np.zeros(len(frame), dtype=np.int64)
+    for code, size in zip(codes, sizes, strict=True):
+        key = key * max(size, 1) + code
+    cells, inverse = np.unique(key, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), len(cells)
+
+
+def tidy(
+    names: Sequence[str],
+    cell_codes: Sequence[np.ndarray],
+    uniques: Sequence[pd.Index | np.ndarray],
+    columns: dict[str, np.ndarray],
+) -> pd.DataFrame:
+    """A DataFrame of decoded key columns followed by ``columns``."""
+    data: dict[str, object] = {}
+    for name, code, unique in zip(names, cell_codes, uniques, strict=True):
+        data[name] = np.asarray(unique)[code] if len(code) else np.asarray(unique)[:0]
+    data.update(columns)
+    return pd.DataFrame(data)
+
+
+def group_key_frame(
+    frame: pd.DataFrame, by: Sequence[str], group: np.ndarray, n_groups: int
+) -> pd.DataFrame:
+    """The ``by`` values of each group code ``0..n_groups-1`` (codes from combined_codes)."""
+    _, first = np.unique(group, return_index=True)
+    return (
+        frame.iloc[first][list(by)].reset_index(drop=True)
+        if by
+        else pd.DataFrame(index=range(n_groups))
+    )
+
+
+def split_by_code(code: np.ndarray, n_codes: int) -> list[np.ndarray]:
+    """Row indices of each code ``0..n_codes-1``."""
+    order = np.argsort(code, kind="stable")
+    bounds = np.searchsorted(code[order], np.arange(n_codes + 1))
+    return [order[bounds[g] : bounds[g + 1]] for g in range(n_codes)]

@@ -1,0 +1,428 @@
+"""Acceptance by drafted position: conditional acceptance, survival, acceptance length.
+
+Conventions (DESIGN.md, "Definitions the analysis uses"): positions count from 0; a row is
+*reached* when every earlier position of its step was accepted; the acceptance length AL
+counts the bonus token, so a step that accepts nothing still emits 1 token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import (
+    UNIT_COLUMNS,
+    as_columns,
+    combined_codes,
+    factorize,
+    group_key_frame,
+    require_columns,
+    split_by_code,
+    tidy,
+)
+from dsparklab.analysis._kernels import (
+    bootstrap_sums,
+    group_rng,
+    group_sums,
+    percentile_interval,
+)
+from dsparklab.analysis.prepare import annotate_positions
+from dsparklab.errors import DSparkLabError
+
+# Counter columns of an acceptance count table (sum/total pairs: merge runs by adding).
+ACCEPTANCE_COUNTERS = ("n_drafted", "n_reached", "n_accepted")
+
+
+def count_acceptance(
+    positions: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    per_request: bool = True,
+) -> pd.DataFrame:
+    """Acceptance counters per group, (request,) and position.
+
+    Parameters
+    ----------
+    positions
+        Rows of the positions table (see :func:`annotate_positions`).
+    steps
+        The steps table, for ``prompt_id`` grouping and adaptive verification.
+    by
+        Grouping columns: any run column (run_id, method, n, dataset, ...), ``prompt_id``
+        (needs ``steps``) or ``request_id``.
+    per_request
+        Keep one row per request (``run_id``, ``request_id``) so that bootstrap intervals
+        over requests can be drawn from the counts.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``by`` [+ run_id, request_id] + ``position`` and the counters ``n_drafted`` (rows),
+        ``n_reached`` (rows whose earlier positions were all accepted) and ``n_accepted``.
+        Counts of disjoint row sets add up: concatenate and sum to merge runs.
+    """
+    by = as_columns(by)
+    frame = annotate_positions(positions, steps=steps)
+    keys = [*by]
+    if per_request:
+        keys += [c for c in UNIT_COLUMNS if c not in keys]
+    keys.append("position")
+    require_columns(frame, keys, what="count_acceptance")
+    codes, sizes, uniques = factorize(frame, keys)
+    cells, columns = acceptance_cells(
+        codes, sizes, frame["reached"].to_numpy(dtype=bool), frame["accepted"].to_numpy(bool)
+    )
+    return tidy(keys, cells, uniques, columns)
+
+
+def acceptance_cells(
+    codes: list[np.ndarray], sizes: list[int], reached: np.ndarray, accepted: np.ndarray
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Acceptance counters per key cell from per-row ``reached``/``accepted`` ``[N]``."""
+    cells, count, sums = group_sums(
+        codes, sizes, {"n_reached": reached, "n_accepted": accepted & reached}
+    )
+    return cells, {
+        "n_drafted": count.astype(np.int64),
+        "n_reached": sums["n_reached"].astype(np.int64),
+        "n_accepted": sums["n_accepted"].astype(np.int64),
+    }
+
+
+def count_acceptance_from_steps(
+    steps: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("run_id",),
+    per_request: bool = True,
+) -> pd.DataFrame:
+    """The acceptance counters of :func:`count_acceptance`, from the steps table alone.
+
+    Parameters
+    ----------
+    steps
+        Rows of the steps table (``num_drafted``, ``num_verified``, ``accepted_len``).
+    by, per_request
+        As in :func:`count_acceptance`; ``prompt_id`` needs no join here.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The same table :func:`count_acceptance` returns for the positions of these steps.
+
+    Notes
+    -----
+    For a step with :math:`D` drafted, :math:`V` verified and :math:`A` accepted
+    positions, acceptance is prefix-closed, so position :math:`i` was drafted iff
+    :math:`i < D`, accepted iff :math:`i < A`, and reached iff :math:`i \\le A` and
+    :math:`i < \\min(V, D)`:
+
+    .. math::
+
+        \\mathrm{drafted}_i = \\#\\{D > i\\}, \\qquad
+        R_i = \\#\\{A \\ge i \\wedge \\min(V, D) > i\\}, \\qquad
+        A_i = \\#\\{A > i\\}
+
+    This equals the per-row count on any trace that passes ``dsparklab validate``
+    (accepted_len equals the step's accepted rows, acceptance prefix-closed, positions
+    ``0..D-1``); it reads a fifth of the rows and needs no (request, step) join, which is
+    why :func:`aggregate_store` uses it for acceptance.
+    """
+    by = as_columns(by)
+    keys = [*by]
+    if per_request:
+        keys += [c for c in UNIT_COLUMNS if c not in keys]
+    require_columns(
+        steps, [*keys, "num_drafted", "num_verified", "accepted_len"], what="count_acceptance"
+    )
+    codes, sizes, uniques = factorize(steps, keys)
+    cells, columns = step_acceptance_cells(
+        codes,
+        sizes,
+        steps["num_drafted"].to_numpy(dtype=np.int64),
+        steps["num_verified"].to_numpy(dtype=np.int64),
+        steps["accepted_len"].to_numpy(dtype=np.int64),
+    )
+    positions = np.arange(int(cells[-1].max()) + 1 if len(cells[-1]) else 0)  # codes = values
+    return tidy([*keys, "position"], cells, [*uniques, positions], columns)
+
+
+def step_acceptance_cells(
+    codes: list[np.ndarray],
+    sizes: list[int],
+    drafted: np.ndarray,
+    verified: np.ndarray,
+    accepted_len: np.ndarray,
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Acceptance counters per key cell and position from per-step ``D, V, A`` ``[S]``.
+
+    Returns the key codes of each non-empty (key..., position) cell (the last array is the
+    position) and the counter columns. See :func:`count_acceptance_from_steps`.
+    """
+    limit = np.minimum(verified, drafted)  # [S] positions put to the target
+    accepted_len = np.minimum(accepted_len, limit)  # a valid trace never clips
+    n_max = int(drafted.max()) if len(drafted) else 0
+    if n_max <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return [empty for _ in range(len(codes) + 1)], {name: empty for name in ACCEPTANCE_COUNTERS}
+    # histogram of (key, D, L, A): few distinct cells, then spread over positions
+    side = n_max + 1
+    hist, count, _ = group_sums(
+        [*codes, drafted, limit, accepted_len], [*sizes, side, side, side], {}
+    )
+    d, lim, acc = hist[-3], hist[-2], hist[-1]
+    pos = np.arange(n_max)  # [P]
+    n_drafted = (d[:, None] > pos) * count[:, None]  # [C, P]
+    n_reached = ((acc[:, None] >= pos) & (lim[:, None] > pos)) * count[:, None]  # [C, P]
+    n_accepted = (acc[:, None] > pos) * count[:, None]  # [C, P]
+    keep = n_drafted > 0  # [C, P]
+    spread = [np.broadcast_to(c[:, None], keep.shape)[keep] for c in hist[: len(codes)]]
+    position = np.broadcast_to(pos, keep.shape)[keep]
+    cells, _, sums = group_sums(
+        [*spread, position],
+        [*sizes, n_max],
+        {
+            "n_drafted": n_drafted[keep],
+            "n_reached": n_reached[keep],
+            "n_accepted": n_accepted[keep],
+        },
+    )
+    return cells, {name: sums[name].astype(np.int64) for name in ACCEPTANCE_COUNTERS}
+
+
+def acceptance_stats(
+    reached: np.ndarray, accepted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The acceptance formulas, on counts ``[..., P]`` (last axis: position).
+
+    Returns ``a`` ``[..., P]`` (NaN where nothing was reached), ``s`` ``[..., P]`` and
+    ``AL`` ``[...]``. See :func:`compute_acceptance_by_position` for the formulas.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(reached > 0, accepted / np.where(reached > 0, reached, 1), np.nan)
+    survival = np.cumprod(np.where(reached > 0, rate, 0.0), axis=-1)
+    return rate, survival, 1.0 + survival.sum(axis=-1)
+
+
+def _is_counts(frame: pd.DataFrame) -> bool:
+    return {"n_reached", "n_accepted"} <= set(frame.columns) and "accepted" not in frame
+
+
+def _counts_for(
+    data: pd.DataFrame, steps: pd.DataFrame | None, by: tuple[str, ...], n_boot: int
+) -> pd.DataFrame:
+    if _is_counts(data):
+        require_columns(data, [*by, "position", *ACCEPTANCE_COUNTERS[1:]], what="acceptance")
+        return data
+    return count_acceptance(data, steps=steps, by=by, per_request=True)
+
+
+def _finish(
+    counts: pd.DataFrame, by: tuple[str, ...], *, n_boot: int, ci: float, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Acceptance by position and acceptance length from counts (one formula for both)."""
+    if not 0.0 < ci < 1.0:
+        raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
+    if counts.empty:
+        return _empty_by_position(by), _empty_length(by)
+    counts = counts.reset_index(drop=True)
+    group, n_groups = combined_codes(counts, by)
+    position = counts["position"].to_numpy(dtype=np.int64)
+    n_pos = int(position.max()) + 1
+    dense = np.zeros((n_groups, n_pos, 3))  # [G, P, (drafted, reached, accepted)]
+    drafted = counts["n_drafted"] if "n_drafted" in counts else counts["n_reached"]
+    values = np.stack(
+        [
+            drafted.to_numpy(float),
+            counts["n_reached"].to_numpy(float),
+            counts["n_accepted"].to_numpy(float),
+        ],
+        axis=1,
+    )  # [R, 3]
+    np.add.at(dense, (group, position), values)
+    rate, survival, accept_len = acceptance_stats(dense[..., 1], dense[..., 2])
+
+    keys = group_key_frame(counts, by, group, n_groups)  # one row per group code
+    shape = (n_groups, n_pos)
+    rate_lo, rate_hi = np.full(shape, np.nan), np.full(shape, np.nan)
+    surv_lo, surv_hi = np.full(shape, np.nan), np.full(shape, np.nan)
+    len_lo, len_hi = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
+    # unknown (NA) when the counts were summed over requests
+    n_requests = pd.array([pd.NA] * n_groups, dtype="Int64")
+    if all(c in counts.columns for c in UNIT_COLUMNS):
+        unit, _ = combined_codes(counts, [*by, *UNIT_COLUMNS])
+        pairs = np.unique(np.stack([group, unit], axis=1), axis=0)  # [U_total, 2]
+        n_requests = pd.array(np.bincount(pairs[:, 0], minlength=n_groups), dtype="Int64")
+        if n_boot > 0:
+            for g, rows in enumerate(split_by_code(group, n_groups)):
+                local, inverse = np.unique(unit[rows], return_inverse=True)
+                per_unit = np.zeros((len(local), n_pos, 2))  # [U, P, (reached, accepted)]
+                np.add.at(per_unit, (inverse.reshape(-1), position[rows]), values[rows, 1:])
+                rng = group_rng(seed, tuple(keys.iloc[g]))
+                boot = bootstrap_sums(per_unit, n_boot, rng)  # [B, P, 2]
+                b_rate, b_surv, b_len = acceptance_stats(boot[..., 0], boot[..., 1])
+                rate_lo[g], rate_hi[g] = percentile_interval(b_rate, ci)
+                surv_lo[g], surv_hi[g] = percentile_interval(b_surv, ci)
+                len_lo[g], len_hi[g] = percentile_interval(b_len, ci)
+
+    g_idx, p_idx = np.nonzero(dense[..., 0] > 0)
+    by_position = (
+        keys.iloc[g_idx]
+        .reset_index(drop=True)
+        .assign(
+            position=p_idx,
+            n_drafted=dense[g_idx, p_idx, 0].astype(np.int64),
+            n_reached=dense[g_idx, p_idx, 1].astype(np.int64),
+            n_accepted=dense[g_idx, p_idx, 2].astype(np.int64),
+            accept_rate=rate[g_idx, p_idx],
+            accept_rate_lo=rate_lo[g_idx, p_idx],
+            accept_rate_hi=rate_hi[g_idx, p_idx],
+            survival=survival[g_idx, p_idx],
+            survival_lo=surv_lo[g_idx, p_idx],
+            survival_hi=surv_hi[g_idx, p_idx],
+            n_requests=n_requests[g_idx],
+        )
+    )
+    length = keys.assign(
+        accept_len=accept_len,
+        accept_len_lo=len_lo,
+        accept_len_hi=len_hi,
+        n_positions=(dense[..., 0] > 0).sum(axis=1),
+        n_steps=dense[:, 0, 1].astype(np.int64),
+        n_accepted=dense[..., 2].sum(axis=1).astype(np.int64),
+        n_requests=n_requests,
+    )
+    return by_position, length
+
+
+def _empty_by_position(by: tuple[str, ...]) -> pd.DataFrame:
+    cols = [
+        *by,
+        "position",
+        "n_drafted",
+        "n_reached",
+        "n_accepted",
+        "accept_rate",
+        "accept_rate_lo",
+        "accept_rate_hi",
+        "survival",
+        "survival_lo",
+        "survival_hi",
+        "n_requests",
+    ]
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+
+
+def _empty_length(by: tuple[str, ...]) -> pd.DataFrame:
+    cols = [
+        *by,
+        "accept_len",
+        "accept_len_lo",
+        "accept_len_hi",
+        "n_positions",
+        "n_steps",
+        "n_accepted",
+        "n_requests",
+    ]
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+
+
+def compute_acceptance_by_position(
+    data: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Conditional acceptance and survival per drafted position, with bootstrap intervals.
+
+    Parameters
+    ----------
+    data
+        The positions table, or acceptance counts from :func:`count_acceptance` or
+        :func:`dsparklab.analysis.aggregate_store` (intervals need per-request counts).
+    steps
+        The steps table (``prompt_id`` grouping; adaptive verification).
+    by
+        Grouping columns, e.g. ``("method", "n", "dataset")`` or ``"prompt_id"``.
+    n_boot
+        Bootstrap replicates over requests; 0 skips the intervals (columns are NaN).
+    ci
+        Interval level (percentile bootstrap).
+    seed
+        Seeds the resampling; each group's stream depends on the seed and the group key
+        only, so a group's interval does not change when other groups are added.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and position: ``n_drafted``, ``n_reached``, ``n_accepted``,
+        ``accept_rate`` (:math:`a_i`), ``survival`` (:math:`s_i`), their ``_lo``/``_hi``
+        bounds, and ``n_requests`` (NA for counts summed over requests).
+
+    Notes
+    -----
+    With :math:`R_i` reached rows and :math:`A_i` accepted rows at position :math:`i`
+
+    .. math::
+
+        a_i = \\frac{A_i}{R_i} = P(\\mathrm{accepted}_i \\mid \\mathrm{reached}_i), \\qquad
+        s_i = \\prod_{j \\le i} a_j = P(\\mathrm{accepted}_i)
+
+    :math:`a_i` is NaN where nothing was reached and the product then treats it as 0.
+    Pooling runs of different ``n`` in one group estimates :math:`a_i` for the later
+    positions from the longer windows only. Intervals resample requests (run_id,
+    request_id) with replacement within each group.
+    """
+    by = as_columns(by)
+    return _finish(_counts_for(data, steps, by, n_boot), by, n_boot=n_boot, ci=ci, seed=seed)[0]
+
+
+def compute_acceptance_length(
+    data: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Mean acceptance length per group, with a bootstrap interval over requests.
+
+    Parameters are those of :func:`compute_acceptance_by_position`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group: ``accept_len`` (+ ``_lo``/``_hi``), ``n_positions`` (drafted
+        positions seen), ``n_steps`` (steps that drafted), ``n_accepted``, ``n_requests``.
+
+    Notes
+    -----
+    .. math:: \\mathrm{AL} = 1 + \\sum_{i=0}^{n-1} s_i = 1 + \\sum_i \\prod_{j \\le i} a_j
+
+    The 1 is the bonus token, so :math:`1 \\le \\mathrm{AL} \\le n + 1`. When every step
+    drafts all :math:`n` positions this equals the mean of ``accepted_len + 1`` over steps.
+    """
+    by = as_columns(by)
+    return _finish(_counts_for(data, steps, by, n_boot), by, n_boot=n_boot, ci=ci, seed=seed)[1]
+
+
+def compute_iid_accept_len(rate: float | np.ndarray, n: int | np.ndarray) -> np.ndarray:
+    """Acceptance length when every position is accepted with the same probability.
+
+    Notes
+    -----
+    .. math:: \\mathrm{AL}(n) = \\sum_{i=0}^{n} a^i = \\frac{1 - a^{n+1}}{1 - a}
+
+    (Leviathan et al. 2023), and :math:`n + 1` at :math:`a = 1`.
+    """
+    rate = np.asarray(rate, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        closed = (1.0 - rate ** (n + 1)) / (1.0 - rate)
+    return np.where(np.isclose(rate, 1.0), n + 1.0, closed)

@@ -1,0 +1,453 @@
+"""Calibration of the confidence head: ECE, Brier, AUROC, reliability bins, temperature.
+
+Two scores are judged (DESIGN.md, "Definitions the analysis uses"):
+
+- ``"confidence"``: the head's output :math:`c_i` at a *reached* position against
+  whether that position was accepted, i.e. :math:`P(\\mathrm{accepted}_i \\mid
+  \\mathrm{reached}_i)`;
+- ``"prefix_confidence"``: :math:`\\prod_{j \\le i} c_j` at every drafted (verified)
+  position against whether it was accepted, i.e. the survival probability.
+
+Every metric is finished from one counter table (:func:`count_calibration`): row counts
+and score sums per (group, score, position, equal-width bin, score level, label). The
+level is the exact score value (in memory) or a grid cell (``levels=L``, used by the
+store path); AUROC treats scores within one level as ties, so on a grid it is exact up to
+pairs in the same cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import (
+    as_columns,
+    combined_codes,
+    factorize,
+    group_key_frame,
+    require_columns,
+    split_by_code,
+    tidy,
+)
+from dsparklab.analysis._kernels import group_sums, score_bins, score_levels
+from dsparklab.analysis.prepare import annotate_positions
+from dsparklab.errors import DSparkLabError, UnknownMethodError
+
+# Counter columns of a calibration count table.
+CALIBRATION_COUNTERS = ("count", "sum_score", "sum_score_sq")
+CLIP = 1e-6  # scores are clipped to [CLIP, 1 - CLIP] before a logit
+
+
+def _confidence_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    score = frame["confidence"].to_numpy(dtype=np.float64, na_value=np.nan)
+    return score, frame["reached"].to_numpy(dtype=bool) & ~np.isnan(score)
+
+
+def _prefix_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    score = frame["prefix_confidence"].to_numpy(dtype=np.float64)
+    keep = ~np.isnan(score)
+    if "num_verified" in frame.columns:
+        keep &= frame["position"].to_numpy() < frame["num_verified"].to_numpy(
+            dtype=np.float64, na_value=np.inf
+        )
+    return score, keep
+
+
+# score name -> (score [N], rows kept [N]) from annotated positions
+SCORES: dict[str, Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]] = {
+    "confidence": _confidence_rows,
+    "prefix_confidence": _prefix_rows,
+}
+
+
+def _score_rows(name: str) -> Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]:
+    try:
+        return SCORES[name]
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown calibration score {name!r}; valid scores are {sorted(SCORES)}"
+        ) from None
+
+
+def calibration_cells(
+    score: np.ndarray, n_bins: int, levels: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bin codes ``[N]``, level codes ``[N]`` and level values ``[L]`` of scores."""
+    if n_bins < 1:
+        raise DSparkLabError(f"n_bins must be >= 1, got {n_bins}")
+    if levels is not None and levels < 1:
+        raise DSparkLabError(f"levels must be >= 1 or None (exact), got {levels}")
+    bins = score_bins(score, n_bins)
+    level, level_values = score_levels(score, levels)
+    return bins, level, level_values
+
+
+def count_calibration(
+    positions: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    n_bins: int = 10,
+    levels: int | None = None,
+) -> pd.DataFrame:
+    """Calibration counters per group, score, position, bin, level and label.
+
+    Parameters
+    ----------
+    positions
+        The positions table (rows with a null confidence, e.g. Eagle3's, are skipped).
+    steps
+        The steps table (``prompt_id`` grouping; adaptive verification).
+    by
+        Grouping columns.
+    scores
+        Which scores to count: ``"confidence"``, ``"prefix_confidence"``.
+    n_bins
+        Equal-width bins on [0, 1] for ECE and reliability.
+    levels
+        None counts per exact score value (exact AUROC); an int counts on a grid of that
+        many cells (for large stores).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``by`` + ``score``, ``position``, ``bin``, ``bin_lo``, ``bin_hi``, ``level``
+        (the score value or grid cell's lower edge), ``accepted`` and the counters
+        ``count``, ``sum_score``, ``sum_score_sq``. Tables with the same ``n_bins`` and
+        ``levels`` merge by concatenating and summing.
+    """
+    by = as_columns(by)
+    frame = annotate_positions(positions, steps=steps)
+    require_columns(frame, [*by, "confidence"], what="count_calibration")
+    pieces = []
+    for name in scores:
+        score, keep = _score_rows(name)(frame)
+        part = frame.loc[keep, [*by, "position", "accepted"]]
+        pieces.append(_count_scores(part, by, name, score[keep], n_bins, levels))
+    return pd.concat(pieces, ignore_index=True)
+
+
+def score_cells(
+    codes: list[np.ndarray],
+    sizes: list[int],
+    score: np.ndarray,
+    label: np.ndarray,
+    n_bins: int,
+    levels: int | None,
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Calibration counters of ``score`` ``[N]`` vs ``label`` ``[N]`` per key cell.
+
+    ``codes``/``sizes`` are the key columns (e.g. group and position). Returns the key
+    codes of each non-empty cell and the bin, level, label and counter columns.
+    """
+    bins, level, level_values = calibration_cells(score, n_bins, levels)
+    cells, count, sums = group_sums(
+        [*codes, bins, level, np.asarray(label, dtype=np.int64)],
+        [*sizes, n_bins, len(level_values), 2],
+        {"sum_score": score, "sum_score_sq": score * score},
+    )
+    return cells[: len(codes)], {
+        "bin": cells[-3],
+        "bin_lo": cells[-3] / n_bins,
+        "bin_hi": (cells[-3] + 1) / n_bins,
+        "level": level_values[cells[-2]],
+        "accepted": cells[-1].astype(bool),
+        "count": count.astype(np.int64),
+        "sum_score": sums["sum_score"],
+        "sum_score_sq": sums["sum_score_sq"],
+    }
+
+
+def _count_scores(
+    part: pd.DataFrame,
+    by: tuple[str, ...],
+    name: str,
+    score: np.ndarray,
+    n_bins: int,
+    levels: int | None,
+) -> pd.DataFrame:
+    codes, sizes, uniques = factorize(part, [*by, "position"])
+    label = part["accepted"].to_numpy(dtype=bool)
+    cells, columns = score_cells(codes, sizes, score, label, n_bins, levels)
+    keys = tidy([*by, "position"], cells, uniques, {})
+    return format_calibration_counts(keys, by, name, columns)
+
+
+def format_calibration_counts(
+    keys: pd.DataFrame, by: tuple[str, ...], name: str, columns: dict[str, np.ndarray]
+) -> pd.DataFrame:
+    """Counter table in column order ``by``, score, position, bin..., counters."""
+    out = keys[list(by)].assign(score=np.full(len(keys), name, dtype=object))
+    out["position"] = keys["position"].to_numpy()
+    return out.assign(**columns)
+
+
+def _is_counts(frame: pd.DataFrame) -> bool:
+    return {"count", "sum_score", "level", "bin"} <= set(frame.columns)
+
+
+def _counts_for(
+    data: pd.DataFrame,
+    steps: pd.DataFrame | None,
+    by: tuple[str, ...],
+    scores: Iterable[str],
+    n_bins: int,
+    levels: int | None,
+) -> pd.DataFrame:
+    if _is_counts(data):
+        require_columns(data, [*by, "score", "position", "accepted"], what="calibration")
+        wanted = list(scores)
+        for name in wanted:
+            _score_rows(name)
+        return data[data["score"].isin(wanted)]
+    return count_calibration(data, steps=steps, by=by, scores=scores, n_bins=n_bins, levels=levels)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def _fit_inverse_temperature(logit: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> float:
+    """beta minimising the weighted NLL of sigmoid(beta * logit), by bisection.
+
+    The NLL is convex in beta, so its derivative ``sum z (n sigmoid(beta z) - pos)`` is
+    increasing; the root is bracketed in [0, 1e4]. NaN when the minimum is at beta <= 0
+    (scores that do not rank the labels) or beyond the bracket (separable labels).
+    """
+    total = pos + neg
+
+    def grad(beta: float) -> float:
+        return float(np.sum(logit * (total * _sigmoid(beta * logit) - pos)))
+
+    if pos.sum() == 0 or neg.sum() == 0 or grad(0.0) >= 0:
+        return np.nan
+    high = 1.0
+    while grad(high) < 0:
+        high *= 2.0
+        if high > 1e4:
+            return np.nan
+    low = 0.0
+    for _ in range(80):
+        mid = 0.5 * (low + high)
+        if grad(mid) < 0:
+            low = mid
+        else:
+            high = mid
+    return 0.5 * (low + high)
+
+
+def _finish(counts: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Summary per group of ``keys`` and reliability bins; the calibration formulas."""
+    counts = counts.reset_index(drop=True)
+    group, n_groups = combined_codes(counts, keys)
+    label = counts["accepted"].to_numpy(dtype=bool)
+    count = counts["count"].to_numpy(dtype=np.float64)
+    sum_score = counts["sum_score"].to_numpy(dtype=np.float64)
+    sum_sq = counts["sum_score_sq"].to_numpy(dtype=np.float64)
+    n_pos = np.bincount(group, weights=count * label, minlength=n_groups)  # [G]
+    n_all = np.bincount(group, weights=count, minlength=n_groups)  # [G]
+    n_neg = n_all - n_pos
+    # Brier: sum (s - y)^2 = sum s^2 - 2 y s + y
+    brier_sum = np.bincount(
+        group, weights=sum_sq - 2 * label * sum_score + label * count, minlength=n_groups
+    )
+    # reliability bins: counts per (group, bin)
+    bin_code = counts["bin"].to_numpy(dtype=np.int64)
+    n_bins = int(bin_code.max()) + 1 if len(bin_code) else 1
+    cells, _, b_sums = group_sums(
+        [group, bin_code],
+        [n_groups, n_bins],
+        {"count": count, "pos": count * label, "score": sum_score},
+    )
+    b_group, b_bin = cells
+    ece_sum = np.bincount(
+        b_group, weights=np.abs(b_sums["pos"] - b_sums["score"]), minlength=n_groups
+    )
+    # AUROC from levels: pairs (positive, negative) ordered by score, ties count 1/2
+    level_code, level_values = pd.factorize(counts["level"], sort=True)
+    cells, _, l_sums = group_sums(
+        [group, level_code],
+        [n_groups, len(level_values)],
+        {"pos": count * label, "neg": count * ~label, "score": sum_score, "n": count},
+    )
+    l_group = cells[0]  # sorted by (group, level)
+    neg_excl = np.cumsum(l_sums["neg"]) - l_sums["neg"]  # negatives before each level row
+    start = np.searchsorted(l_group, np.arange(n_groups))  # first level row of each group
+    neg_before = neg_excl - neg_excl[np.minimum(start, len(neg_excl) - 1)][l_group]
+    auc_sum = np.bincount(
+        l_group, weights=l_sums["pos"] * (neg_before + 0.5 * l_sums["neg"]), minlength=n_groups
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        auroc = np.where((n_pos > 0) & (n_neg > 0), auc_sum / (n_pos * n_neg), np.nan)
+        mean_score = np.bincount(group, weights=sum_score, minlength=n_groups) / n_all
+        level_mean = l_sums["score"] / l_sums["n"]
+    # temperature: sigmoid(logit(s) / T) fitted per group on the levels
+    logit = np.log(np.clip(level_mean, CLIP, 1 - CLIP) / (1 - np.clip(level_mean, CLIP, 1 - CLIP)))
+    temperature = np.full(n_groups, np.nan)
+    ece_scaled = np.full(n_groups, np.nan)
+    for g, rows in enumerate(split_by_code(l_group, n_groups)):
+        beta = _fit_inverse_temperature(logit[rows], l_sums["pos"][rows], l_sums["neg"][rows])
+        if not np.isfinite(beta) or beta <= 0:
+            continue
+        temperature[g] = 1.0 / beta
+        scaled = _sigmoid(beta * logit[rows])  # [L_g]
+        s_bin = score_bins(scaled, n_bins)
+        gap = np.bincount(
+            s_bin, weights=l_sums["pos"][rows] - l_sums["n"][rows] * scaled, minlength=n_bins
+        )
+        ece_scaled[g] = np.abs(gap).sum() / n_all[g]
+
+    key_frame = group_key_frame(counts, keys, group, n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        summary = key_frame.assign(
+            n_rows=n_all.astype(np.int64),  # not "n": that is the window size column
+            n_accepted=n_pos.astype(np.int64),
+            mean_score=mean_score,
+            accept_rate=n_pos / n_all,
+            ece=ece_sum / n_all,
+            brier=brier_sum / n_all,
+            auroc=auroc,
+            temperature=temperature,
+            ece_calibrated=ece_scaled,
+        )
+        reliability = (
+            key_frame.iloc[b_group]
+            .reset_index(drop=True)
+            .assign(
+                bin=b_bin,
+                bin_lo=b_bin / n_bins,
+                bin_hi=(b_bin + 1) / n_bins,
+                count=b_sums["count"].astype(np.int64),
+                mean_score=b_sums["score"] / b_sums["count"],
+                accept_rate=b_sums["pos"] / b_sums["count"],
+            )
+        )
+    reliability["gap"] = reliability["accept_rate"] - reliability["mean_score"]
+    return summary, reliability
+
+
+def _keys(by: tuple[str, ...], per_position: bool) -> list[str]:
+    return [*by, "score", *(["position"] if per_position else [])]
+
+
+def compute_calibration(
+    data: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    per_position: bool = True,
+    n_bins: int = 10,
+    levels: int | None = None,
+) -> pd.DataFrame:
+    """ECE, Brier score, AUROC and a fitted temperature of the confidence head.
+
+    Parameters
+    ----------
+    data
+        The positions table, or counts from :func:`count_calibration` /
+        :func:`dsparklab.analysis.aggregate_store`.
+    steps, by, scores, n_bins, levels
+        As in :func:`count_calibration` (ignored, except ``by`` and ``scores``, for counts).
+    per_position
+        One row per position (True) or pooled over positions (False).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group, score (and position): ``n_rows``, ``n_accepted``, ``mean_score``,
+        ``accept_rate``, ``ece``, ``brier``, ``auroc``, ``temperature`` and
+        ``ece_calibrated`` (the ECE after dividing the logit by that temperature).
+
+    Notes
+    -----
+    With scores :math:`p_k`, labels :math:`y_k \\in \\{0, 1\\}`, :math:`N` rows and
+    equal-width bins :math:`B_b = [b/M, (b+1)/M)` (the last one closed):
+
+    .. math::
+
+        \\mathrm{ECE} = \\sum_b \\frac{|B_b|}{N}\\,
+            \\bigl|\\bar y_{B_b} - \\bar p_{B_b}\\bigr|
+          = \\frac{1}{N} \\sum_b \\Bigl|\\sum_{k \\in B_b} (y_k - p_k)\\Bigr|, \\qquad
+        \\mathrm{Brier} = \\frac{1}{N} \\sum_k (p_k - y_k)^2
+
+    .. math::
+
+        \\mathrm{AUROC} = \\frac{1}{N_+ N_-} \\sum_{k: y_k = 1} \\sum_{l: y_l = 0}
+            \\Bigl([p_k > p_l] + \\tfrac12 [p_k = p_l]\\Bigr)
+
+    The temperature :math:`T` minimises
+    :math:`-\\sum_k y_k \\log \\sigma(z_k/T) + (1-y_k) \\log(1 - \\sigma(z_k/T))` with
+    :math:`z_k = \\operatorname{logit} p_k`; :math:`T > 1` means the head is
+    over-confident, :math:`T < 1` under-confident (NaN when one class is absent or the
+    scores do not rank the labels the right way round).
+    """
+    by = as_columns(by)
+    counts = _counts_for(data, steps, by, scores, n_bins, levels)
+    if counts.empty:
+        return pd.DataFrame(columns=[*_keys(by, per_position), "n_rows", "ece", "brier", "auroc"])
+    return _finish(counts, _keys(by, per_position))[0]
+
+
+def compute_reliability(
+    data: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    per_position: bool = True,
+    n_bins: int = 10,
+    levels: int | None = None,
+) -> pd.DataFrame:
+    """Reliability diagram bins: mean score and acceptance rate per equal-width bin.
+
+    Parameters are those of :func:`compute_calibration`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group, score, (position,) and non-empty bin: ``bin``, ``bin_lo``,
+        ``bin_hi``, ``count``, ``mean_score`` (:math:`\\bar p_B`), ``accept_rate``
+        (:math:`\\bar y_B`) and ``gap`` = accept_rate - mean_score (negative: the head
+        is over-confident in that bin).
+    """
+    by = as_columns(by)
+    counts = _counts_for(data, steps, by, scores, n_bins, levels)
+    if counts.empty:
+        return pd.DataFrame(columns=[*_keys(by, per_position), "bin", "count", "gap"])
+    return _finish(counts, _keys(by, per_position))[1]
+
+
+def _array_summary(score: np.ndarray, label: np.ndarray, n_bins: int) -> pd.Series:
+    score = np.asarray(score, dtype=np.float64)  # [N]
+    label = np.asarray(label, dtype=bool)  # [N]
+    if score.shape != label.shape or score.ndim != 1:
+        raise DSparkLabError(
+            f"score and label must be 1-d arrays of one length; got {score.shape} and {label.shape}"
+        )
+    part = pd.DataFrame({"position": np.zeros(len(score), np.int64), "accepted": label})
+    counts = _count_scores(part, (), "confidence", score, n_bins, None)
+    return _finish(counts, ["score"])[0].iloc[0]
+
+
+def compute_ece(score: np.ndarray, label: np.ndarray, *, n_bins: int = 10) -> float:
+    """Expected calibration error of ``score`` ``[N]`` against ``label`` ``[N]``.
+
+    Notes
+    -----
+    Equal-width bins; see :func:`compute_calibration` for the formula.
+    """
+    return float(_array_summary(score, label, n_bins)["ece"])
+
+
+def compute_brier(score: np.ndarray, label: np.ndarray) -> float:
+    """Brier score :math:`\\frac1N \\sum_k (p_k - y_k)^2` of ``score`` ``[N]``."""
+    return float(_array_summary(score, label, 10)["brier"])
+
+
+def compute_auroc(score: np.ndarray, label: np.ndarray) -> float:
+    """Area under the ROC curve of ``score`` ``[N]`` ranking ``label`` ``[N]`` (ties 1/2)."""
+    return float(_array_summary(score, label, 10)["auroc"])

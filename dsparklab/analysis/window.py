@@ -1,0 +1,281 @@
+"""Window scaling: acceptance length and measured speedup as the window n grows.
+
+Speedup is measured against the target-only baseline (``method == "none"``) run that
+matches the method run on engine, target, dataset and temperature: a baseline step emits
+one token, a speculative step emits ``accepted_len + 1``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import (
+    UNIT_COLUMNS,
+    as_columns,
+    combined_codes,
+    factorize,
+    group_key_frame,
+    require_columns,
+    split_by_code,
+    tidy,
+)
+from dsparklab.analysis._kernels import (
+    bootstrap_sums,
+    group_rng,
+    group_sums,
+    percentile_interval,
+)
+from dsparklab.analysis.acceptance import compute_acceptance_length
+from dsparklab.errors import DSparkLabError
+
+logger = logging.getLogger(__name__)
+
+BASELINE_METHOD = "none"
+# Run columns a baseline run must share with the method run it is compared with.
+MATCH_COLUMNS = ("engine", "target", "dataset", "temperature")
+STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
+
+
+def count_step_times(
+    steps: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("method", "dataset"),
+    match: Iterable[str] = MATCH_COLUMNS,
+    per_request: bool = True,
+) -> pd.DataFrame:
+    """Step-time counters per group, window, baseline-match key (and request).
+
+    Parameters
+    ----------
+    steps
+        The steps table of method runs and baseline runs.
+    by
+        Grouping columns; ``method`` and ``n`` are always kept.
+    match
+        Run columns that pair a method run with its baseline run.
+    per_request
+        Keep one row per request (for bootstrap intervals).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Keys plus ``n_steps``, ``sum_tokens`` (emitted: ``accepted_len + 1``),
+        ``sum_time`` (``draft_time_s + verify_time_s``; a null draft time counts 0),
+        ``sum_draft`` and ``sum_verify``. Steps without a verify time are left out.
+    """
+    by = as_columns(by)
+    keys = list(dict.fromkeys([*by, "method", "n", *match]))
+    if per_request:
+        keys += [c for c in UNIT_COLUMNS if c not in keys]
+    require_columns(steps, [*keys, "accepted_len", "verify_time_s"], what="count_step_times")
+    verify = steps["verify_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
+    timed = ~np.isnan(verify)
+    if not timed.all():
+        logger.info("%d of %d steps have no verify time; left out", (~timed).sum(), len(timed))
+    frame = steps.loc[timed]
+    verify = verify[timed]
+    draft = (
+        frame["draft_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if "draft_time_s" in frame
+        else np.zeros(len(frame))
+    )
+    draft = np.nan_to_num(draft, nan=0.0)
+    codes, sizes, uniques = factorize(frame, keys)
+    cells, count, s = group_sums(
+        codes,
+        sizes,
+        {
+            "sum_tokens": frame["accepted_len"].to_numpy(dtype=np.float64) + 1.0,
+            "sum_time": draft + verify,
+            "sum_draft": draft,
+            "sum_verify": verify,
+        },
+    )
+    return tidy(keys, cells, uniques, {"n_steps": count.astype(np.int64), **s})
+
+
+def _baseline_rates(
+    counts: pd.DataFrame, match: list[str], n_boot: int, seed: int
+) -> tuple[pd.DataFrame, dict[int, np.ndarray]]:
+    """Baseline time per step per match key, and bootstrap replicates of it ``[B]``."""
+    base = counts.reset_index(drop=True)
+    code, n_codes = combined_codes(base, match)
+    keys = group_key_frame(base, match, code, n_codes)
+    time = np.bincount(code, weights=base["sum_time"].to_numpy(float), minlength=n_codes)
+    n = np.bincount(code, weights=base["n_steps"].to_numpy(float), minlength=n_codes)
+    keys["baseline_step_time"] = time / n
+    keys["baseline_steps"] = n.astype(np.int64)
+    replicates: dict[int, np.ndarray] = {}
+    if n_boot > 0 and all(c in base.columns for c in UNIT_COLUMNS):
+        for m, rows in enumerate(split_by_code(code, n_codes)):
+            rng = group_rng(seed, ("baseline", *keys.iloc[m][match]))
+            per_unit = base[["sum_time", "n_steps"]].to_numpy(float)[rows]  # [U, 2]
+            sums = bootstrap_sums(per_unit, n_boot, rng)  # [B, 2]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                replicates[m] = sums[:, 0] / sums[:, 1]
+    return keys, replicates
+
+
+def compute_window_scaling(
+    steps: pd.DataFrame,
+    *,
+    positions: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("method", "dataset"),
+    baseline_method: str = BASELINE_METHOD,
+    match: Iterable[str] = MATCH_COLUMNS,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Tokens per step, acceptance length and measured speedup per group and window n.
+
+    Parameters
+    ----------
+    steps
+        The steps table of the method runs and of their target-only baseline runs.
+    positions
+        The positions table of the method runs; adds ``accept_len`` (1 + sum of
+        survivals) with its interval.
+    by
+        Grouping columns (``n`` is always added).
+    baseline_method
+        The ``method`` value of target-only runs.
+    match
+        Run columns pairing a method run with its baseline.
+    n_boot, ci, seed
+        Percentile bootstrap over requests (method and baseline requests resampled
+        independently); 0 replicates skips the intervals.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and n: ``n_steps``, ``tokens_per_step`` (+ ``_lo``/``_hi``),
+        ``time_per_token``, ``baseline_time_per_token``, ``speedup`` (+ ``_lo``/``_hi``),
+        ``draft_cost`` (:math:`c`), ``verify_cost`` (:math:`v`), [``accept_len`` (+
+        bounds)], and ``marginal_tokens_per_step``, ``marginal_speedup`` [,
+        ``marginal_accept_len``]: the change from window n-1 to n in the same group (NaN
+        where n-1 was not run).
+
+    Notes
+    -----
+    For the steps of a group, each matched to a baseline with step time :math:`t_b`
+    (the baseline's time per emitted token):
+
+    .. math::
+
+        \\mathrm{speedup} = \\frac{\\sum_k (A_k + 1)\\, t_{b(k)}}{\\sum_k (d_k + u_k)},
+        \\qquad
+        c = \\frac{\\sum_k d_k}{\\sum_k t_{b(k)}}, \\qquad
+        v = \\frac{\\sum_k u_k}{\\sum_k t_{b(k)}} - 1
+
+    with :math:`A_k` accepted positions, :math:`d_k` draft time and :math:`u_k` verify
+    time of step :math:`k`. With one dataset this is baseline time per token over method
+    time per token, and :math:`\\mathrm{speedup} = \\mathrm{tokens\\ per\\ step} /
+    (1 + c + v)`. Pooling datasets weights them by emitted tokens; for the published
+    convention (an unweighted mean over datasets) group by dataset and average.
+    """
+    by = as_columns(by)
+    match = list(as_columns(match))
+    if not 0.0 < ci < 1.0:
+        raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
+    counts = count_step_times(steps, by=by, match=match, per_request=True)
+    is_base = counts["method"] == baseline_method
+    base_keys, base_boot = _baseline_rates(counts.loc[is_base], match, n_boot, seed)
+    method = counts.loc[~is_base].reset_index(drop=True)
+    if method.empty:
+        raise DSparkLabError(
+            f"no steps of a speculative method (all runs have method {baseline_method!r}); "
+            "pass the method runs' steps too"
+        )
+    method = method.merge(base_keys.reset_index(names="_match"), on=match, how="left", sort=False)
+    if method["_match"].isna().any():
+        missing = method.loc[method["_match"].isna(), match].drop_duplicates()
+        logger.warning(
+            "no %r baseline run for %s; speedup is NaN there",
+            baseline_method,
+            missing.to_dict("records"),
+        )
+    group_cols = [*by, "n"] if "n" not in by else list(by)
+    group, n_groups = combined_codes(method, group_cols)
+    keys = group_key_frame(method, group_cols, group, n_groups)
+    steps_n = method["n_steps"].to_numpy(float)
+    tokens = method["sum_tokens"].to_numpy(float)
+    time = method["sum_time"].to_numpy(float)
+    step_base = method["baseline_step_time"].to_numpy(float)  # [R] NaN without a baseline
+    match_code = method["_match"].fillna(-1).to_numpy(dtype=np.int64)
+
+    # per request: steps, tokens, time, draft, verify, tokens x t_b, steps x t_b  [R, 7]
+    per_unit = np.stack(
+        [
+            steps_n,
+            tokens,
+            time,
+            method["sum_draft"].to_numpy(float),
+            method["sum_verify"].to_numpy(float),
+            tokens * step_base,
+            steps_n * step_base,
+        ],
+        axis=1,
+    )
+    names = (
+        "n_steps",
+        "tokens_per_step",
+        "tokens_per_step_lo",
+        "tokens_per_step_hi",
+        "time_per_token",
+        "baseline_time_per_token",
+        "speedup",
+        "speedup_lo",
+        "speedup_hi",
+        "draft_cost",
+        "verify_cost",
+    )
+    out = {name: np.full(n_groups, np.nan) for name in names}
+    for g, rows in enumerate(split_by_code(group, n_groups)):
+        n_st, tok, tim, dra, ver, equiv, equiv_steps = per_unit[rows].sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["n_steps"][g] = n_st
+            out["tokens_per_step"][g] = tok / n_st
+            out["time_per_token"][g] = tim / tok
+            out["baseline_time_per_token"][g] = equiv / tok
+            out["speedup"][g] = equiv / tim
+            out["draft_cost"][g] = dra / equiv_steps
+            out["verify_cost"][g] = ver / equiv_steps - 1.0
+        if n_boot == 0:
+            continue
+        # resample requests; each matched baseline's step time is resampled on its own
+        matches = np.unique(match_code[rows])
+        by_match = (match_code[rows][:, None] == matches[None, :]) * tokens[rows][:, None]
+        x = np.concatenate([per_unit[rows][:, :3], by_match], axis=1)  # [U, 3 + M]
+        sums = bootstrap_sums(x, n_boot, group_rng(seed, tuple(keys.iloc[g])))  # [B, 3 + M]
+        nan = np.full(n_boot, np.nan)
+        base_b = np.stack([base_boot.get(int(m), nan) for m in matches], axis=1)  # [B, M]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tps = sums[:, 1] / sums[:, 0]
+            speed = (sums[:, 3:] * base_b).sum(axis=1) / sums[:, 2]
+        out["tokens_per_step_lo"][g], out["tokens_per_step_hi"][g] = percentile_interval(tps, ci)
+        out["speedup_lo"][g], out["speedup_hi"][g] = percentile_interval(speed, ci)
+    result = keys.assign(**out)
+    result["n_steps"] = result["n_steps"].astype(np.int64)
+    if positions is not None:
+        length = compute_acceptance_length(
+            positions, steps=steps, by=group_cols, n_boot=n_boot, ci=ci, seed=seed
+        )[[*group_cols, "accept_len", "accept_len_lo", "accept_len_hi"]]
+        result = result.merge(length, on=group_cols, how="left")
+    return _with_marginals(result, [c for c in group_cols if c != "n"])
+
+
+def _with_marginals(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Add ``marginal_<metric>`` = metric(n) - metric(n - 1) within each group."""
+    metrics = [m for m in ("tokens_per_step", "speedup", "accept_len") if m in frame.columns]
+    previous = frame[[*by, "n", *metrics]].copy()
+    previous["n"] = previous["n"] + 1
+    previous = previous.rename(columns={m: f"_prev_{m}" for m in metrics})
+    merged = frame.merge(previous, on=[*by, "n"], how="left")
+    for m in metrics:
+        merged[f"marginal_{m}"] = merged[m] - merged.pop(f"_prev_{m}")
+    return merged.sort_values([*by, "n"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,160 @@
+"""Window scaling, measured speedup and the speedup model on traces with known timings."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_synth import build_run, concat
+
+from dsparklab.analysis import (
+    compute_speedup_model,
+    compute_window_scaling,
+    fit_speedup_model,
+)
+from dsparklab.errors import UnknownMethodError
+
+RUN = {"engine": "synthetic", "target": "t", "temperature": 0.0}
+
+
+def steps_of(run_id, method, n, accepted_len, draft, verify, dataset="d", n_requests=2):
+    """``len(accepted_len)`` steps per request with constant draft/verify times."""
+    rows = []
+    for r in range(n_requests):
+        for s, a in enumerate(accepted_len):
+            rows.append(
+                {
+                    **RUN,
+                    "run_id": run_id,
+                    "method": method,
+                    "n": n,
+                    "dataset": dataset,
+                    "request_id": f"{run_id}/{r}",
+                    "prompt_id": f"p{r}",
+                    "step": s,
+                    "accepted_len": a,
+                    "num_drafted": n,
+                    "num_verified": n,
+                    "draft_time_s": draft,
+                    "verify_time_s": verify,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def timed_steps() -> pd.DataFrame:
+    return pd.concat(
+        [
+            steps_of("base", "none", 0, [0] * 5, np.nan, 0.010),
+            steps_of("ds3", "dspark", 3, [3, 1, 2, 0], 0.003, 0.012),
+            steps_of("ds5", "dspark", 5, [5, 1, 2, 4], 0.003, 0.012),
+            steps_of("e2", "eagle3", 2, [2, 0, 1, 1], 0.002, 0.011),
+            steps_of("e4", "eagle3", 4, [4, 0, 1, 3], 0.004, 0.011),
+        ],
+        ignore_index=True,
+    )
+
+
+def test_measured_speedup_costs_and_marginals_on_known_timings():
+    table = compute_window_scaling(timed_steps(), by="method", n_boot=0).set_index(["method", "n"])
+    ds3 = table.loc[("dspark", 3)]
+    assert ds3["tokens_per_step"] == pytest.approx(2.5)
+    assert ds3["time_per_token"] == pytest.approx(0.015 / 2.5)
+    assert ds3["baseline_time_per_token"] == pytest.approx(0.010)
+    assert ds3["speedup"] == pytest.approx(0.010 / (0.015 / 2.5))
+    assert ds3["draft_cost"] == pytest.approx(0.3)
+    assert ds3["verify_cost"] == pytest.approx(0.2)
+    # speedup = tokens per step / (1 + c + v)
+    assert ds3["speedup"] == pytest.approx(2.5 / (1 + 0.3 + 0.2))
+    ds5 = table.loc[("dspark", 5)]
+    assert ds5["tokens_per_step"] == pytest.approx(4.0)
+    assert np.isnan(ds3["marginal_speedup"])  # no n=2 run
+    assert np.isnan(ds5["marginal_speedup"])  # n=4 was not run for dspark
+    e4 = table.loc[("eagle3", 4)]
+    assert e4["draft_cost"] == pytest.approx(0.4)
+    assert e4["tokens_per_step"] == pytest.approx(3.0)
+    assert np.isnan(e4["marginal_tokens_per_step"])  # n=3 was not run
+
+
+def test_marginal_value_of_one_more_position():
+    steps = pd.concat(
+        [
+            steps_of("base", "none", 0, [0] * 3, np.nan, 0.010),
+            steps_of("d3", "dspark", 3, [3, 1], 0.003, 0.012),
+            steps_of("d4", "dspark", 4, [4, 1], 0.003, 0.012),
+        ]
+    )
+    table = compute_window_scaling(steps, by="method", n_boot=0)
+    d4 = table[table["n"] == 4].iloc[0]
+    d3 = table[table["n"] == 3].iloc[0]
+    assert d4["marginal_tokens_per_step"] == pytest.approx(0.5)
+    assert d4["marginal_speedup"] == pytest.approx(d4["speedup"] - d3["speedup"])
+
+
+def test_speedup_model_recovers_block_and_autoregressive_costs():
+    params = fit_speedup_model(timed_steps()).set_index("method")
+    assert params.loc["dspark", "kind"] == "block"
+    assert params.loc["dspark", "c"] == pytest.approx(0.3)
+    assert params.loc["dspark", "v0"] == pytest.approx(0.2)
+    assert params.loc["dspark", "v1"] == pytest.approx(0.0, abs=1e-12)
+    assert params.loc["eagle3", "kind"] == "autoregressive"
+    assert params.loc["eagle3", "c"] == pytest.approx(0.1)  # per drafted position
+    assert params.loc["eagle3", "v0"] == pytest.approx(0.1)
+    model = compute_speedup_model(timed_steps(), by="method", n_boot=0)
+    np.testing.assert_allclose(model["model_error"], 0.0, atol=1e-12)
+    np.testing.assert_allclose(model["speedup_model"], model["speedup"])
+
+
+def test_model_against_noisy_timings():
+    runs = [build_run(run_id="base", method="none", n=0, verify_time=0.01, seed=1)]
+    for n in (3, 5, 7):
+        runs.append(
+            build_run(run_id=f"d{n}", n=n, accept=0.8, draft_time=0.003, verify_time=0.011, seed=n)
+        )
+        runs.append(
+            build_run(
+                run_id=f"e{n}",
+                method="eagle3",
+                n=n,
+                accept=0.8,
+                draft_time=lambda k: 0.001 * k,
+                verify_time=0.011,
+                seed=10 + n,
+            )
+        )
+    positions, steps = concat(*runs)
+    model = compute_speedup_model(steps, by=("method", "dataset"), n_boot=200)
+    assert (model["model_error"].abs() < 0.03).all()
+    assert (model["speedup_lo"] <= model["speedup"]).all()
+    assert (model["speedup"] <= model["speedup_hi"]).all()
+    params = fit_speedup_model(steps).set_index("method")
+    assert params.loc["dspark", "c"] == pytest.approx(0.3, rel=0.05)
+    assert params.loc["eagle3", "c"] == pytest.approx(0.1, rel=0.05)
+    scaling = compute_window_scaling(steps, positions=positions, n_boot=200)
+    # with every step drafting n positions, AL from positions = tokens per step
+    np.testing.assert_allclose(scaling["accept_len"], scaling["tokens_per_step"])
+    assert (scaling["accept_len_lo"] <= scaling["accept_len"]).all()
+
+
+def test_missing_baseline_gives_nan_and_a_warning(caplog):
+    steps = steps_of("ds3", "dspark", 3, [3, 1, 2, 0], 0.003, 0.012)
+    with caplog.at_level(logging.WARNING):
+        table = compute_window_scaling(steps, by="method", n_boot=50)
+    assert np.isnan(table["speedup"]).all()
+    assert table["tokens_per_step"].iloc[0] == pytest.approx(2.5)
+    assert "no 'none' baseline run" in caplog.text
+
+
+def test_unknown_drafter_kind_lists_the_known_methods():
+    steps = pd.concat(
+        [
+            steps_of("base", "none", 0, [0] * 3, np.nan, 0.010),
+            steps_of("m", "medusa", 3, [1, 2], 0.001, 0.012),
+        ]
+    )
+    with pytest.raises(UnknownMethodError, match="known methods are"):
+        fit_speedup_model(steps)
+    params = fit_speedup_model(steps, kinds={"medusa": "block"})
+    assert params["c"].iloc[0] == pytest.approx(0.1)
