@@ -52,6 +52,9 @@ def validate(
 
 
 import dsparklab.cli.collect  # noqa: E402, F401  (registers `collect` on app)
+from dsparklab.cli.zoo import zoo_app  # noqa: E402
+
+app.add_typer(zoo_app, name="zoo")
 
 
 def main() -> None:

@@ -1,0 +1,146 @@
+"""Cost of tracing in the reference engine: the same decoding with tracing on and off.
+
+For each configuration (default DSpark n=3 and n=7, Eagle3 n=7, target-only), the
+traced and untraced engines decode the same prompts, interleaved within one run.
+Overhead = traced wall time / untraced wall time - 1 (goal <= 3 %). The "store" column
+adds what writing those rows through the TraceWriter costs (parquet, fsync) per request,
+measured separately on the rows the traced runs produced.
+
+    .venv/bin/python benchmarks/tracing_overhead.py --limit 8 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from dsparklab.engines.layout import parse_list
+from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine, record_row
+from dsparklab.engines.reference.bench import markdown_table, time_interleaved
+from dsparklab.engines.reference.collect import ModelSet, encode_prompt
+from dsparklab.prompts import load_prompts
+from dsparklab.store import TraceWriter, new_run_json
+
+GOAL = 0.03
+CONFIGS = "dspark-n3,dspark-n7,eagle3-n7,none"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="humaneval", help="comma list of prompt sets")
+    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--configs", default=CONFIGS, help="comma list of METHOD-nK / none")
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--target", default="tiny-target")
+    parser.add_argument("--dspark", default="tiny-dspark")
+    parser.add_argument("--eagle3", default="tiny-eagle3")
+    return parser.parse_args(argv)
+
+
+def store_cost(engine: ReferenceEngine, prompts: list[list[int]]) -> float:
+    """Seconds per request to write a traced request's rows through the TraceWriter."""
+    results = [engine.generate(p, request_id=f"p{i}") for i, p in enumerate(prompts)]
+    meta = new_run_json(
+        run_id="overhead",
+        engine={"name": "reference", "version": "bench"},
+        method=engine.config.method,
+        num_speculative_tokens=engine.config.num_speculative_tokens,
+        target={"name": "t", "path": "t", "content_hash": "sha256:0"},
+        drafter=None,
+        dataset="bench",
+        sampling={"temperature": 0.0, "seed": 0},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        with TraceWriter(Path(tmp) / "run", meta) as writer:
+            for result in results:
+                extra = {"request_id": result.request_id, "prompt_id": "p", "dataset": "bench"}
+                writer.add_many("steps", [record_row(s, **extra) for s in result.steps])
+                writer.add_many(
+                    "positions",
+                    [record_row(p, request_id=result.request_id) for p in result.positions],
+                )
+                writer.add(
+                    "requests",
+                    {
+                        **extra,
+                        "prompt_token_ids": result.prompt_token_ids,
+                        "output_token_ids": result.output_token_ids,
+                        "output_text": "",
+                        "wall_time_s": result.wall_time_s,
+                    },
+                )
+        return (time.perf_counter() - start) / len(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    models = ModelSet(args.target, {"dspark": args.dspark, "eagle3": args.eagle3})
+    engines: dict[str, ReferenceEngine] = {}
+    for label in parse_list(args.configs):
+        method, _, n = label.partition("-n")
+        for trace in (True, False):
+            config = ReferenceConfig(
+                method=method,
+                num_speculative_tokens=int(n or 0),
+                max_new_tokens=args.max_new_tokens,
+                trace_enabled=trace,
+            )
+            engines[f"{label}/{'on' if trace else 'off'}"] = ReferenceEngine(
+                models.target, models.drafter(method), config=config
+            )
+    max_len = min(engine.max_prompt_len for engine in engines.values())
+    prompts = [
+        encode_prompt(models.tokenizer, prompt, max_len)
+        for dataset in parse_list(args.dataset)
+        for prompt in load_prompts(dataset, limit=args.limit)
+    ]
+    timings = time_interleaved(engines, prompts, rounds=args.rounds)
+    timings["config"] = timings["label"].str.split("/").str[0]
+    timings["trace"] = timings["label"].str.split("/").str[1]
+    rows = []
+    for config, group in timings.groupby("config", sort=False):
+        wide = group.pivot_table(index=["round", "prompt"], columns="trace", values="wall_time_s")
+        per_request = group[group["trace"] == "on"]["wall_time_s"].mean()
+        store = store_cost(engines[f"{config}/on"], prompts)
+        rows.append(
+            {
+                "config": config,
+                "off s/req": wide["off"].mean(),
+                "on s/req": wide["on"].mean(),
+                "overhead": wide["on"].sum() / wide["off"].sum() - 1,
+                "median pair": (wide["on"] / wide["off"]).median() - 1,
+                "store s/req": store,
+                "store share": store / per_request,
+            }
+        )
+    table = pd.DataFrame(rows)
+    print(
+        f"reference engine, {len(prompts)} prompts ({args.dataset}), {args.max_new_tokens} "
+        f"new tokens, {args.rounds} rounds interleaved, greedy, {args.threads} thread(s)"
+    )
+    print()
+    shown = table.copy()
+    for column in ("overhead", "median pair", "store share"):
+        shown[column] = shown[column].map(lambda v: f"{100 * v:+.1f}%")
+    print(markdown_table(shown, digits=4))
+    print()
+    worst = table["overhead"].max()
+    status = "met" if worst <= GOAL else "NOT met"
+    print(f"goal tracing overhead <= {100 * GOAL:.0f}%: worst {100 * worst:+.1f}% ({status})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""`dsparklab collect`: decode prompt sets with an engine and write one run per combination.
+
+The engine is chosen from :data:`ENGINES`, a dict of engine name -> ``"module:function"``
+imported on use. Every collect function takes the same keyword arguments (``methods``,
+``ns``, ``datasets``, ``out``, ``limit``, ``max_new_tokens``, ``temperature``, ``seed``,
+``target``, ``dspark``, ``eagle3``, ``threads``, ``overwrite``, ``progress``), lays runs
+out with :mod:`dsparklab.engines.layout`, skips complete runs, and returns the output
+root.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dsparklab.cli.app import app
+from dsparklab.errors import UnknownMethodError
+
+ENGINES: dict[str, str] = {
+    "reference": "dsparklab.engines.reference.collect:collect",
+    "vllm": "dsparklab.engines.vllm.collect:collect",
+    "vllm-serve": "dsparklab.engines.vllm.collect:collect_serve",
+}
+
+
+def engine_collector(name: str) -> Callable[..., Path]:
+    """The collect function of engine ``name``."""
+    target = ENGINES.get(name)
+    if target is None:
+        raise UnknownMethodError(
+            f"unknown engine {name!r}; expected one of {', '.join(sorted(ENGINES))}"
+        )
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+@app.command()
+def collect(
+    engine: Annotated[str, typer.Option(help=f"Engine: {', '.join(sorted(ENGINES))}.")] = (
+        "reference"
+    ),
+    method: Annotated[str, typer.Option(help="Comma list of dspark, eagle3, none.")] = (
+        "dspark,eagle3,none"
+    ),
+    n: Annotated[
+        str, typer.Option("--n", help="Speculative tokens: '3..7', '3,5,7' or '4'.")
+    ] = "3..7",
+    dataset: Annotated[
+        str, typer.Option(help="Comma list of prompt sets (humaneval, prose, jsonl:PATH).")
+    ] = "humaneval,prose",
+    limit: Annotated[int | None, typer.Option(help="First LIMIT prompts of each set.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 128,
+    out: Annotated[Path, typer.Option(help="Output root; runs go to OUT/<set>/<run>.")] = Path(
+        "runs"
+    ),
+    temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (T > 0).")] = 0,
+    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "tiny-target",
+    dspark: Annotated[
+        str, typer.Option(help="DSpark drafter: zoo name or directory.")
+    ] = "tiny-dspark",
+    eagle3: Annotated[
+        str, typer.Option(help="Eagle3 drafter: zoo name or directory.")
+    ] = "tiny-eagle3",
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 1,
+    overwrite: Annotated[bool, typer.Option(help="Redo runs that are already complete.")] = False,
+) -> None:
+    """Decode prompt sets and record one trace run per (dataset, method, n)."""
+    from dsparklab.engines.layout import parse_list, parse_ns
+
+    options: dict[str, Any] = dict(
+        methods=parse_list(method),
+        ns=parse_ns(n),
+        datasets=parse_list(dataset),
+        out=out,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        target=target,
+        dspark=dspark,
+        eagle3=eagle3,
+        threads=threads,
+        overwrite=overwrite,
+        progress=True,
+    )
+    root = engine_collector(engine)(**options)
+    typer.echo(str(root))

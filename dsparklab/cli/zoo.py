@@ -1,0 +1,101 @@
+"""`dsparklab zoo ...`: train the model zoo and list its checkpoints."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from dsparklab.zoo.tiny.config import Stage
+
+zoo_app = typer.Typer(help="The model zoo: train and list checkpoints.", no_args_is_help=True)
+
+TIERS = ("tiny", "smoke")
+
+
+@zoo_app.command("train")
+def train(
+    tier: str = typer.Option("tiny", help="Recipe tier: tiny (committed) or smoke (seconds)."),
+    out: Path = typer.Option(None, help="Output directory (default: the repo's data/zoo)."),
+    max_steps: int = typer.Option(None, min=1, help="Cap every training stage's steps."),
+    stage: list[str] = typer.Option(
+        None, help="Retrain only these stages (target, dspark, eagle3); others are loaded."
+    ),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation and cards."),
+) -> None:
+    """Train the tier's target LM, DSpark and Eagle3 drafters; evaluate; write cards."""
+    import logging
+
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.tiny.config import STAGES, TinyConfig
+    from dsparklab.zoo.tiny.train import train_tier
+
+    if tier not in TIERS:
+        typer.echo(f"error: unknown tier {tier!r}; valid: {', '.join(TIERS)}", err=True)
+        raise typer.Exit(code=2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = TinyConfig() if tier == "tiny" else TinyConfig.smoke()
+    cfg = cfg.with_max_steps(max_steps)
+    command = ["dsparklab", "zoo", "train", "--tier", tier]
+    if out is not None:
+        command += ["--out", str(out)]
+    if max_steps is not None:
+        command += ["--max-steps", str(max_steps)]
+    for name in stage or []:
+        command += ["--stage", name]
+    if no_eval:
+        command.append("--no-eval")
+    result = train_tier(
+        cfg,
+        out or ZOO_DIR,
+        stages=_stages(stage) if stage else STAGES,
+        evaluate=not no_eval,
+        command=shlex.join(command),
+    )
+    for name, report in result.stages.items():
+        typer.echo(
+            f"{name}: {report.seconds:.0f} s, {report.steps} steps, loss {report.loss_last:.3f}"
+        )
+    deg = result.evaluation.get("degeneracy", {})
+    for name, d in deg.items():
+        typer.echo(f"degeneracy {name}: {d['distinct_ratio_mean']:.3f}")
+    for name, summary in result.evaluation.get("acceptance", {}).items():
+        lens = summary["accept_len"]
+        typer.echo(
+            f"{name}: AL(3) {lens[3]:.2f}  AL(7) {lens[7]:.2f}  a_1 {summary['conditional'][0]:.3f}"
+        )
+    typer.echo(str(result.out_dir))
+
+
+def _stages(names: list[str]) -> tuple[Stage, ...]:
+    from dsparklab.zoo.tiny.config import STAGES
+
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        typer.echo(f"error: unknown stage {unknown[0]!r}; valid: {', '.join(STAGES)}", err=True)
+        raise typer.Exit(code=2)
+    return tuple(n for n in STAGES if n in names)
+
+
+@zoo_app.command("list")
+def list_checkpoints() -> None:
+    """List the zoo's checkpoints with their size and headline figures."""
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.card import read_card
+
+    for path in sorted(p for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()):
+        card = read_card(path)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
+        evaluation = card.get("evaluation", {})
+        if card.get("kind") == "target":
+            deg = evaluation.get("degeneracy", {})
+            figure = "degeneracy " + ", ".join(
+                f"{k} {v['distinct_ratio_mean']:.2f}" for k, v in deg.items()
+            )
+        else:
+            lens = evaluation.get("offline_acceptance_humaneval", {}).get("accept_len", {})
+            figure = f"offline AL(7) {lens['7']:.2f}" if "7" in lens else ""
+        typer.echo(f"{path.name}\t{card.get('kind', '?')}\t{size:.1f} MB\t{figure}")

@@ -1,0 +1,100 @@
+"""The run layout every engine's collector shares: which runs a request makes, and where.
+
+``dsparklab collect --method dspark,eagle3,none --n 3..7 --dataset humaneval,prose``
+makes one run per (dataset, method, n) -- one ``none`` run per dataset, since the
+target-only baseline drafts nothing -- in ``<out>/<dataset>/<method>-n<k>``
+(``<out>/<dataset>/none``; ``-t<T>`` appended when sampling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
+from dsparklab.store import read_run_json
+from dsparklab.store.schema import METHODS, RUN_JSON
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run to collect: a dataset, a method and its n (0 for 'none')."""
+
+    dataset: str
+    method: str
+    n: int
+    temperature: float = 0.0
+
+    @property
+    def dataset_dir(self) -> str:
+        """The dataset's directory name (a JSONL set is named by its file's stem)."""
+        if self.dataset.startswith("jsonl:"):
+            return Path(self.dataset[len("jsonl:") :]).stem
+        return self.dataset
+
+    @property
+    def name(self) -> str:
+        """``<dataset>/<method>-n<k>`` (``<dataset>/none`` for the baseline)."""
+        leaf = "none" if self.method == "none" else f"{self.method}-n{self.n}"
+        if self.temperature:
+            leaf += f"-t{self.temperature:g}"
+        return f"{self.dataset_dir}/{leaf}"
+
+
+def parse_ns(text: str) -> list[int]:
+    """``"3..7"`` -> [3, 4, 5, 6, 7]; ``"3,5,7"`` -> [3, 5, 7]; ``"4"`` -> [4]."""
+    values: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if ".." in part:
+                low, high = (int(v) for v in part.split("..", 1))
+                if low > high:
+                    raise ConfigError(f"--n range {part!r} is empty; write LOW..HIGH")
+                values.extend(range(low, high + 1))
+            elif part:
+                values.append(int(part))
+    except ValueError as err:
+        raise ConfigError(f"--n {text!r} is not a list of ints or LOW..HIGH ranges") from err
+    if not values or min(values) < 1:
+        raise ConfigError(f"--n {text!r}: expected speculative token counts >= 1")
+    return sorted(set(values))
+
+
+def parse_list(text: str) -> list[str]:
+    """``"a,b"`` -> ["a", "b"] (blanks dropped, order kept, duplicates removed)."""
+    return list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def plan_runs(
+    methods: Sequence[str],
+    ns: Iterable[int],
+    datasets: Sequence[str],
+    *,
+    temperature: float = 0.0,
+) -> list[RunSpec]:
+    """Every run of a collect request, dataset-major, baseline first."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UnknownMethodError(
+            f"unknown method {unknown[0]!r}; expected some of {', '.join(METHODS)}"
+        )
+    ns = sorted(set(ns))
+    ordered = sorted(set(methods), key=lambda m: (m != "none", list(METHODS).index(m)))
+    runs = []
+    for dataset in datasets:
+        for method in ordered:
+            for n in [0] if method == "none" else ns:
+                runs.append(RunSpec(dataset, method, n, temperature))
+    return runs
+
+
+def is_complete(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds a readable run.json with status 'complete'."""
+    if not (run_dir / RUN_JSON).is_file():
+        return False
+    try:
+        return read_run_json(run_dir)["status"] == "complete"
+    except TraceSchemaError:
+        return False

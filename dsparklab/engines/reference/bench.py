@@ -1,0 +1,106 @@
+r"""Interleaved wall-clock timing of reference-engine configurations (for benchmarks/).
+
+Configurations are timed on the same prompts, interleaved: in round r, prompt p runs
+every configuration in an order rotated by r + p, so slow drift of a shared machine
+(other processes, thermal state) spreads over all of them instead of biasing one.
+Speedups are ratios of total wall time over identical work:
+
+.. math::
+
+    S_c = \frac{\sum_{r,p} t_{\mathrm{none}}(r, p)}{\sum_{r,p} t_c(r, p)}
+
+(greedy decoding is lossless, so every configuration emits the same tokens; the
+table reports when one does not).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dsparklab.engines.reference.core import ReferenceEngine
+
+logger = logging.getLogger(__name__)
+
+
+def time_interleaved(
+    engines: Mapping[str, ReferenceEngine],
+    prompts: Sequence[Sequence[int]],
+    *,
+    rounds: int = 2,
+    warmup: bool = True,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Time every engine on every prompt, ``rounds`` times, interleaved.
+
+    Parameters
+    ----------
+    engines : mapping of str to ReferenceEngine
+        Label -> engine (e.g. ``"dspark-n7"``).
+    prompts : sequence of token-id lists
+        The prompts, shared by all engines.
+    rounds : int
+        Repetitions of the whole grid.
+    warmup : bool
+        Run each engine once on the first prompt before timing (allocator, caches).
+    progress : bool
+        Show a tqdm bar.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (label, round, prompt): ``wall_time_s``, ``num_tokens``,
+        ``num_steps``, ``num_accepted``, ``accepted_per_pos`` and ``output`` (the tokens).
+    """
+    labels = list(engines)
+    if warmup and prompts:
+        for label in labels:
+            engines[label].generate(prompts[0], request_id="warmup")
+    rows = []
+    total = rounds * len(prompts) * len(labels)
+    with tqdm(total=total, desc="timing", disable=not progress) as bar:
+        for round_index in range(rounds):
+            for prompt_index, prompt in enumerate(prompts):
+                shift = (round_index + prompt_index) % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    result = engines[label].generate(prompt, request_id=f"p{prompt_index}")
+                    rows.append(
+                        {
+                            "label": label,
+                            "round": round_index,
+                            "prompt": prompt_index,
+                            "wall_time_s": result.wall_time_s,
+                            "num_tokens": len(result.output_token_ids),
+                            "num_steps": result.stats.num_steps,
+                            "num_accepted": result.stats.num_accepted,
+                            "accepted_per_pos": list(result.stats.accepted_per_pos),
+                            "output": tuple(result.output_token_ids),
+                        }
+                    )
+                    bar.update()
+    return pd.DataFrame(rows)
+
+
+def markdown_table(frame: pd.DataFrame, *, digits: int = 2) -> str:
+    """A DataFrame as a GitHub markdown table (floats rounded to ``digits``)."""
+
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return f"{value:.{digits}f}"
+        return str(value)
+
+    header = [str(c) for c in frame.columns]
+    body = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in body
+    ]
+    return "\n".join(lines)

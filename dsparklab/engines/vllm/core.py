@@ -1,0 +1,339 @@
+r"""Graph-safe tap math: what the DSpark taps compute inside vLLM's draft step.
+
+Pure torch, no vLLM import, so the GPU cost benchmark (``benchmarks/gpu_tap_cost.py``)
+runs these very functions under CUDA-graph capture.
+
+For drafted position :math:`i` of request row :math:`r`, with base draft logits
+:math:`z^{base}_{r,i}` (the backbone + LM head), Markov bias
+:math:`b_{r,i} = W_2 W_1[\text{prev}_{r,i}]` and final logits
+:math:`z_{r,i} = z^{base}_{r,i} + b_{r,i}`, and the drafted token's draft-vocabulary
+index :math:`t_{r,i}`:
+
+.. math::
+
+    \text{draft\_logprob} &= z_{r,i}[t] - \log\sum_v e^{z_{r,i}[v]} \\
+    \text{base\_logprob}  &= z^{base}_{r,i}[t] - \log\sum_v e^{z^{base}_{r,i}[v]} \\
+    \text{markov\_bias}   &= b_{r,i}[t], \qquad
+    \text{markov\_bias\_norm} = \lVert b_{r,i} \rVert_2 \\
+    \text{markov\_flip}   &= [\arg\max_v z^{base}_{r,i} \ne \arg\max_v z_{r,i}] \\
+    \text{confidence}     &= \sigma(w^\top [h_{r,i}; W_1[\text{prev}_{r,i}]] + c)
+
+In top-k mode (``dspark_draft_topk``) vLLM adds the bias to the k base candidates only,
+so the bias norm is not recorded (null) and the draft log-probability is the one of the
+truncated distribution the sampler saw.
+
+Rules that keep every function here safe inside a FULL CUDA graph: only tensor ops on
+the device, results written in place into buffers allocated before capture
+(:class:`TapBuffers`), no ``.item()``, no host copies, no data-dependent shapes. Reading
+the buffers happens outside the graph (:class:`StagingRing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Position fields the DSpark taps fill; NaN (floats) or -1 (flip) means "not computed".
+FLOAT_FIELDS: tuple[str, ...] = (
+    "draft_logprob",
+    "base_logprob",
+    "markov_bias",
+    "markov_bias_norm",
+    "confidence",
+)
+TAP_FIELDS: tuple[str, ...] = (*FLOAT_FIELDS, "markov_flip")
+# Fields each level computes (the rest stay null).
+LEVEL_FIELDS: dict[str, frozenset[str]] = {
+    "full": frozenset(TAP_FIELDS),
+    "light": frozenset({"markov_bias", "markov_flip", "confidence"}),
+}
+FLIP_UNSET = -1
+
+
+@dataclass
+class TapBuffers:
+    """Persistent per-(row, position) tap outputs, ``[max_num_reqs, n]`` each.
+
+    Allocated once, before CUDA-graph capture (vLLM's ``load_draft_model``); the taps
+    write rows ``[:num_reqs]`` of column ``i`` at every draft step.
+    """
+
+    draft_logprob: torch.Tensor  # [max_num_reqs, n] float32
+    base_logprob: torch.Tensor  # [max_num_reqs, n] float32
+    markov_bias: torch.Tensor  # [max_num_reqs, n] float32
+    markov_bias_norm: torch.Tensor  # [max_num_reqs, n] float32
+    confidence: torch.Tensor  # [max_num_reqs, n] float32
+    markov_flip: torch.Tensor  # [max_num_reqs, n] int8, -1 = not computed
+
+    @classmethod
+    def allocate(cls, max_num_reqs: int, n: int, device: torch.device | str) -> TapBuffers:
+        floats = {
+            name: torch.full((max_num_reqs, n), float("nan"), dtype=torch.float32, device=device)
+            for name in FLOAT_FIELDS
+        }
+        flip = torch.full((max_num_reqs, n), FLIP_UNSET, dtype=torch.int8, device=device)
+        return cls(**floats, markov_flip=flip)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in TAP_FIELDS}
+
+    def reset_(self) -> None:
+        """Mark every entry "not computed" (outside graphs only)."""
+        for name in FLOAT_FIELDS:
+            getattr(self, name).fill_(float("nan"))
+        self.markov_flip.fill_(FLIP_UNSET)
+
+
+@dataclass
+class DraftStash:
+    """References to tensors of the draft step in progress (Python side, capture-time).
+
+    The wrapped model methods put their inputs/outputs here; the wrapped sampler reads
+    them. Nothing here outlives one ``_sample_sequential`` call.
+    """
+
+    mode: str = "dense"  # "dense" | "topk"
+    num_reqs: int = 0
+    hidden: torch.Tensor | None = None  # [R*n, H] sample hidden states
+    base: torch.Tensor | None = None  # [R, n, V] base draft logits (dense mode)
+    base_lse: torch.Tensor | None = None  # [R, n] float32 (top-k mode, before the fill)
+    bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
+    embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
+    topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
+    topk_index: torch.Tensor | None = None  # [R, k] candidate draft-vocab ids
+    topk_final: torch.Tensor | None = None  # [R, k] candidates after the bias
+
+    def clear(self) -> None:
+        self.mode = "dense"
+        self.num_reqs = 0
+        self.hidden = self.base = self.base_lse = self.bias = None
+        self.topk_values = self.topk_index = self.topk_final = None
+        self.embeds = []
+
+
+def target_to_draft_index(
+    draft_to_target_offset: torch.Tensor | None, target_vocab_size: int
+) -> torch.Tensor | None:
+    """Inverse of vLLM's ``d2t`` offsets (``target = draft + d2t[draft]``).
+
+    Returns ``[target_vocab_size]`` int64 draft ids (0 where a target id has no draft
+    id), or None for a full-vocabulary drafter (identity). Built once at load time.
+    """
+    if draft_to_target_offset is None:
+        return None
+    d2t = draft_to_target_offset.to(torch.int64)
+    draft_ids = torch.arange(d2t.shape[0], device=d2t.device, dtype=torch.int64)
+    index = torch.zeros(target_vocab_size, dtype=torch.int64, device=d2t.device)
+    index[draft_ids + d2t] = draft_ids
+    return index
+
+
+def draft_index(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
+    """Draft-vocabulary ids ``[R, 1]`` of sampled target-vocabulary ``tokens`` ``[R]``."""
+    idx = tokens.to(torch.int64)
+    if t2d is not None:
+        idx = t2d[idx]
+    return idx.unsqueeze(-1)
+
+
+def _scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
+    """``[R, 1]`` divisor: the request's temperature, 1 for greedy rows (T = 0)."""
+    if temperature is None:
+        return None
+    t = temperature.float().unsqueeze(-1)
+    return torch.where(t > 0, t, torch.ones_like(t))
+
+
+def _logprob_at(
+    logits: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    # logits [R, V], idx [R, 1], scale [R, 1] or None -> [R] float32
+    x = logits.float()
+    if scale is not None:
+        x = x / scale
+    return x.gather(1, idx).squeeze(1) - torch.logsumexp(x, dim=-1)
+
+
+def tap_dense_position(
+    buffers: TapBuffers,
+    i: int,
+    base_i: torch.Tensor,  # [R, V] base draft logits of position i
+    bias_i: torch.Tensor,  # [R, V] Markov bias of position i
+    final_i: torch.Tensor,  # [R, V] base + bias, what the sampler saw
+    idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
+    *,
+    level: str = "full",
+    temperature: torch.Tensor | None = None,  # [R] request temperatures (0 = greedy)
+) -> None:
+    """Record position ``i`` of a dense (non-top-k) DSpark draft step, in place.
+
+    Log-probabilities are taken at the request's sampling temperature (logits / T;
+    unscaled for greedy rows), the reference engine's convention.
+    """
+    rows = idx.shape[0]
+    buffers.markov_bias[:rows, i].copy_(bias_i.gather(1, idx).squeeze(1).float())
+    flip = base_i.argmax(dim=-1) != final_i.argmax(dim=-1)
+    buffers.markov_flip[:rows, i].copy_(flip.to(torch.int8))
+    if level == "full":
+        scale = _scale(temperature)
+        buffers.draft_logprob[:rows, i].copy_(_logprob_at(final_i, idx, scale))
+        buffers.base_logprob[:rows, i].copy_(_logprob_at(base_i, idx, scale))
+        buffers.markov_bias_norm[:rows, i].copy_(torch.linalg.vector_norm(bias_i.float(), dim=-1))
+
+
+def topk_base_lse(base: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """``[R, n]`` float32 log-sum-exp of the full base logits ``[R, n, V]`` (top-k mode).
+
+    Must run before vLLM overwrites the base logits with ``-inf`` (it reuses the buffer).
+    With ``temperature`` ([R]), of ``base / T`` (greedy rows unscaled).
+    """
+    x = base.float()
+    scale = _scale(temperature)
+    if scale is not None:
+        x = x / scale.unsqueeze(-1)
+    return torch.logsumexp(x, dim=-1)
+
+
+def tap_topk_position(
+    buffers: TapBuffers,
+    i: int,
+    base_lse_i: torch.Tensor | None,  # [R] float32, None at level "light"
+    values_i: torch.Tensor,  # [R, k] base logits of the candidates (sorted, largest first)
+    index_i: torch.Tensor,  # [R, k] candidate draft-vocab ids
+    final_i: torch.Tensor,  # [R, k] candidate logits after the Markov bias
+    idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
+    *,
+    level: str = "full",
+    temperature: torch.Tensor | None = None,  # [R] request temperatures (0 = greedy)
+) -> None:
+    """Record position ``i`` of a top-k DSpark draft step, in place.
+
+    ``base_lse_i`` must be taken at the same temperature (:func:`topk_base_lse`).
+    """
+    rows = idx.shape[0]
+    hit = (index_i == idx).to(torch.float32)  # [R, k] one-hot slot of the drafted token
+    bias = (final_i.float() - values_i.float()) * hit
+    buffers.markov_bias[:rows, i].copy_(bias.sum(dim=-1))
+    flip = index_i.gather(1, final_i.argmax(dim=-1, keepdim=True)).squeeze(1) != index_i[:, 0]
+    buffers.markov_flip[:rows, i].copy_(flip.to(torch.int8))
+    if level == "full":
+        scale = _scale(temperature)
+        final_f, values_f = final_i.float(), values_i.float()
+        if scale is not None:
+            final_f, values_f = final_f / scale, values_f / scale
+        at_token = (final_f * hit).sum(dim=-1)
+        buffers.draft_logprob[:rows, i].copy_(at_token - torch.logsumexp(final_f, dim=-1))
+        if base_lse_i is not None:
+            base_at = (values_f * hit).sum(dim=-1)
+            buffers.base_logprob[:rows, i].copy_(base_at - base_lse_i)
+
+
+def tap_confidence(buffers: TapBuffers, confidence: torch.Tensor, num_reqs: int) -> None:
+    """Record the confidence head's output ``[R*n]`` (row-major) for rows ``[:R]``."""
+    n = buffers.confidence.shape[1]
+    buffers.confidence[:num_reqs].copy_(confidence.reshape(num_reqs, n).float())
+
+
+def confidence_from_head(
+    head_weight: torch.Tensor,  # [1, H (+ r)]
+    head_bias: torch.Tensor | None,  # [1]
+    hidden: torch.Tensor,  # [R*n, H]
+    markov_embeds: torch.Tensor | None,  # [R*n, r] or None (head without Markov input)
+) -> torch.Tensor:
+    """``sigmoid(w . [h; e] + c)`` -> ``[R*n]`` float32 (the DSpark confidence head)."""
+    x = hidden if markov_embeds is None else torch.cat([hidden, markov_embeds], dim=-1)
+    out = torch.nn.functional.linear(x.float(), head_weight.float(), None)
+    if head_bias is not None:
+        out = out + head_bias.float()
+    return torch.sigmoid(out.squeeze(-1))
+
+
+def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+@dataclass
+class HostSlot:
+    """Host copies of one draft step: verification results and the new drafts."""
+
+    tensors: dict[str, torch.Tensor]  # host (pinned on CUDA) [max_num_reqs, ...]
+    event: Any = None  # torch.cuda.Event recorded after the copies, None on CPU
+    start_event: Any = None  # timing events around the draft step (CUDA)
+    end_event: Any = None
+    busy: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)  # req_ids, num_reqs, ... (host)
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class StagingRing:
+    """A few host slots that device tensors are copied into without blocking.
+
+    ``copy_in`` issues ``non_blocking`` device-to-host copies into pinned memory and
+    records an event; the host reads a slot only once its event has completed, so the
+    draft step never waits for the copies. On CPU the copies are plain and immediate.
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        device: torch.device | str,
+        *,
+        num_slots: int = 4,
+    ) -> None:
+        self.device = torch.device(device)
+        self.specs = dict(specs)
+        self.slots = [
+            HostSlot({k: _pinned(shape, dt, self.device) for k, (shape, dt) in specs.items()})
+            for _ in range(num_slots)
+        ]
+        self._next = 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def acquire(self) -> HostSlot | None:
+        """The next free slot, or None when every slot still waits to be read."""
+        for _ in range(len(self.slots)):
+            slot = self.slots[self._next]
+            self._next = (self._next + 1) % len(self.slots)
+            if not slot.busy:
+                slot.busy = True
+                slot.meta = {}
+                slot.event = slot.start_event = slot.end_event = None
+                return slot
+        return None
+
+    def copy_in(self, slot: HostSlot, name: str, src: torch.Tensor) -> None:
+        """Copy ``src`` (device, leading dim <= max) into ``slot``'s host tensor."""
+        dst = slot.tensors[name]
+        rows = src.shape[0]
+        dst[:rows].copy_(src.to(dst.dtype), non_blocking=self.is_cuda)
+
+    def seal(self, slot: HostSlot) -> None:
+        """Record the event that marks the end of ``slot``'s copies (CUDA only)."""
+        if self.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            slot.event = event
+
+    def timing_event(self) -> Any:
+        if not self.is_cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def release(slot: HostSlot) -> None:
+        slot.busy = False
+        slot.meta = {}

@@ -1,0 +1,419 @@
+"""Host side of the taps: staged copies -> trace rows keyed by request id.
+
+vLLM verifies a request's draft one step after proposing it, and re-sorts batch rows
+every step, so the recorder keeps one *pending* draft per request id. Each staged draft
+step (:class:`~dsparklab.engines.vllm.core.HostSlot`) carries, for every row, the
+verification result of the request's previous draft (``num_sampled``, ``num_rejected``,
+the last emitted token) and the request's new draft with its tap values. Processing a
+slot first resolves the pending drafts (one ``steps`` row and n ``positions`` rows per
+verified draft), then stores the new ones as pending.
+
+Conventions (as vLLM's rejection sampler): ``accepted = num_sampled - 1`` (the bonus
+token is not a draft token), ``verified = accepted + num_rejected``; a row with
+``num_sampled == 0`` (a chunked prefill) verified nothing. The target's token is known
+where the verifier emitted one: equal to the draft at accepted positions, the emitted
+bonus/correction token at position ``accepted``, null after it.
+
+Slots are read only when their device event has completed (never blocking the draft
+step); a background thread does that every ``flush_seconds`` and writes parquet parts
+through :class:`dsparklab.store.TraceWriter`, the only way rows reach the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
+from dsparklab.engines.vllm.metrics import DraftStats
+from dsparklab.store import TraceWriter
+
+logger = logging.getLogger(__name__)
+
+# vLLM appends "-" + 8 random hex characters to the caller's request id.
+_INTERNAL_SUFFIX = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
+
+
+def external_request_id(internal_id: str) -> str:
+    """The request id the caller chose (``LLM.generate``'s, the OpenAI server's)."""
+    match = _INTERNAL_SUFFIX.match(internal_id)
+    return match.group("external") if match else internal_id
+
+
+@dataclass
+class PendingDraft:
+    """A request's draft waiting for its verification (host values)."""
+
+    tokens: list[int]  # [num_drafted] target-vocabulary ids
+    taps: dict[str, list[Any]]  # field -> [num_drafted] (None where not computed)
+    context_len: int | None
+    draft_time_s: float | None
+
+
+@dataclass
+class StepRows:
+    """What processing one slot produced (for tests and callers that keep rows)."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    positions: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _tap_value(name: str, value: Any) -> Any:
+    if name == "markov_flip":
+        return None if int(value) == FLIP_UNSET else bool(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+class TraceRecorder:
+    """Turns staged draft steps into ``steps``/``positions``/``requests`` rows.
+
+    Parameters
+    ----------
+    num_speculative_tokens
+        n, the drafted positions per step.
+    dataset
+        Label written into every ``steps``/``requests`` row.
+    writer
+        Where rows go; None keeps them in memory (``self.rows``), for tests.
+    """
+
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        *,
+        dataset: str = "vllm",
+        writer: TraceWriter | None = None,
+        flush_seconds: float | None = None,
+    ) -> None:
+        self.n = num_speculative_tokens
+        self.dataset = dataset
+        self.writer = writer
+        self.rows = StepRows()
+        self.stats = DraftStats.new(num_speculative_tokens)
+        self.closed = False
+        self.failed: str | None = None
+        # _lock: processing and writing (the flush thread); _qlock: the queue only, so
+        # staging from vLLM's loop never waits for a parquet write
+        self._lock = threading.RLock()
+        self._qlock = threading.Lock()
+        self._queue: deque[tuple[HostSlot, Callable[[HostSlot], None] | None]] = deque()
+        self._pending: dict[str, PendingDraft] = {}
+        self._step_count: dict[str, int] = {}
+        self._seen: set[str] = set()
+        self._finished: list[tuple[int, set[str]]] = []  # (slot watermark, request ids)
+        self._seq_staged = 0
+        self._seq_done = 0
+        self._warned: set[str] = set()
+        self._writer_open = False
+        self._flush_seconds = flush_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_write = time.monotonic()
+
+    # -- staging ---------------------------------------------------------------------
+    @property
+    def background(self) -> bool:
+        """Whether a thread reads staged slots (else the caller calls process_ready)."""
+        return self.writer is not None and bool(self._flush_seconds)
+
+    def stage(self, slot: HostSlot, release: Callable[[HostSlot], None] | None = None) -> None:
+        """Queue a slot whose copies have been issued; it is read once they completed."""
+        with self._qlock:
+            if self.closed:
+                if release is not None:
+                    release(slot)
+                return
+            self._seq_staged += 1
+            slot.meta["seq"] = self._seq_staged
+            self._queue.append((slot, release))
+        if self.background and self._thread is None:
+            self._start_thread()
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def process_ready(self, *, block: bool = False) -> int:
+        """Process queued slots in order while their copies are complete; returns count."""
+        done = 0
+        with self._lock:
+            while True:
+                with self._qlock:
+                    if not self._queue:
+                        break
+                    slot, release = self._queue[0]
+                    if not slot.ready() and not block:
+                        break
+                    self._queue.popleft()
+                slot.wait()
+                seq = int(slot.meta.get("seq", self._seq_done))
+                try:
+                    self._process(slot)
+                finally:
+                    if release is not None:
+                        release(slot)
+                self._seq_done = seq
+                done += 1
+            self._retire_finished()
+        return done
+
+    def finish_requests(self, request_ids: Iterable[str]) -> None:
+        """Requests vLLM finished: drop their pending drafts once queued slots are read."""
+        ids = set(request_ids)
+        if not ids:
+            return
+        with self._qlock:
+            self._finished.append((self._seq_staged, ids))
+
+    # -- processing ------------------------------------------------------------------
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    def _process(self, slot: HostSlot) -> None:
+        meta = slot.meta
+        req_ids: Sequence[str] = meta["req_ids"]
+        num_reqs = len(req_ids)
+        if num_reqs == 0:
+            return
+        t = slot.tensors
+        num_sampled = [int(x) for x in t["num_sampled"][:num_reqs].tolist()]
+        if "num_verified" in meta:  # V1: verified counts known on the host
+            num_rejected = [
+                max(int(v) - (s - 1), 0) if s > 0 else 0
+                for v, s in zip(meta["num_verified"], num_sampled, strict=True)
+            ]
+        else:
+            num_rejected = [int(x) for x in t["num_rejected"][:num_reqs].tolist()]
+        last_token = t["last_token"][:num_reqs].tolist()
+        # sequence length incl. this step's drafts, minus the rejected ones, plus the bonus
+        if "seq_base" in meta:  # V1: num_computed + num_scheduled, from the host
+            seq_lens = [int(x) for x in meta["seq_base"]]
+        else:
+            seq_lens = [int(x) for x in t["seq_lens"][:num_reqs].tolist()]
+        context_len = [s - r + 1 for s, r in zip(seq_lens, num_rejected, strict=True)]
+        num_drafted = int(meta.get("num_drafted", 0))
+        drafts = t["draft_tokens"][:num_reqs, :num_drafted].tolist() if num_drafted else None
+        taps = {
+            name: t[name][:num_reqs, :num_drafted].tolist()
+            for name in TAP_FIELDS
+            if name in t and num_drafted
+        }
+        draft_time = meta.get("draft_time_s")
+        if draft_time is None and slot.start_event is not None and slot.end_event is not None:
+            draft_time = float(slot.start_event.elapsed_time(slot.end_event)) / 1e3
+        for row, req_id in enumerate(req_ids):
+            pending = self._pending.pop(req_id, None)
+            sampled = int(num_sampled[row])
+            if pending is not None and sampled > 0:
+                accepted = sampled - 1
+                verified = accepted + int(num_rejected[row])
+                if verified > 0:
+                    if verified > len(pending.tokens) or accepted > verified:
+                        self._warn_once(
+                            "mismatch",
+                            "dsparklab: request %s verified %d positions (%d accepted) of a "
+                            "%d-token draft; step skipped (the recorded draft is not the "
+                            "verified one)",
+                            req_id,
+                            verified,
+                            accepted,
+                            len(pending.tokens),
+                        )
+                    else:
+                        self._emit(req_id, pending, accepted, verified, int(last_token[row]))
+            if drafts is not None:
+                self._pending[req_id] = PendingDraft(
+                    tokens=[int(x) for x in drafts[row]],
+                    taps={
+                        name: [_tap_value(name, v) for v in values[row]]
+                        for name, values in taps.items()
+                    },
+                    context_len=int(context_len[row]) if sampled > 0 else None,
+                    draft_time_s=draft_time,
+                )
+
+    def _emit(
+        self, req_id: str, pending: PendingDraft, accepted: int, verified: int, emitted: int
+    ) -> None:
+        step = self._step_count.get(req_id, 0)
+        self._step_count[req_id] = step + 1
+        prompt_id = external_request_id(req_id)
+        n_drafted = len(pending.tokens)
+        if req_id not in self._seen:
+            self._seen.add(req_id)
+            self._add(
+                "requests",
+                [{"request_id": req_id, "prompt_id": prompt_id, "dataset": self.dataset}],
+            )
+        if pending.context_len is None:
+            self._warn_once(
+                "context",
+                "dsparklab: a verified draft had no context length; recorded as -1",
+            )
+        self._add(
+            "steps",
+            [
+                {
+                    "request_id": req_id,
+                    "prompt_id": prompt_id,
+                    "dataset": self.dataset,
+                    "step": step,
+                    "context_len": pending.context_len if pending.context_len is not None else -1,
+                    "num_drafted": n_drafted,
+                    "num_verified": verified,
+                    "accepted_len": accepted,
+                    "draft_time_s": pending.draft_time_s,
+                    "verify_time_s": None,
+                }
+            ],
+        )
+        positions = []
+        for pos, token in enumerate(pending.tokens):
+            if pos < accepted:
+                target: int | None = token
+            elif pos == accepted:
+                target = emitted
+            else:
+                target = None
+            row: dict[str, Any] = {
+                "request_id": req_id,
+                "step": step,
+                "position": pos,
+                "draft_token": token,
+                "target_token": target,
+                "accepted": pos < accepted,
+            }
+            for name in TAP_FIELDS:
+                values = pending.taps.get(name)
+                row[name] = values[pos] if values is not None else None
+            positions.append(row)
+        self._add("positions", positions)
+        self.stats.observe_draft(min(verified, self.n), min(accepted, self.n))
+
+    def _add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        if self.writer is None:
+            getattr(self.rows, table).extend(rows)
+            return
+        if not self._writer_open:
+            self.writer.__enter__()
+            self._writer_open = True
+        self.writer.add_many(table, rows)
+
+    def _retire_finished(self) -> None:
+        with self._qlock:
+            finished, self._finished = self._finished, []
+        keep = []
+        for watermark, ids in finished:
+            if watermark <= self._seq_done:
+                for req_id in ids:
+                    self._pending.pop(req_id, None)
+                    self._step_count.pop(req_id, None)
+                    self._seen.discard(req_id)
+            else:
+                keep.append((watermark, ids))
+        with self._qlock:
+            self._finished = keep + self._finished
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _start_thread(self) -> None:
+        if self._thread is not None or not self._flush_seconds or self.writer is None:
+            return
+        self._thread = threading.Thread(
+            target=self._flush_loop, name="dsparklab-trace-flush", daemon=True
+        )
+        self._thread.start()
+
+    def _flush_loop(self) -> None:
+        assert self._flush_seconds is not None
+        interval = min(0.5, self._flush_seconds)
+        while not self._stop.wait(interval):
+            try:
+                with self._lock:
+                    if self.closed:
+                        return
+                    self.process_ready()
+                    now = time.monotonic()
+                    if self._writer_open and now - self._last_write >= self._flush_seconds:
+                        assert self.writer is not None
+                        self.writer.flush()
+                        self._last_write = now
+            except Exception:  # fail open: the engine keeps running, tracing stops
+                logger.exception("dsparklab: trace flush failed; tracing disabled")
+                self.fail("flush failed")
+                return
+
+    def drain(self) -> None:
+        """Wait for and process every queued slot, then write buffered rows."""
+        with self._lock:
+            self.process_ready(block=True)
+            if self._writer_open and self.writer is not None:
+                self.writer.update_meta(tap_stats=self.stats.as_dict())
+                self.writer.flush()
+
+    def close(self, *, status: str = "complete") -> None:
+        """Drain, write run.json with the final status and stop the flush thread."""
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                if status == "complete":
+                    self.process_ready(block=True)
+            finally:
+                self.closed = True
+                self._stop.set()
+                if self.writer is not None:
+                    self.writer.update_meta(tap_stats=self.stats.as_dict())
+                    if self.failed:
+                        self.writer.update_meta(error=self.failed)
+                    if not self._writer_open:
+                        self.writer.__enter__()
+                        self._writer_open = True
+                    self.writer.close(status=status)
+
+    def fail(self, reason: str) -> None:
+        """Stop recording and mark the run failed (rows already written are kept)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.failed = reason
+            with self._qlock:
+                queued, self._queue = list(self._queue), deque()
+            for slot, release in queued:
+                if release is not None:
+                    release(slot)
+        try:
+            self.close(status="failed")
+        except Exception:
+            logger.exception("dsparklab: could not mark the tap trace failed")
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.writer.run_dir if self.writer is not None else None
+
+    def summary(self) -> Mapping[str, Any]:
+        return {
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+            "closed": self.closed,
+            "failed": self.failed,
+            "pending_requests": len(self._pending),
+            "tap_stats": self.stats.as_dict(),
+        }
+
+
+__all__ = [
+    "PendingDraft",
+    "StepRows",
+    "TraceRecorder",
+    "external_request_id",
+]

@@ -1,0 +1,223 @@
+"""The reference engine's traces: valid, self-consistent, and free of side effects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsparklab.cli.app import app
+from dsparklab.engines.reference import ContextUpdate, DSparkDrafter, ReferenceEngine
+from dsparklab.engines.reference.collect import collect
+from dsparklab.store import read_run_json, read_trace, validate_trace
+from tests.integration.conftest import GEN_LEN, Zoo
+
+pytestmark = pytest.mark.integration
+
+COLLECT = dict(
+    methods=["dspark", "eagle3", "none"],
+    ns=[3, 7],
+    datasets=["humaneval"],
+    limit=3,
+    max_new_tokens=24,
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, zoo: Zoo) -> Path:
+    out = tmp_path_factory.mktemp("runs")
+    collect(
+        **COLLECT,
+        out=out,
+        target=zoo.target_path,
+        dspark=zoo.dspark_path,
+        eagle3=zoo.eagle3_path,
+        progress=False,
+    )
+    return out
+
+
+def test_collect_writes_valid_runs(runs: Path) -> None:
+    reports = validate_trace(runs)
+    names = sorted(str(r.path.relative_to(runs)) for r in reports)
+    assert names == [
+        "humaneval/dspark-n3",
+        "humaneval/dspark-n7",
+        "humaneval/eagle3-n3",
+        "humaneval/eagle3-n7",
+        "humaneval/none",
+    ]
+    for report in reports:
+        assert report.ok and report.complete, [str(v) for v in report.violations]
+        assert report.rows["requests"] == 3
+        assert report.rows["steps"] > 0
+        meta = read_run_json(report.path)
+        assert meta["engine"]["name"] == "reference" and meta["tier"] == "tiny"
+        assert meta["config"]["num_speculative_tokens"] == meta["num_speculative_tokens"]
+        assert meta["target"]["content_hash"].startswith("sha256:")
+        assert (meta["drafter"] is None) == (meta["method"] == "none")
+
+
+def test_accepted_len_equals_recount(runs: Path) -> None:
+    positions = read_trace(runs, "positions")
+    steps = read_trace(runs, "steps")
+    spec = steps[steps["method"] != "none"]
+    assert len(positions) == int(spec["num_drafted"].sum())
+    positions = positions.sort_values(["run_id", "request_id", "step", "position"])
+    match = positions["draft_token"] == positions["target_token"]
+    # accepted = every position up to here matched the target's choice
+    positions["recount"] = match.groupby(
+        [positions["run_id"], positions["request_id"], positions["step"]]
+    ).cummin()
+    assert (positions["recount"] == positions["accepted"]).all()
+    recount = positions.groupby(["run_id", "request_id", "step"])["recount"].sum()
+    merged = spec.set_index(["run_id", "request_id", "step"])["accepted_len"]
+    pd.testing.assert_series_equal(
+        recount.sort_index().astype("int64"),
+        merged.sort_index().astype("int64"),
+        check_names=False,
+    )
+
+
+def test_trace_fields_by_method(runs: Path) -> None:
+    positions = read_trace(runs, "positions")
+    dspark = positions[positions["method"] == "dspark"]
+    eagle = positions[positions["method"] == "eagle3"]
+    for column in ("draft_logprob", "base_logprob", "markov_bias", "markov_bias_norm"):
+        assert dspark[column].notna().all(), column
+    assert dspark["confidence"].between(0, 1).all()
+    assert (dspark["draft_logprob"] <= 0).all() and (dspark["base_logprob"] <= 0).all()
+    assert (dspark["markov_bias_norm"] >= dspark["markov_bias"].abs() - 1e-4).all()
+    assert eagle["draft_logprob"].notna().all()
+    for column in ("base_logprob", "markov_bias", "markov_bias_norm", "markov_flip", "confidence"):
+        assert eagle[column].isna().all(), column
+    steps = read_trace(runs, "steps")
+    timed = steps[steps["method"] != "none"]
+    assert (timed["draft_time_s"] > 0).all() and (timed["verify_time_s"] > 0).all()
+    assert steps[steps["method"] == "none"]["num_drafted"].eq(0).all()
+
+
+def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
+    requests = read_trace(runs, "requests")
+    steps = read_trace(runs, "steps")
+    baseline = requests[requests["method"] == "none"].set_index("request_id")
+    for _, row in requests.iterrows():
+        output = list(row["output_token_ids"])
+        assert 0 < len(output) <= COLLECT["max_new_tokens"]
+        assert row["output_text"] == zoo.tokenizer.decode(output)
+        assert row["wall_time_s"] > 0
+        # the steps emitted at least the output (the last step may overshoot)
+        mine = steps[
+            (steps["run_id"] == row["run_id"]) & (steps["request_id"] == row["request_id"])
+        ]
+        assert 1 + int((mine["accepted_len"] + 1).sum()) >= len(output)
+        if row["method"] != "none":
+            assert output == list(baseline.loc[row["request_id"], "output_token_ids"])
+
+
+def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
+    before = {p: read_run_json(p)["created_at"] for p in (runs / "humaneval").iterdir()}
+    args = [
+        "collect", "--engine", "reference", "--method", "dspark,eagle3,none", "--n", "3,7",
+        "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "24", "--out", str(runs),
+        "--target", str(zoo.target_path), "--dspark", str(zoo.dspark_path),
+        "--eagle3", str(zoo.eagle3_path),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == str(runs)
+    after = {p: read_run_json(p)["created_at"] for p in (runs / "humaneval").iterdir()}
+    assert after == before  # every run was complete: nothing redone
+
+
+def test_cli_rejects_unknown_engine_and_method(tmp_path: Path) -> None:
+    for option, value in (("--engine", "tensorrt"), ("--method", "medusa")):
+        result = CliRunner().invoke(app, ["collect", option, value, "--out", str(tmp_path)])
+        assert result.exit_code != 0
+        assert value in str(result.exception or result.output)
+
+
+@pytest.mark.parametrize(("method", "n"), [("dspark", 5), ("eagle3", 4), ("none", 0)])
+def test_tracing_off_gives_the_same_tokens(
+    zoo: Zoo, prompt_ids: list[list[int]], method: str, n: int
+) -> None:
+    on = zoo.engine(method, n, max_new_tokens=GEN_LEN, trace_enabled=True)
+    off = zoo.engine(method, n, max_new_tokens=GEN_LEN, trace_enabled=False)
+    for index, ids in enumerate(prompt_ids):
+        traced = on.generate(ids, request_id=f"p{index}")
+        plain = off.generate(ids, request_id=f"p{index}")
+        assert traced.output_token_ids == plain.output_token_ids
+        assert traced.stats == plain.stats
+        assert traced.steps and not plain.steps and not plain.positions
+
+
+@torch.inference_mode()
+def test_markov_step_matches_independent_computation(zoo: Zoo, prompt_ids: list[list[int]]) -> None:
+    """Recorded Markov fields == speculators' own training-time heads on the same inputs.
+
+    For steps of a traced DSpark run, the step's inputs are rebuilt from scratch (the
+    target re-run over the context without a cache, a fresh drafter), then the bias and
+    confidence are recomputed with the checkpoint's training modules
+    (``markov_head.block_bias`` over the drafted prefix, ``confidence_head``) in a plain
+    loop, and compared with what the engine recorded.
+    """
+    n = 6
+    engine = zoo.engine("dspark", n, max_new_tokens=GEN_LEN)
+    ids = prompt_ids[0]
+    result = engine.generate(ids, request_id="p0")
+    sequence = ids + result.output_token_ids
+    head, confidence_head = zoo.dspark.markov_head, zoo.dspark.confidence_head
+    checked = 0
+    for step in result.steps[:: max(1, len(result.steps) // 4)]:
+        context = sequence[: step.context_len]
+        out = zoo.target(input_ids=torch.tensor([context[:-1]]), output_hidden_states=True)
+        layer_ids = zoo.dspark.config.aux_hidden_state_layer_ids
+        aux = torch.cat([out.hidden_states[i][0] for i in layer_ids], dim=-1)
+        drafter = DSparkDrafter(zoo.dspark)
+        update = ContextUpdate(aux, context[1:], 0)
+        drafter._extend_context(update.aux_hidden, 0)
+        hidden = drafter.block_hidden(update.anchor, update.anchor_pos, n)  # [n, H]
+        base = zoo.dspark.lm_head(hidden)  # [n, V]
+
+        rows = [p for p in result.positions if p.step == step.step]
+        drafted = [p.draft_token for p in rows]
+        prev = torch.tensor([[context[-1], *drafted[:-1]]])  # [1, n]
+        bias = head.block_bias(prev_token_ids=prev, hidden_states=hidden[None])[0]  # [n, V]
+        prev_emb = head.prev_embeddings(prev)[0]
+        conf = torch.sigmoid(confidence_head(torch.cat([hidden, prev_emb], dim=-1)))
+        for i, row in enumerate(rows):
+            logits = base[i] + bias[i]
+            token = int(logits.argmax())
+            top2 = logits.topk(2).values
+            if float(top2[0] - top2[1]) < 1e-4:
+                break  # a near-tie: the rest of the block may fairly differ
+            assert row.draft_token == token
+            assert row.markov_flip == (int(base[i].argmax()) != token)
+            assert row.markov_bias == pytest.approx(float(bias[i, token]), abs=1e-3)
+            assert row.markov_bias_norm == pytest.approx(float(bias[i].norm()), rel=1e-3)
+            assert row.confidence == pytest.approx(float(conf[i]), abs=1e-3)
+            base_lp = float(torch.log_softmax(base[i], -1)[token])
+            draft_lp = float(torch.log_softmax(logits, -1)[token])
+            assert row.base_logprob == pytest.approx(base_lp, abs=1e-3)
+            assert row.draft_logprob == pytest.approx(draft_lp, abs=1e-3)
+            checked += 1
+    assert checked >= n, f"only {checked} positions checked"
+
+
+def test_engine_refuses_mismatched_drafter(zoo: Zoo) -> None:
+    from dsparklab.engines.reference import ReferenceConfig
+    from dsparklab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="DSpark drafter"):
+        ReferenceEngine(
+            zoo.target,
+            zoo.eagle3,
+            config=ReferenceConfig(method="dspark", num_speculative_tokens=3),
+        )
+    with pytest.raises(ConfigError, match="needs a drafter"):
+        ReferenceEngine(
+            zoo.target, config=ReferenceConfig(method="eagle3", num_speculative_tokens=3)
+        )

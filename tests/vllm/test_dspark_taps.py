@@ -1,0 +1,360 @@
+"""DSpark taps inside vLLM's real DSparkSpeculator on CPU (issue 5, tests a and b).
+
+The draft model is vLLM's own ``Qwen3DSparkForCausalLM`` loaded from the zoo's DSpark
+checkpoint; ``_sample_sequential`` (greedy) runs on fixed backbone outputs. The values
+the taps record must equal the reference engine's standalone Markov step
+(``dspark_markov_step``) on the same inputs, with weights read from the checkpoint files
+(not from vLLM's modules).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch
+from safetensors import safe_open
+
+from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_step
+from dsparklab.engines.vllm import plugin
+from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.store import read_trace, validate_trace
+
+if TYPE_CHECKING:
+    from conftest import CpuDSpark
+
+pytestmark = pytest.mark.vllm
+
+ATOL = 1e-5
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(cpu_dspark: CpuDSpark) -> dict[str, Any]:
+    """Markov/confidence weights and the LM head from the checkpoint files."""
+    draft = _tensors(cpu_dspark.dspark_dir)
+    target = _tensors(cpu_dspark.target_dir)
+    config = json.loads((cpu_dspark.dspark_dir / "config.json").read_text())
+    lm_head = draft.get("lm_head.weight")
+    if lm_head is None:
+        lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+    head = MarkovHeadWeights(
+        w1=draft["markov_head.markov_w1.weight"],
+        w2=draft["markov_head.markov_w2.weight"],
+        confidence_weight=draft.get("confidence_head.proj.weight"),
+        confidence_bias=draft.get("confidence_head.proj.bias"),
+        confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
+        draft_to_target=None,
+    )
+    assert head.has_confidence, "the zoo DSpark drafter should have a confidence head"
+    return {"head": head, "lm_head": lm_head.float()}
+
+
+@pytest.fixture()
+def taps(tmp_path: Path) -> Iterator[Path]:
+    """The plugin's taps installed for one test (then removed)."""
+    plugin.install(TapConfig(trace_dir=tmp_path / "taps", run_name="test", flush_seconds=60))
+    try:
+        yield tmp_path / "taps"
+    finally:
+        plugin.close_worker()
+        plugin.uninstall()
+
+
+def _expected(spec: Any, ckpt: dict[str, Any], head_hidden: torch.Tensor, anchors: torch.Tensor):
+    rows, n = anchors.shape[0], spec.num_speculative_steps
+    sample_hidden = head_hidden[spec.sample_indices[: rows * n]].float()
+    base = (sample_hidden @ ckpt["lm_head"].t()).view(rows, n, -1)
+    res = dspark_markov_step(base, anchors, ckpt["head"], hidden=sample_hidden.view(rows, n, -1))
+    ids = res.draft_ids.unsqueeze(-1)
+    return {
+        "tokens": res.tokens,
+        "markov_bias": res.bias_at_token,
+        "markov_bias_norm": res.bias_norm,
+        "markov_flip": res.flip(base).to(torch.int8),
+        "confidence": res.confidence,
+        "draft_logprob": torch.log_softmax(res.logits, -1).gather(-1, ids).squeeze(-1),
+        "base_logprob": torch.log_softmax(base, -1).gather(-1, ids).squeeze(-1),
+        "base": base,
+        "sample_hidden": sample_hidden,
+    }
+
+
+def _run(spec: Any, head_hidden: torch.Tensor, rows: int) -> torch.Tensor:
+    with torch.inference_mode():
+        spec._sample_sequential(rows, head_hidden)
+    return spec.draft_tokens[:rows].clone()
+
+
+def test_dense_taps_equal_reference_markov_step(
+    cpu_dspark: CpuDSpark,
+    build_speculator: Any,
+    feed_speculator: Any,
+    checkpoint: dict[str, Any],
+    taps: Path,
+) -> None:
+    spec = build_speculator(cpu_dspark)
+    tap = spec.__dict__.get("_dsparklab_tap")
+    assert tap is not None and tap.buffers is not None
+    assert tap.buffers.confidence.shape == (cpu_dspark.max_num_reqs, cpu_dspark.n)
+    assert not spec.use_confidence_head  # adaptive verification off: vLLM skips the head
+    rows = 5
+    head_hidden, anchors = feed_speculator(spec, rows, seed=1)
+    drafted = _run(spec, head_hidden, rows)
+    exp = _expected(spec, checkpoint, head_hidden, anchors)
+
+    assert torch.equal(drafted, exp["tokens"])
+    buffers = tap.buffers
+    for name in ("markov_bias", "confidence", "markov_bias_norm"):
+        torch.testing.assert_close(
+            getattr(buffers, name)[:rows], exp[name].float(), atol=ATOL, rtol=0, msg=name
+        )
+    for name in ("draft_logprob", "base_logprob"):  # log-sum-exp over the vocabulary
+        torch.testing.assert_close(
+            getattr(buffers, name)[:rows], exp[name].float(), atol=1e-4, rtol=0, msg=name
+        )
+    assert torch.equal(buffers.markov_flip[:rows], exp["markov_flip"])
+    # rows past the batch are untouched
+    assert torch.isnan(buffers.confidence[rows:]).all()
+
+
+def test_topk_taps_match_the_candidates(
+    cpu_dspark: CpuDSpark,
+    build_speculator: Any,
+    feed_speculator: Any,
+    checkpoint: dict[str, Any],
+    taps: Path,
+) -> None:
+    k = 6
+    spec = build_speculator(cpu_dspark, topk=k)
+    tap = spec.__dict__["_dsparklab_tap"]
+    rows = 4
+    head_hidden, anchors = feed_speculator(spec, rows, seed=2)
+    drafted = _run(spec, head_hidden, rows)
+
+    # by hand: the bias is added to the k best base candidates only
+    head, n = checkpoint["head"], spec.num_speculative_steps
+    sample_hidden = head_hidden[spec.sample_indices[: rows * n]].float()
+    base = (sample_hidden @ checkpoint["lm_head"].t()).view(rows, n, -1)
+    values, index = base.topk(k, dim=-1)
+    prev = anchors.clone()
+    embeds = []
+    for i in range(n):
+        embeds.append(head.w1[prev])  # the top-k chain's own Markov embedding
+        bias = (head.w1[prev] @ head.w2.t()).gather(1, index[:, i])  # [R, k]
+        final = values[:, i] + bias
+        slot = final.argmax(dim=-1, keepdim=True)
+        token = index[:, i].gather(1, slot).squeeze(1)
+        assert torch.equal(drafted[:, i], token)
+        torch.testing.assert_close(
+            tap.buffers.markov_bias[:rows, i], bias.gather(1, slot).squeeze(1), atol=ATOL, rtol=0
+        )
+        flip = (token != index[:, i, 0]).to(torch.int8)
+        assert torch.equal(tap.buffers.markov_flip[:rows, i], flip)
+        expected_lp = torch.log_softmax(final, -1).gather(1, slot).squeeze(1)
+        torch.testing.assert_close(
+            tap.buffers.draft_logprob[:rows, i], expected_lp, atol=ATOL, rtol=0
+        )
+        base_lp = torch.log_softmax(base[:, i], -1).gather(1, token.unsqueeze(1)).squeeze(1)
+        torch.testing.assert_close(tap.buffers.base_logprob[:rows, i], base_lp, atol=1e-4, rtol=0)
+        prev = token
+    assert torch.isnan(tap.buffers.markov_bias_norm[:rows]).all()  # not computed in top-k
+    # the confidence follows the top-k chain, which may part from the dense argmax chain
+    features = torch.cat([sample_hidden.view(rows, n, -1), torch.stack(embeds, 1)], dim=-1)
+    confidence = torch.sigmoid(
+        torch.nn.functional.linear(features, head.confidence_weight, head.confidence_bias)
+    ).squeeze(-1)
+    torch.testing.assert_close(tap.buffers.confidence[:rows], confidence, atol=ATOL, rtol=0)
+
+
+def test_tracing_off_changes_nothing(
+    cpu_dspark: CpuDSpark, build_speculator: Any, feed_speculator: Any, tmp_path: Path, monkeypatch
+) -> None:
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    # 1. DSPARKLAB_TRACE_DIR unset: register() installs nothing
+    monkeypatch.delenv("DSPARKLAB_TRACE_DIR", raising=False)
+    before = {
+        name: DSparkSpeculator.__dict__[name] for name in ("_sample_sequential", "load_draft_model")
+    }
+    plugin.register()
+    assert not plugin.is_installed()
+    assert {n: DSparkSpeculator.__dict__[n] for n in before} == before
+    rows = 6
+    plain = build_speculator(cpu_dspark)
+    assert "_dsparklab_tap" not in plain.__dict__
+    hidden, _ = feed_speculator(plain, rows, seed=3)
+    plain_tokens = _run(plain, hidden, rows)
+    plain_topk = build_speculator(cpu_dspark, topk=5)
+    feed_speculator(plain_topk, rows, seed=3)
+    plain_topk_tokens = _run(plain_topk, hidden, rows)
+
+    # 2. taps installed: identical drafts
+    plugin.install(TapConfig(trace_dir=tmp_path / "taps", flush_seconds=60))
+    try:
+        tapped = build_speculator(cpu_dspark)
+        feed_speculator(tapped, rows, seed=3)
+        assert torch.equal(_run(tapped, hidden, rows), plain_tokens)
+        tapped_topk = build_speculator(cpu_dspark, topk=5)
+        feed_speculator(tapped_topk, rows, seed=3)
+        assert torch.equal(_run(tapped_topk, hidden, rows), plain_topk_tokens)
+
+        # 3. tracing switched off at run time (fail-open state): buffers stay empty
+        off = build_speculator(cpu_dspark)
+        off.__dict__["_dsparklab_tap"].active = False
+        feed_speculator(off, rows, seed=3)
+        assert torch.equal(_run(off, hidden, rows), plain_tokens)
+        bufs = off.__dict__["_dsparklab_tap"].buffers
+        assert torch.isnan(bufs.confidence).all() and torch.isnan(bufs.markov_bias).all()
+        assert (bufs.markov_flip == -1).all()
+    finally:
+        plugin.close_worker()
+        plugin.uninstall()
+    assert DSparkSpeculator.__dict__["_sample_sequential"] is before["_sample_sequential"]
+
+
+def test_tap_error_fails_open(
+    cpu_dspark: CpuDSpark,
+    build_speculator: Any,
+    feed_speculator: Any,
+    taps: Path,
+    monkeypatch,
+    caplog,
+) -> None:
+    rows = 3
+    plain_spec = build_speculator(cpu_dspark)
+    plain_spec.__dict__["_dsparklab_tap"].active = False
+    hidden, _ = feed_speculator(plain_spec, rows, seed=4)
+    expected = _run(plain_spec, hidden, rows)
+
+    spec = build_speculator(cpu_dspark)
+    tap = spec.__dict__["_dsparklab_tap"]
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected tap failure")
+
+    monkeypatch.setattr(plugin, "tap_dense_position", broken)
+    feed_speculator(spec, rows, seed=4)
+    with caplog.at_level("ERROR", logger="dsparklab.engines.vllm.plugin"):
+        assert torch.equal(_run(spec, hidden, rows), expected)
+        assert torch.equal(_run(spec, hidden, rows), expected)  # second step: still quiet
+    errors = [r for r in caplog.records if "tap error" in r.getMessage()]
+    assert len(errors) == 1 and "injected tap failure" in errors[0].getMessage()
+    assert not tap.active
+    assert tap.recorder.closed and tap.recorder.failed
+
+
+def test_records_are_keyed_by_request_id(
+    cpu_dspark: CpuDSpark,
+    build_speculator: Any,
+    feed_speculator: Any,
+    checkpoint: dict[str, Any],
+    taps: Path,
+) -> None:
+    """Two draft steps through the plugin's propose wrapper, rows re-sorted in between.
+
+    vLLM's V2 ``propose`` needs Triton kernels to build the draft batch, so the wrapped
+    callable here is a stand-in with the real method's signature whose body is the
+    draft step itself (the real ``_sample_sequential`` on fixed backbone outputs); it is
+    called positionally the way the V2 model runner calls ``propose``.
+    """
+    import inspect
+
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+
+    spec = build_speculator(cpu_dspark)
+    tap = spec.__dict__["_dsparklab_tap"]
+    n = spec.num_speculative_steps
+    req_ids = ["a-0123abcd", "b-89abcdef", "c-deadbeef"]
+    draft_inputs: dict[str, Any] = {}
+
+    def draft_step(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        rows = draft_inputs["rows"]
+        self._sample_sequential(rows, draft_inputs["hidden"])
+        return self.draft_tokens[:rows]
+
+    draft_step.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+        plugin._unwrap(DFlashSpeculator.propose)
+    )
+    propose = plugin._wrap_v2_propose(draft_step)
+
+    def step(order: list[int], sampled: list[int], rejected: list[int], seq: list[int]) -> None:
+        batch = SimpleNamespace(
+            num_reqs=len(order),
+            req_ids=[req_ids[i] for i in order],
+            seq_lens=torch.tensor(seq, dtype=torch.int32),
+            idx_mapping=torch.tensor(order),
+        )
+        with torch.inference_mode():
+            propose(
+                spec,
+                batch,  # input_batch
+                {},  # attn_metadata
+                {},  # slot_mappings
+                None,  # last_hidden_states
+                None,  # aux_hidden_states
+                torch.tensor(sampled, dtype=torch.int32),  # num_sampled
+                torch.tensor(rejected, dtype=torch.int32),  # num_rejected
+                torch.tensor([100, 101, 102]),  # last_sampled, per request state
+                None,  # next_prefill_tokens
+                None,  # temperature
+                None,  # seeds
+                num_speculative_tokens=n,
+            )
+
+    # step A: prefill done for a, b, c (one token sampled, nothing verified), then a draft
+    hidden_a, anchors_a = feed_speculator(spec, 3, seed=5)
+    draft_inputs.update(rows=3, hidden=hidden_a)
+    step([0, 1, 2], [1, 1, 1], [0, 0, 0], [7, 9, 11])
+    drafts_a = spec.draft_tokens[:3].clone()
+    exp_a = _expected(spec, checkpoint, hidden_a, anchors_a)
+    assert torch.equal(drafts_a, exp_a["tokens"])
+    # step B: rows re-sorted (c, a, b); c accepted 2 of n, a accepted all, b none
+    sampled = {"c": 3, "a": n + 1, "b": 1}
+    rejected = {"c": n - 2, "a": 0, "b": n}
+    order = [2, 0, 1]
+    names = ["a", "b", "c"]
+    feed_speculator(spec, 3, seed=6)
+    step(
+        order,
+        [sampled[names[i]] for i in order],
+        [rejected[names[i]] for i in order],
+        [8 + n, 10 + n, 12 + n],
+    )
+    plugin.flush_worker()
+    run_dir = tap.recorder.run_dir
+    plugin.close_worker()
+
+    assert all(r.ok for r in validate_trace(run_dir))
+    steps = read_trace(run_dir, "steps").set_index("request_id")
+    positions = read_trace(run_dir, "positions").sort_values(["request_id", "position"])
+    assert set(steps.index) == set(req_ids)
+    for row, req in enumerate(req_ids):
+        name = names[row]
+        step = steps.loc[req]
+        assert step["prompt_id"] == req.split("-")[0]
+        assert step["accepted_len"] == sampled[name] - 1
+        assert step["num_verified"] == sampled[name] - 1 + rejected[name]
+        assert step["context_len"] == [7, 9, 11][row] + 1
+        pos = positions[positions["request_id"] == req]
+        assert pos["draft_token"].tolist() == drafts_a[row].tolist()
+        assert pos["accepted"].tolist() == [p < sampled[name] - 1 for p in range(n)]
+        emitted = 100 + row  # last_sampled[idx_mapping]
+        accepted = sampled[name] - 1
+        if accepted < n:
+            assert pos["target_token"].iloc[accepted] == emitted
+        for field in ("markov_bias", "confidence"):
+            torch.testing.assert_close(
+                torch.tensor(pos[field].tolist()), exp_a[field][row].float(), atol=ATOL, rtol=0
+            )

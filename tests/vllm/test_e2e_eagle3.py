@@ -1,0 +1,160 @@
+"""End to end through vLLM's CPU runner (issue 5, test c): zoo target + zoo Eagle3.
+
+``collect --engine vllm`` starts ``vllm.LLM`` (multiprocess: the engine core loads the
+plugin through its ``vllm.general_plugins`` entry point), greedy, on HumanEval prompts,
+with per-request spec-decode metrics on. Checked:
+
+- the run is a valid trace, built from vLLM's per-step accepted counts and the taps;
+- the taps' accepted counts equal vLLM's (no step differs);
+- vLLM's Prometheus ``vllm:spec_decode_num_accepted_tokens_per_pos`` equals the trace's
+  per-position sums;
+- per-position acceptance counts equal the CPU reference engine's Eagle3 run on the same
+  prompts (differing steps are logged and listed in the failure message). Outputs must be
+  identical too; where they are not, the first divergence must be a float near-tie of the
+  target (top-2 logit gap < 1e-3 in float64, DESIGN.md "Losslessness in practice"), and
+  only requests with identical outputs enter the acceptance comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("vllm")
+
+from dsparklab.engines.vllm.collect import collect  # noqa: E402
+from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402
+from dsparklab.zoo import zoo_path  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+N = 3
+LIMIT = 8
+MAX_NEW_TOKENS = 32
+logger = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("e2e")
+    target, eagle3 = zoo_path("tiny-target"), zoo_path("tiny-eagle3")
+    common: dict[str, Any] = dict(
+        methods=["eagle3"],
+        ns=[N],
+        datasets=["humaneval"],
+        limit=LIMIT,
+        max_new_tokens=MAX_NEW_TOKENS,
+        target=target,
+        eagle3=eagle3,
+        progress=False,
+    )
+    collect(
+        out=root / "vllm",
+        engine_kwargs={"max_num_seqs": LIMIT},
+        keep_taps=root / "taps",
+        **common,
+    )
+    from dsparklab.engines.reference.collect import collect as reference_collect
+
+    reference_collect(out=root / "reference", **common)
+    return {
+        "vllm": root / "vllm" / "humaneval" / f"eagle3-n{N}",
+        "reference": root / "reference" / "humaneval" / f"eagle3-n{N}",
+        "taps": root / "taps",
+    }
+
+
+def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
+    reports = validate_trace(runs["vllm"])
+    assert all(r.ok for r in reports), [str(v) for r in reports for v in r.violations]
+    meta = read_run_json(runs["vllm"])
+    assert meta["engine"]["name"] == "vllm" and meta["status"] == "complete"
+    checks = meta["checks"]
+    assert checks["requests_without_taps"] == [], "the plugin did not record these requests"
+    assert checks["tap_vs_vllm"] == [], checks["tap_vs_vllm"]
+    steps = read_trace(runs["vllm"], "steps")
+    requests = read_trace(runs["vllm"], "requests")
+    assert len(requests) == LIMIT and set(steps["request_id"]) <= set(requests["request_id"])
+    # the taps' own run: written by the engine core process, complete, Model Runner V1
+    (tap_run,) = find_runs(runs["taps"])
+    tap_meta = read_run_json(tap_run)
+    assert tap_meta["status"] == "complete" and tap_meta["engine"]["model_runner"] == "v1"
+    # context length: prompt + emitted tokens when each draft began
+    prompt_len = requests.set_index("request_id")["prompt_token_ids"].map(len)
+    for rid, group in steps.sort_values("step").groupby("request_id"):
+        context = group["context_len"].tolist()
+        assert context[0] == prompt_len[rid] + 1
+        grown = [c + a + 1 for c, a in zip(context, group["accepted_len"], strict=True)]
+        assert context[1:] == grown[:-1]
+
+
+def test_prometheus_per_position_equals_trace(runs: dict[str, Path]) -> None:
+    positions = read_trace(runs["vllm"], "positions")
+    per_pos = positions[positions["accepted"]].groupby("position").size()
+    trace_counts = [int(per_pos.get(i, 0)) for i in range(N)]
+    prometheus = read_run_json(runs["vllm"])["checks"]["prometheus"]
+    assert prometheus["accepted_per_pos"] == trace_counts
+    steps = read_trace(runs["vllm"], "steps")
+    assert prometheus["num_drafts"] == len(steps)
+    assert prometheus["num_accepted_tokens"] == int(steps["accepted_len"].sum())
+    assert sum(trace_counts) > 0, "the zoo Eagle3 drafter should get some drafts accepted"
+
+
+def _per_step(run: Path) -> pd.Series:
+    steps = read_trace(run, "steps", columns=["prompt_id", "step", "accepted_len"])
+    return steps.set_index(["prompt_id", "step"])["accepted_len"]
+
+
+def _top2_gap(context: list[int]) -> float:
+    """The target's top-1 minus top-2 logit after ``context``, in float64."""
+    import torch
+
+    from dsparklab.zoo import load_target
+
+    model, _ = load_target(zoo_path("tiny-target"))
+    model = model.double()
+    with torch.no_grad():
+        logits = model(torch.tensor([context])).logits[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def test_acceptance_equals_reference_engine(runs: dict[str, Path]) -> None:
+    out_v = read_trace(runs["vllm"], "requests").set_index("prompt_id")
+    out_r = read_trace(runs["reference"], "requests").set_index("prompt_id")
+    assert set(out_v.index) == set(out_r.index)
+    same, diverged = [], {}
+    for pid in out_r.index:
+        ours, ref = list(out_v.at[pid, "output_token_ids"]), list(out_r.at[pid, "output_token_ids"])
+        if ours == ref:
+            same.append(pid)
+        else:  # lossless in exact arithmetic: a divergence must sit on a near-tie
+            k = next(i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b)
+            context = [*out_r.at[pid, "prompt_token_ids"], *ref[:k]]
+            diverged[pid] = (k, _top2_gap(context))
+    if diverged:
+        logger.warning("outputs diverge (prompt: (index, top-2 gap)): %s", diverged)
+    far = {p: v for p, v in diverged.items() if v[1] >= 1e-3}
+    assert not far, f"vLLM and the reference diverge away from a near-tie: {far}"
+    assert len(same) >= LIMIT // 2, f"only {len(same)} of {LIMIT} outputs identical"
+
+    ours, ref = _per_step(runs["vllm"]), _per_step(runs["reference"])
+    both = pd.concat({"vllm": ours, "reference": ref}, axis=1)
+    differing = both[both["vllm"] != both["reference"]]
+    if not differing.empty:
+        logger.warning("steps where vLLM and the reference differ:\n%s", differing.to_string())
+    counts = {}
+    for name in ("vllm", "reference"):
+        pos = read_trace(runs[name], "positions")
+        pos = pos[pos["request_id"].isin(same)]
+        counts[name] = [int(((pos["position"] == i) & pos["accepted"]).sum()) for i in range(N)]
+    same_steps = differing[differing.index.get_level_values("prompt_id").isin(same)]
+    assert counts["vllm"] == counts["reference"], (
+        f"per-position accepted counts differ: {counts}; differing (prompt, step):\n"
+        f"{same_steps.to_string()}"
+    )
+    assert same_steps.empty, same_steps.to_string()

@@ -1,0 +1,387 @@
+"""The taps' pure parts: tap math, staging, recorder bookkeeping, tallies, settings.
+
+No vLLM needed; the vLLM-facing behaviour is in test_dspark_taps.py and test_e2e_eagle3.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dsparklab.engines.vllm import (
+    StagingRing,
+    TapBuffers,
+    TapConfig,
+    TapConfigError,
+    TraceRecorder,
+    draft_index,
+    external_request_id,
+    tap_confidence,
+    tap_dense_position,
+    tap_topk_position,
+    target_to_draft_index,
+)
+from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
+from dsparklab.errors import DSparkLabError
+from dsparklab.store import TraceWriter, new_run_json, read_trace, validate_trace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_dense_position_matches_the_formulas() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rows, n, vocab = 3, 4, 50
+    base = torch.randn(rows, vocab, generator=gen) * 3
+    bias = torch.randn(rows, vocab, generator=gen)
+    final = base + bias
+    tokens = final.argmax(-1)
+    bufs = TapBuffers.allocate(5, n, "cpu")
+    tap_dense_position(bufs, 2, base, bias, final, draft_index(tokens, None))
+    idx = tokens.unsqueeze(1)
+    torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
+    torch.testing.assert_close(
+        bufs.draft_logprob[:rows, 2], torch.log_softmax(final, -1).gather(1, idx).squeeze(1)
+    )
+    torch.testing.assert_close(
+        bufs.base_logprob[:rows, 2], torch.log_softmax(base, -1).gather(1, idx).squeeze(1)
+    )
+    torch.testing.assert_close(bufs.markov_bias_norm[:rows, 2], bias.norm(dim=-1))
+    assert bufs.markov_flip[:rows, 2].tolist() == (base.argmax(-1) != tokens).int().tolist()
+    # other columns and rows untouched
+    assert torch.isnan(bufs.markov_bias[:, [0, 1, 3]]).all()
+    assert torch.isnan(bufs.markov_bias[rows:]).all()
+    assert (bufs.markov_flip[rows:] == -1).all()
+
+
+def test_logprobs_are_taken_at_the_request_temperature() -> None:
+    gen = torch.Generator().manual_seed(3)
+    base, bias = torch.randn(2, 20, generator=gen), torch.randn(2, 20, generator=gen)
+    final = base + bias
+    idx = draft_index(final.argmax(-1), None)
+    bufs = TapBuffers.allocate(2, 1, "cpu")
+    tap_dense_position(bufs, 0, base, bias, final, idx, temperature=torch.tensor([0.0, 0.5]))
+    expected = [
+        torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
+        torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
+    ]
+    torch.testing.assert_close(bufs.draft_logprob[:, 0], torch.stack(expected))
+    torch.testing.assert_close(
+        bufs.base_logprob[1, 0], torch.log_softmax(base[1] / 0.5, -1)[idx[1, 0]]
+    )
+
+
+def test_light_level_skips_the_vocabulary_reductions() -> None:
+    base, bias = torch.randn(2, 30), torch.randn(2, 30)
+    final = base + bias
+    bufs = TapBuffers.allocate(2, 1, "cpu")
+    tap_dense_position(
+        bufs, 0, base, bias, final, draft_index(final.argmax(-1), None), level="light"
+    )
+    assert not torch.isnan(bufs.markov_bias).any()
+    assert (bufs.markov_flip != -1).all()
+    for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):
+        assert torch.isnan(getattr(bufs, name)).all(), name
+
+
+def test_topk_position_recovers_bias_and_flip() -> None:
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 40, generator=gen)
+    values, index = base.topk(5, dim=-1)
+    bias = torch.randn(2, 5, generator=gen) * 2
+    final = values + bias
+    slot = final.argmax(-1, keepdim=True)
+    token = index.gather(1, slot).squeeze(1)
+    bufs = TapBuffers.allocate(2, 1, "cpu")
+    lse = torch.logsumexp(base, -1)
+    tap_topk_position(bufs, 0, lse, values, index, final, draft_index(token, None))
+    torch.testing.assert_close(bufs.markov_bias[:, 0], bias.gather(1, slot).squeeze(1))
+    assert bufs.markov_flip[:, 0].tolist() == (token != index[:, 0]).int().tolist()
+    torch.testing.assert_close(
+        bufs.draft_logprob[:, 0], torch.log_softmax(final, -1).gather(1, slot).squeeze(1)
+    )
+    torch.testing.assert_close(
+        bufs.base_logprob[:, 0], torch.log_softmax(base, -1).gather(1, token[:, None]).squeeze(1)
+    )
+
+
+def test_target_to_draft_index_inverts_d2t() -> None:
+    draft_to_target = torch.tensor([0, 2, 5, 9])  # draft id i -> target id i + d2t[i]
+    d2t = draft_to_target - torch.arange(4)
+    t2d = target_to_draft_index(d2t, 12)
+    assert t2d is not None
+    assert t2d[draft_to_target].tolist() == [0, 1, 2, 3]
+    assert draft_index(torch.tensor([9, 2]), t2d).squeeze(1).tolist() == [3, 1]
+    assert target_to_draft_index(None, 12) is None
+
+
+def test_confidence_is_written_row_major() -> None:
+    bufs = TapBuffers.allocate(4, 3, "cpu")
+    tap_confidence(bufs, torch.arange(6, dtype=torch.float32), 2)
+    assert bufs.confidence[:2].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert torch.isnan(bufs.confidence[2:]).all()
+
+
+def test_staging_ring_hands_out_each_slot_once() -> None:
+    ring = StagingRing({"x": ((4,), torch.int64)}, "cpu", num_slots=2)
+    a, b = ring.acquire(), ring.acquire()
+    assert a is not None and b is not None and a is not b
+    assert ring.acquire() is None
+    ring.copy_in(a, "x", torch.tensor([7, 8]))
+    assert a.tensors["x"][:2].tolist() == [7, 8] and a.ready()
+    ring.release(a)
+    assert ring.acquire() is a
+
+
+# -- recorder ---------------------------------------------------------------------------
+N = 3
+
+
+def _slot(
+    ring: StagingRing,
+    req_ids: list[str],
+    drafts: list[list[int]],
+    *,
+    sampled: list[int],
+    rejected: list[int],
+    seq: list[int],
+    last: list[int],
+    bias: list[list[float]] | None = None,
+):
+    slot = ring.acquire()
+    assert slot is not None
+    rows = len(req_ids)
+    ring.copy_in(slot, "num_sampled", torch.tensor(sampled, dtype=torch.int32))
+    ring.copy_in(slot, "num_rejected", torch.tensor(rejected, dtype=torch.int32))
+    ring.copy_in(slot, "seq_lens", torch.tensor(seq))
+    ring.copy_in(slot, "last_token", torch.tensor(last))
+    ring.copy_in(slot, "draft_tokens", torch.tensor(drafts))
+    values = torch.full((rows, N), float("nan")) if bias is None else torch.tensor(bias)
+    ring.copy_in(slot, "markov_bias", values)
+    ring.copy_in(slot, "markov_flip", torch.full((rows, N), -1, dtype=torch.int8))
+    slot.meta.update(req_ids=req_ids, num_drafted=N)
+    return slot
+
+
+def _ring() -> StagingRing:
+    specs = {
+        "num_sampled": ((4,), torch.int32),
+        "num_rejected": ((4,), torch.int32),
+        "seq_lens": ((4,), torch.int64),
+        "last_token": ((4,), torch.int64),
+        "draft_tokens": ((4, N), torch.int64),
+        "markov_bias": ((4, N), torch.float32),
+        "markov_flip": ((4, N), torch.int8),
+    }
+    return StagingRing(specs, "cpu", num_slots=3)
+
+
+def test_recorder_resolves_drafts_by_request_id_across_resorted_rows() -> None:
+    ring, rec = _ring(), TraceRecorder(N, dataset="d")
+    # step A: two fresh requests (prefill just sampled), first drafts
+    rec.stage(
+        _slot(
+            ring,
+            ["x-0123abcd", "y-fedcba98"],
+            [[1, 2, 3], [4, 5, 6]],
+            sampled=[1, 1],
+            rejected=[0, 0],
+            seq=[5, 8],
+            last=[0, 0],
+            bias=[[0.5, float("nan"), 1.5], [1.0, 2.0, 3.0]],
+        ),
+        ring.release,
+    )
+    # step B: rows swapped; y accepted 1 of 3 (emitted 9 at position 1), x all 3 (+bonus)
+    rec.stage(
+        _slot(
+            ring,
+            ["y-fedcba98", "x-0123abcd"],
+            [[7, 7, 7], [8, 8, 8]],
+            sampled=[2, 4],
+            rejected=[2, 0],
+            seq=[8 + 4, 5 + 4],
+            last=[9, 11],
+        ),
+        ring.release,
+    )
+    assert rec.process_ready() == 2
+    steps = {s["request_id"]: s for s in rec.rows.steps}
+    assert steps["y-fedcba98"]["accepted_len"] == 1 and steps["y-fedcba98"]["num_verified"] == 3
+    assert steps["x-0123abcd"]["accepted_len"] == 3
+    assert steps["x-0123abcd"]["context_len"] == 6 and steps["y-fedcba98"]["context_len"] == 9
+    assert steps["x-0123abcd"]["prompt_id"] == "x"
+    pos = {(p["request_id"], p["position"]): p for p in rec.rows.positions}
+    assert [pos[("y-fedcba98", i)]["draft_token"] for i in range(N)] == [4, 5, 6]
+    assert [pos[("y-fedcba98", i)]["target_token"] for i in range(N)] == [4, 9, None]
+    assert [pos[("x-0123abcd", i)]["accepted"] for i in range(N)] == [True] * 3
+    assert [pos[("x-0123abcd", i)]["markov_bias"] for i in range(N)] == [0.5, None, 1.5]
+    assert pos[("x-0123abcd", 0)]["markov_flip"] is None
+    assert rec.stats.accepted_per_pos == [2, 1, 1]
+    assert len(rec.rows.requests) == 2
+    # the new drafts are pending; a finished request drops its pending draft
+    rec.finish_requests(["x-0123abcd"])
+    rec.process_ready()
+    assert "x-0123abcd" not in rec._pending and "y-fedcba98" in rec._pending
+
+
+def test_recorder_skips_unverified_and_prefill_rows() -> None:
+    ring, rec = _ring(), TraceRecorder(N)
+    rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[0], rejected=[0], seq=[4], last=[0]))
+    # chunked prefill (sampled 0): the draft above is discarded, nothing verified
+    rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[0], rejected=[0], seq=[8], last=[0]))
+    # prefill done: one token sampled, zero drafts verified -> no step
+    rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[9], last=[5]))
+    rec.process_ready()
+    assert rec.rows.steps == [] and rec.stats.num_drafts == 0
+
+
+def test_recorder_v1_host_counts() -> None:
+    """Model Runner V1: verified counts and sequence bases come from the host."""
+    ring, rec = _ring(), TraceRecorder(N)
+    first = _slot(ring, ["r"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[0], last=[0])
+    first.meta.update(num_verified=[0], seq_base=[10])
+    rec.stage(first)
+    second = _slot(ring, ["r"], [[4, 5, 6]], sampled=[2], rejected=[0], seq=[0], last=[42])
+    second.meta.update(num_verified=[3], seq_base=[14])
+    rec.stage(second)
+    rec.process_ready()
+    (step,) = rec.rows.steps
+    assert (step["accepted_len"], step["num_verified"], step["context_len"]) == (1, 3, 11)
+    assert [p["target_token"] for p in rec.rows.positions] == [1, 42, None]
+
+
+def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
+    meta = new_run_json(
+        run_id="t",
+        engine={"name": "vllm"},
+        method="dspark",
+        num_speculative_tokens=N,
+        target={"name": "t"},
+        drafter={"name": "d"},
+        dataset="d",
+        sampling={},
+    )
+    ring = _ring()
+    rec = TraceRecorder(N, dataset="d", writer=TraceWriter(tmp_path / "run", meta))
+    rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
+    rec.stage(_slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7]))
+    rec.close()
+    assert all(r.ok for r in validate_trace(tmp_path / "run"))
+    positions = read_trace(tmp_path / "run", "positions")
+    assert positions["accepted"].tolist() == [True, True, False]
+    assert math.isnan(positions["markov_bias"].iloc[0])
+
+
+def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:
+    meta = new_run_json(
+        run_id="t",
+        engine={"name": "vllm"},
+        method="eagle3",
+        num_speculative_tokens=N,
+        target={"name": "t"},
+        drafter=None,
+        dataset="d",
+        sampling={},
+    )
+    rec = TraceRecorder(N, writer=TraceWriter(tmp_path / "run", meta))
+    rec.fail("boom")
+    from dsparklab.store import read_run_json
+
+    run = read_run_json(tmp_path / "run")
+    assert run["status"] == "failed" and run["error"] == "boom"
+
+
+@pytest.mark.parametrize(
+    ("internal", "external"),
+    [("0-1a2b3c4d", "0"), ("cmpl-abc-0-0123abcd", "cmpl-abc-0"), ("plain", "plain")],
+)
+def test_external_request_id(internal: str, external: str) -> None:
+    assert external_request_id(internal) == external
+
+
+# -- tallies and settings ----------------------------------------------------------------
+def test_draft_stats_identities() -> None:
+    stats = DraftStats.from_accepted(3, [(3, 3), (3, 0), (2, 1)])
+    assert stats.accepted_per_pos == [2, 1, 1]
+    assert stats.num_accepted_tokens == sum(stats.accepted_per_pos)
+    assert stats.mean_acceptance_length() == pytest.approx(1 + 4 / 3)
+    assert DraftStats.new(3).mean_acceptance_length() == 1.0
+    merged = stats.merge(stats)
+    assert merged.accepted_per_pos == [4, 2, 2] and merged.num_drafts == 6
+    with pytest.raises(DSparkLabError):
+        stats.observe_draft(2, 3)
+
+
+def test_stats_from_vllm_metrics_reads_vector_and_counters() -> None:
+    metrics = [
+        SimpleNamespace(
+            name="vllm:spec_decode_num_accepted_tokens_per_pos", labels={}, values=[5, 3, 1]
+        ),
+        SimpleNamespace(name="vllm:spec_decode_num_drafts", labels={}, value=6),
+        SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", labels={}, value=9),
+        SimpleNamespace(name="vllm:other", labels={}, value=100),
+    ]
+    stats = stats_from_vllm_metrics(metrics, 3)
+    assert stats.accepted_per_pos == [5, 3, 1]
+    assert (stats.num_drafts, stats.num_accepted_tokens) == (6, 9)
+
+
+def test_tap_config_from_env() -> None:
+    assert TapConfig.from_env({}) is None
+    config = TapConfig.from_env({"DSPARKLAB_TRACE_DIR": "/tmp/x", "DSPARKLAB_TAP_LEVEL": "light"})
+    assert config is not None and config.level == "light" and config.writer_ranks == "tp0"
+    assert TapConfig.from_env(config.to_env()) == config
+    with pytest.raises(TapConfigError, match="DSPARKLAB_TAP_LEVEL"):
+        TapConfig.from_env({"DSPARKLAB_TRACE_DIR": "/x", "DSPARKLAB_TAP_LEVEL": "all"})
+    with pytest.raises(TapConfigError, match="DSPARKLAB_FLUSH_SECONDS"):
+        TapConfig.from_env({"DSPARKLAB_TRACE_DIR": "/x", "DSPARKLAB_FLUSH_SECONDS": "soon"})
+
+
+def test_importing_the_engine_does_not_import_vllm() -> None:
+    import subprocess
+
+    code = (
+        "import sys, dsparklab.engines.vllm, dsparklab.engines.vllm.plugin, "
+        "dsparklab.engines.vllm.collect; print('vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- the GPU benchmark's draft step, on CPU with tiny shapes -----------------------------
+def _benchmark_module():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_tap_cost", REPO / "benchmarks" / "gpu_tap_cost.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_tap_cost"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_draft_step_taps_leave_tokens_unchanged() -> None:
+    bench = _benchmark_module()
+    shapes = bench.Shapes(vocab=64, hidden=16, n=4, markov_rank=8, mlp=32)
+    weights = bench.make_weights(torch.device("cpu"), torch.float32, shapes)
+    step = bench.make_step(3, weights)
+    bench.draft_step(weights, step, taps=None, backbone=True)
+    plain = step.draft_tokens.clone()
+    assert torch.isnan(step.buffers.markov_bias).all()
+    bench.draft_step(weights, step, taps="full", backbone=True)
+    assert torch.equal(step.draft_tokens, plain)
+    assert not torch.isnan(step.buffers.confidence).any()
+    assert not torch.isnan(step.buffers.draft_logprob).any()
+
+
+def test_benchmark_refuses_without_cuda(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the refusal path does not apply")
+    assert _benchmark_module().main([]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err

