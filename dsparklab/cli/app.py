@@ -52,6 +52,9 @@ def validate(
 
 
 import dsparklab.cli.collect  # noqa: E402, F401  (registers `collect` on app)
+import dsparklab.cli.demo  # noqa: E402, F401  (registers `demo` on app)
+import dsparklab.cli.lab  # noqa: E402, F401  (registers `lab` on app)
+import dsparklab.cli.report  # noqa: E402, F401  (registers `report` on app)
 from dsparklab.cli.zoo import zoo_app  # noqa: E402
 
 app.add_typer(zoo_app, name="zoo")

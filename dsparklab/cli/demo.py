@@ -1,0 +1,71 @@
+"""`dsparklab demo`: collect the demo runs on the zoo, build the report, say where it is."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsparklab.cli.app import app
+
+
+@app.command()
+def demo(
+    runs: Annotated[
+        Path | None, typer.Option(help="Where the demo runs go [default: <repo>/runs/demo].")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Where the report goes [default: <repo>/reports/demo].")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Prompts per set [default: DEMO_LIMIT].")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(help="Tokens generated per prompt [default: DEMO_MAX_NEW_TOKENS]."),
+    ] = None,
+    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "tiny-target",
+    dspark: Annotated[
+        str, typer.Option(help="DSpark drafter: zoo name or directory.")
+    ] = "tiny-dspark",
+    eagle3: Annotated[
+        str, typer.Option(help="Eagle3 drafter: zoo name or directory.")
+    ] = "tiny-eagle3",
+    png: Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")] = True,
+) -> None:
+    """DSpark, Eagle3 and the baseline, n = 3..7, code and prose, then the report.
+
+    The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
+    """
+    from dsparklab.notebook import DEFAULT_RUNS
+    from dsparklab.report.demo import (
+        DEMO_LIMIT,
+        DEMO_MAX_NEW_TOKENS,
+        DEMO_REPORT,
+        run_demo,
+    )
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("dsparklab").setLevel(logging.INFO)  # what the demo is doing
+    result = run_demo(
+        runs=runs or DEFAULT_RUNS,
+        out=out or DEMO_REPORT,
+        limit=DEMO_LIMIT if limit is None else limit,
+        max_new_tokens=DEMO_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+        models={"target": target, "dspark": dspark, "eagle3": eagle3},
+        png=png,
+    )
+    report = result.report
+    typer.echo(
+        f"runs: {result.runs} ({'collected' if result.collected else 'kept'} in "
+        f"{result.collect_seconds:.0f} s)\n"
+        f"report: {report.index} ({len(report.notebooks)} notebooks, "
+        f"{len(report.figures.html)} figures, {len(report.figures.png)} PNG, "
+        f"{result.report_seconds:.0f} s)\n"
+        f"figures: {report.out / 'figures'}\n"
+        f"total: {result.seconds:.0f} s; open {report.index.as_uri()}"
+    )
+    if report.figures.png_message:
+        typer.echo(report.figures.png_message)

@@ -1,0 +1,342 @@
+"""What the notebooks call besides the library: setup, figures, recorded values, inputs.
+
+- :func:`record` emits a value under a custom mimetype (the way recommenders'
+  ``store_metadata`` does) and :func:`read_records` collects them from an executed
+  notebook, so tests compare a notebook's numbers with the analysis functions'.
+- :func:`setup` sets the theme and tells whether a front end is attached: widgets need
+  one; papermill / nbclient runs get static figures instead (they drop widget state).
+- :func:`show` displays a figure so that it renders in JupyterLab (plotly mimetype) and in
+  an exported HTML page opened offline (plotly.js embedded once by :func:`setup`), and
+  saves its JSON under the notebook's ``OUT_DIR`` for the report.
+- :func:`resolve_runs`, :func:`load_runs`, :func:`load_published`, :func:`load_token_text`
+  find the inputs: an empty ``RUNS`` parameter means ``$DSPARKLAB_RUNS`` (set by
+  ``dsparklab lab`` and ``dsparklab report``), else the demo runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import numpy as np
+import pandas as pd
+
+from dsparklab.errors import DSparkLabError, ProvenanceError, TraceSchemaError
+
+logger = logging.getLogger(__name__)
+
+MIMETYPE = "application/vnd.dsparklab.record+json"
+PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
+RUNS_ENV = "DSPARKLAB_RUNS"
+HEADLESS_ENV = "DSPARKLAB_HEADLESS"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUNS = REPO_ROOT / "runs" / "demo"
+PUBLISHED_CSV = REPO_ROOT / "data" / "published" / "published_kimi_dspark.csv"
+# published drafter label -> the lab's method name (same colour in every figure)
+PUBLISHED_METHODS: dict[str, str] = {"DSpark": "dspark", "Eagle3-MLA": "eagle3"}
+BASELINE_METHOD = "none"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+# -- recorded values ------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON: numpy scalars unwrapped, NaN -> None, frames -> records."""
+    if isinstance(value, pd.DataFrame):
+        return [_plain(r) for r in value.to_dict("records")]
+    if isinstance(value, pd.Series):
+        return _plain(value.to_dict())
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise DSparkLabError(
+        f"record() takes JSON-like values (numbers, strings, lists, dicts, frames); got "
+        f"{type(value).__name__}; convert it first"
+    )
+
+
+def record(name: str, value: Any) -> None:
+    """Emit ``value`` under ``name`` as a display output that :func:`read_records` reads.
+
+    Parameters
+    ----------
+    name
+        An identifier-like key (letters, digits, ``_ . -``).
+    value
+        A number, string, bool, None, list, dict, numpy value or DataFrame (stored as
+        records); NaN is stored as None.
+    """
+    from IPython.display import display
+
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise DSparkLabError(f"record name {name!r} is not an identifier-like string")
+    plain = _plain(value)
+    text = json.dumps(plain)
+    if len(text) > 200:
+        text = text[:197] + "..."
+    display({MIMETYPE: {"name": name, "value": plain}, "text/plain": f"{name} = {text}"}, raw=True)
+
+
+def read_records(notebook: Path | str) -> dict[str, Any]:
+    """Every value :func:`record` emitted in an executed notebook, by name (last one wins)."""
+    path = Path(notebook)
+    if not path.is_file():
+        raise DSparkLabError(f"file {path}: no such notebook; execute it first")
+    nb = nbformat.read(path, as_version=4)
+    records: dict[str, Any] = {}
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if MIMETYPE in data:
+                payload = data[MIMETYPE]
+                if isinstance(payload, str):  # some writers keep JSON mimetypes as text
+                    payload = json.loads(payload)
+                records[payload["name"]] = payload["value"]
+    return records
+
+
+# -- environment --------------------------------------------------------------------
+def front_end_attached() -> bool:
+    """True when a front end that renders widgets runs this kernel (JupyterLab, VS Code).
+
+    Headless executors (papermill, nbclient, ``nbconvert --execute``) send execute
+    requests with ``allow_stdin=False`` (they cannot answer ``input()``); interactive front
+    ends allow stdin. ``DSPARKLAB_HEADLESS=1`` forces headless; outside a kernel: False.
+    """
+    if os.environ.get(HEADLESS_ENV, "") not in ("", "0"):
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    return bool(getattr(kernel, "_allow_stdin", False))
+
+
+def setup(*, log_level: int = logging.WARNING) -> bool:
+    """Theme, table display and figure rendering for a notebook; returns :func:`front_end_attached`.
+
+    Headless, it embeds plotly.js once (so the exported HTML renders offline). With a
+    front end, figures render through JupyterLab's plotly mimetype renderer.
+    """
+    import plotly.io as pio
+    from IPython.display import display
+
+    from dsparklab.plots.style import register_template
+
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    pio.templates.default = register_template()
+    pio.renderers.default = "plotly_mimetype"
+    pd.set_option("display.precision", 3)
+    pd.set_option("display.max_columns", 30)
+    pd.set_option("display.width", 160)
+    attached = front_end_attached()
+    if not attached:
+        from plotly.offline import get_plotlyjs
+
+        display(
+            {
+                "text/html": f"<script type='text/javascript'>{get_plotlyjs()}</script>",
+                "text/plain": "(plotly.js embedded for offline viewing)",
+            },
+            raw=True,
+        )
+    return attached
+
+
+def figure_json(fig: Any) -> dict[str, Any]:
+    """The figure as plain JSON (plotly's encoder: arrays as lists, NaN as null).
+
+    ``fig.to_plotly_json()`` keeps NaN floats, which the Jupyter message protocol rejects.
+    """
+    import plotly.io as pio
+
+    return dict(json.loads(pio.to_json(fig, validate=False)))
+
+
+def show(fig: Any, name: str, *, out_dir: str | Path = "") -> None:
+    """Display ``fig`` (JupyterLab and offline HTML) and save it as ``<out_dir>/<name>.json``.
+
+    Parameters
+    ----------
+    fig
+        A plotly figure from a ``dsparklab.plots`` builder.
+    name
+        The figure's file name in the report (identifier-like, unique in the notebook).
+    out_dir
+        Where the report collects figures; empty: nothing is written.
+    """
+    import plotly.io as pio
+    from IPython.display import display
+
+    if not _NAME.match(name):
+        raise DSparkLabError(f"figure name {name!r} is not an identifier-like string")
+    fig.update_layout(meta={"dsparklab_figure": name})
+    html = pio.to_html(
+        fig,
+        full_html=False,
+        include_plotlyjs=False,
+        include_mathjax=False,
+        div_id=f"dsparklab-{name}",
+        config={"displaylogo": False},
+    )
+    display(
+        {PLOTLY_MIMETYPE: figure_json(fig), "text/html": html, "text/plain": f"<figure {name}>"},
+        raw=True,
+    )
+    if out_dir:
+        target = Path(out_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        pio.write_json(fig, target / f"{name}.json")
+
+
+# -- inputs -------------------------------------------------------------------------
+def resolve_runs(runs: str | Path = "") -> Path:
+    """The runs directory: ``runs`` if given, else ``$DSPARKLAB_RUNS``, else ``runs/demo``.
+
+    A relative path is taken from the working directory when it exists there, else from
+    the repository root (notebooks run in ``notebooks/``).
+    """
+    text = str(runs) or os.environ.get(RUNS_ENV, "")
+    path = Path(text) if text else DEFAULT_RUNS
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        path = REPO_ROOT / path
+    if not path.exists():
+        raise TraceSchemaError(
+            f"no runs at {path}: pass RUNS (a directory of run directories), set "
+            f"${RUNS_ENV}, or make the demo runs with `make demo`",
+            path=path,
+        )
+    return path.resolve()
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The tables a notebook works on: positions of the method runs, steps with baselines."""
+
+    root: Path
+    positions: pd.DataFrame
+    steps: pd.DataFrame
+    runs: pd.DataFrame
+
+
+def load_runs(
+    runs: str | Path,
+    *,
+    datasets: Sequence[str] = (),
+    methods: Sequence[str] = (),
+    n_values: Sequence[int] = (),
+    baseline: bool = True,
+) -> Runs:
+    """Read the positions and steps of the selected runs (empty selection = everything).
+
+    Parameters
+    ----------
+    runs
+        ``RUNS`` (see :func:`resolve_runs`).
+    datasets, methods, n_values
+        Keep only these; the target-only baseline runs (method ``"none"``) of the selected
+        datasets are added to ``steps`` when ``baseline`` (speedup needs them).
+    baseline
+        Include the baseline runs' steps.
+    """
+    from dsparklab.store import list_runs, read_trace
+
+    root = resolve_runs(runs)
+    table = list_runs(root)
+    keep = pd.Series(True, index=table.index)
+    if datasets:
+        keep &= table["dataset"].isin(list(datasets))
+    is_base = table["method"] == BASELINE_METHOD
+    chosen = keep & ~is_base
+    if methods:
+        chosen &= table["method"].isin(list(methods))
+    if n_values:
+        chosen &= table["n"].isin(list(n_values))
+    if not chosen.any():
+        raise TraceSchemaError(
+            f"no runs under {root} match datasets={list(datasets)}, methods={list(methods)}, "
+            f"n={list(n_values)}; available: "
+            f"{table[['method', 'n', 'dataset']].drop_duplicates().to_dict('records')}",
+            path=root,
+        )
+    selected = table.loc[chosen | (keep & is_base & baseline)]
+    run_ids = selected["run_id"].tolist()
+    positions = read_trace(
+        root, "positions", filters={"run_id": table.loc[chosen, "run_id"].tolist()}
+    )
+    steps = read_trace(root, "steps", filters={"run_id": run_ids})
+    return Runs(root=root, positions=positions, steps=steps, runs=selected.reset_index(drop=True))
+
+
+def load_published(path: str | Path | None = None) -> pd.DataFrame:
+    """The published Kimi speedups (Novita), with the lab's ``method`` names added.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``target``, ``drafter`` (as published), ``method`` (``dspark``/``eagle3``),
+        ``benchmark``, ``n``, ``speedup``, ``source``, ``label`` = ``"published"``.
+    """
+    csv = Path(path) if path is not None else PUBLISHED_CSV
+    if not csv.is_file():
+        raise ProvenanceError(f"file {csv}: the published table is missing")
+    table = pd.read_csv(csv)
+    expected = ["target", "drafter", "benchmark", "n", "speedup", "source"]
+    missing = [c for c in expected if c not in table.columns]
+    if missing:
+        raise TraceSchemaError(
+            f"published table lacks columns {missing}; expected {expected}", path=csv
+        )
+    method = table["drafter"].map(PUBLISHED_METHODS).fillna(table["drafter"].str.lower())
+    return table.assign(method=method, label="published")
+
+
+def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:
+    """Token id -> text from the runs' target tokenizer (``tokenizer.json``); else ``str``.
+
+    The first run whose ``run.json`` target path holds a ``tokenizer.json`` decides (runs
+    compared in one notebook share a target). Without one (synthetic runs, a vLLM run
+    whose model lives elsewhere) the ids themselves are the text.
+    """
+    from dsparklab.store import read_run_json
+
+    table = runs.runs if isinstance(runs, Runs) else runs
+    for run_path in table.get("path", pd.Series(dtype=str)).tolist():
+        target = (read_run_json(run_path).get("target") or {}).get("path")
+        tokenizer_file = Path(str(target)) / "tokenizer.json" if target else None
+        if tokenizer_file is None or not tokenizer_file.is_file():
+            continue
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            logger.warning("tokenizers is not installed; tokens are shown as ids")
+            break
+        return _decoder(Tokenizer.from_file(str(tokenizer_file)))
+    return str
+
+
+def _decoder(tokenizer: Any) -> Callable[[int], str]:
+    @functools.cache
+    def decode(token: int) -> str:
+        return str(tokenizer.decode([int(token)], skip_special_tokens=False))
+
+    return decode

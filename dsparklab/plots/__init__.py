@@ -1,0 +1,67 @@
+"""Plotly figure builders: a tidy frame from ``dsparklab.analysis`` in, a figure out.
+
+One ``plot_<view>`` per figure; none computes beyond selecting and reshaping, none calls
+``.show()`` or does I/O. Colours come from :mod:`dsparklab.plots.style` and defaults from
+:data:`dsparklab.plots.settings`.
+"""
+
+from dsparklab.plots.acceptance import (
+    plot_acceptance_heatmap,
+    plot_prompt_strips,
+    plot_request_strip,
+    plot_survival_curves,
+)
+from dsparklab.plots.calibration import (
+    plot_adaptive_whatif,
+    plot_calibration_metrics,
+    plot_reliability,
+)
+from dsparklab.plots.markov import (
+    plot_bias_distribution,
+    plot_flip_rates,
+    plot_markov_counterfactual,
+)
+from dsparklab.plots.regression import (
+    plot_position_deltas,
+    plot_prompt_deltas,
+    plot_token_class_deltas,
+)
+from dsparklab.plots.settings import PlotSettings, settings
+from dsparklab.plots.style import (
+    METHOD_COLORS,
+    TEMPLATE_NAME,
+    method_color,
+    position_color,
+    register_template,
+)
+from dsparklab.plots.window import (
+    plot_draft_costs,
+    plot_published_comparison,
+    plot_window_scaling,
+)
+
+__all__ = [
+    "METHOD_COLORS",
+    "TEMPLATE_NAME",
+    "PlotSettings",
+    "method_color",
+    "plot_acceptance_heatmap",
+    "plot_adaptive_whatif",
+    "plot_bias_distribution",
+    "plot_calibration_metrics",
+    "plot_draft_costs",
+    "plot_flip_rates",
+    "plot_markov_counterfactual",
+    "plot_position_deltas",
+    "plot_prompt_deltas",
+    "plot_prompt_strips",
+    "plot_published_comparison",
+    "plot_reliability",
+    "plot_request_strip",
+    "plot_survival_curves",
+    "plot_token_class_deltas",
+    "plot_window_scaling",
+    "position_color",
+    "register_template",
+    "settings",
+]

@@ -1,0 +1,490 @@
+"""Acceptance figures: position x n heatmaps, survival curves, per-request token strips.
+
+Numbers come from :func:`dsparklab.analysis.acceptance.compute_acceptance_by_position`
+(heatmaps, curves) and :func:`dsparklab.analysis.prepare.annotate_positions` (strips);
+the builders only select and reshape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dsparklab.plots._common import (
+    band,
+    choose,
+    empty_figure,
+    facet_grid,
+    finish,
+    fmt,
+    label,
+    levels,
+    require,
+    select,
+)
+from dsparklab.plots.settings import settings
+from dsparklab.plots.style import (
+    ACCEPT_COLORS,
+    ACCEPT_STATES,
+    SEQUENTIAL_SCALE,
+    accept_colorscale,
+    dash_for,
+    method_color,
+    method_shade,
+)
+
+TokenLabels = Mapping[int, str] | Callable[[int], str]
+STRIP_COLUMNS = ("request_id", "step", "position", "accepted", "reached", "draft_token")
+# value column -> axis / colour-bar label
+ACCEPTANCE_VALUES: dict[str, str] = {
+    "accept_rate": "conditional acceptance a_i = P(accepted_i | reached_i)",
+    "survival": "survival s_i = P(accepted_i)",
+}
+
+
+def plot_acceptance_heatmap(
+    by_position: pd.DataFrame,
+    *,
+    value: str = "accept_rate",
+    methods: Sequence[str] | None = None,
+    datasets: Sequence[str] | None = None,
+    highlight_n: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Heatmap of acceptance by draft position (x) and window n (y), one panel per group.
+
+    Parameters
+    ----------
+    by_position
+        From ``compute_acceptance_by_position(..., by=("method", "n", "dataset"))``.
+    value
+        ``"accept_rate"`` (conditional, :math:`a_i`) or ``"survival"`` (:math:`s_i`).
+    methods, datasets
+        Keep only these (panels: datasets in rows, methods in columns).
+    highlight_n
+        Outline the row of this window in every panel (the explorer's n slider).
+    title
+        Figure title; a default names the value.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+    """
+    axis_label = choose("acceptance value", value, ACCEPTANCE_VALUES)
+    require(by_position, ["n", "position", value], what="plot_acceptance_heatmap")
+    data = select(by_position, method=methods, dataset=datasets)
+    title = title or f"Acceptance by position and window — {axis_label}"
+    if data.empty:
+        return empty_figure(
+            "no drafted positions in this selection", title=title, name="acceptance_heatmap"
+        )
+    rows, cols = levels(data, "dataset"), levels(data, "method")
+    fig = facet_grid(rows, cols, row_name="dataset", col_name="method")
+    ns = levels(data, "n")
+    n_pos = int(data["position"].max()) + 1
+    for r, dataset in enumerate(rows, start=1):
+        for c, method in enumerate(cols, start=1):
+            panel = select(data, dataset=dataset, method=method)
+            grid = panel.pivot_table(
+                index="n", columns="position", values=value, aggfunc="first"
+            ).reindex(index=ns, columns=range(n_pos))  # [n, position]
+            z = grid.to_numpy(dtype=float)
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    x=list(range(n_pos)),
+                    y=[str(n) for n in ns],
+                    coloraxis="coloraxis",
+                    text=[[fmt(v) for v in row] for row in z],
+                    texttemplate="%{text}",
+                    hovertemplate=(
+                        f"{label({'method': method, 'dataset': dataset})}<br>"
+                        "n=%{y} position=%{x}<br>" + value + "=%{z:.3f}<extra></extra>"
+                    ),
+                    name=label({"method": method, "dataset": dataset}),
+                ),
+                row=r,
+                col=c,
+            )
+            if highlight_n is not None and highlight_n in ns:
+                k = ns.index(highlight_n)
+                fig.add_shape(
+                    type="rect",
+                    x0=-0.5,
+                    x1=n_pos - 0.5,
+                    y0=k - 0.5,
+                    y1=k + 0.5,
+                    line=dict(color="#212529", width=3),
+                    row=r,
+                    col=c,
+                )
+    fig.update_layout(
+        coloraxis=dict(
+            colorscale=SEQUENTIAL_SCALE,
+            cmin=0.0,
+            cmax=1.0,
+            colorbar=dict(title=dict(text=value, side="right")),
+        ),
+    )
+    fig.update_xaxes(title_text="draft position", dtick=1, row=len(rows))
+    fig.update_yaxes(title_text="window n", type="category", col=1)
+    if highlight_n is not None:
+        title = f"{title} (n = {highlight_n} outlined)"
+    return finish(fig, title=title, n_rows=len(rows), name="acceptance_heatmap")
+
+
+def plot_survival_curves(
+    by_position: pd.DataFrame,
+    *,
+    value: str = "survival",
+    n: int | None = None,
+    methods: Sequence[str] | None = None,
+    datasets: Sequence[str] | None = None,
+    ci: bool = True,
+    title: str | None = None,
+) -> go.Figure:
+    """Survival (or conditional acceptance) against draft position, one line per group.
+
+    Parameters
+    ----------
+    by_position
+        From ``compute_acceptance_by_position(..., by=("method", "n", "dataset"))``;
+        the ``<value>_lo`` / ``<value>_hi`` columns, when present, draw the interval.
+    value
+        ``"survival"`` or ``"accept_rate"``.
+    n
+        One window: one line per (method, dataset), coloured by method, dashed by
+        dataset. ``None``: one line per (method, n, dataset), shaded by n.
+    methods, datasets
+        Keep only these.
+    ci
+        Shade the bootstrap interval.
+    title
+        Figure title.
+    """
+    axis_label = choose("acceptance value", value, ACCEPTANCE_VALUES)
+    require(by_position, ["position", value], what="plot_survival_curves")
+    data = select(by_position, method=methods, dataset=datasets, n=n)
+    title = title or (f"{axis_label}" + (f" at n = {n}" if n is not None else " for every window"))
+    if data.empty:
+        return empty_figure(
+            "no drafted positions in this selection", title=title, name="survival_curves"
+        )
+    fig = go.Figure()
+    all_datasets = levels(data, "dataset")
+    ns = levels(data, "n")
+    for method in levels(data, "method"):
+        for k, window in enumerate(ns):
+            for dataset in all_datasets:
+                line = select(data, method=method, n=window, dataset=dataset).sort_values(
+                    "position"
+                )
+                if line.empty:
+                    continue
+                color = (
+                    method_color(method or "")
+                    if n is not None or len(ns) == 1
+                    else method_shade(method or "", k, len(ns))
+                )
+                name = label(
+                    {
+                        "method": method,
+                        "n": None if n is not None else window,
+                        "dataset": dataset if len(all_datasets) > 1 else None,
+                    }
+                )
+                group = label({"method": method, "n": window, "dataset": dataset})
+                lo, hi = f"{value}_lo", f"{value}_hi"
+                if ci and lo in line and hi in line and line[lo].notna().any():
+                    fig.add_traces(
+                        band(line["position"], line[lo], line[hi], color=color, legendgroup=group)
+                    )
+                fig.add_trace(
+                    go.Scatter(
+                        x=line["position"],
+                        y=line[value],
+                        mode="lines+markers",
+                        name=name,
+                        legendgroup=group,
+                        line=dict(color=color, dash=dash_for(dataset, all_datasets)),
+                        hovertemplate=f"{group}<br>position=%{{x}}<br>{value}=%{{y:.3f}}"
+                        "<extra></extra>",
+                    )
+                )
+    fig.update_xaxes(title_text="draft position", dtick=1)
+    fig.update_yaxes(title_text=value, range=[0, 1.02])
+    return finish(fig, title=title, name="survival_curves")
+
+
+def _strip_state(frame: pd.DataFrame) -> np.ndarray:
+    """0 = not reached, 1 = rejected (reached, not accepted), 2 = accepted."""
+    reached = frame["reached"].to_numpy(dtype=bool)
+    accepted = frame["accepted"].to_numpy(dtype=bool)
+    return np.where(accepted & reached, 2, np.where(reached, 1, 0))
+
+
+def _add_strip(
+    fig: go.Figure,
+    rows: pd.DataFrame,
+    *,
+    row: int,
+    col: int,
+    n_pos: int,
+    token_labels: TokenLabels | None,
+    max_text_steps: int,
+    showscale: bool,
+    name: str,
+) -> None:
+    """One strip panel: z[position, step] in {0, 1, 2}, cells labelled with the draft."""
+    rows = rows.sort_values(["step", "position"])
+    steps = sorted(rows["step"].unique().tolist())
+
+    def grid(values: pd.Series | np.ndarray) -> pd.DataFrame:
+        return (
+            rows.assign(_v=values)
+            .pivot_table(index="position", columns="step", values="_v", aggfunc="first")
+            .reindex(index=range(n_pos), columns=steps)
+        )  # [position, step]
+
+    def text_of(token: Any) -> str:
+        if pd.isna(token):
+            return ""
+        token = int(token)
+        if token_labels is None:
+            return str(token)
+        if isinstance(token_labels, Mapping):
+            return visible_token(token_labels.get(token, str(token)))
+        return visible_token(token_labels(token))
+
+    z = grid(_strip_state(rows)).to_numpy(dtype=float)
+    draft = grid(rows["draft_token"].to_numpy(dtype=float)).to_numpy()
+    has_target = "target_token" in rows and rows["target_token"].notna().any()
+    target = (
+        grid(rows["target_token"].to_numpy(dtype=float, na_value=np.nan)).to_numpy()
+        if has_target
+        else None
+    )
+    text = [[text_of(t) for t in line] for line in draft]
+    hover = [
+        [
+            f"step {s} position {p}<br>draft {text[p][j]!r}"
+            + (f" · target {text_of(target[p, j])!r}" if target is not None else "")
+            + ("" if np.isnan(z[p, j]) else f"<br>{ACCEPT_STATES[int(z[p, j])]}")
+            for j, s in enumerate(steps)
+        ]
+        for p in range(n_pos)
+    ]
+    labelled = len(steps) <= max_text_steps
+    fig.add_trace(
+        go.Heatmap(
+            z=z,
+            x=steps,
+            y=list(range(n_pos)),
+            zmin=-0.5,
+            zmax=2.5,
+            colorscale=accept_colorscale(),
+            xgap=1,
+            ygap=1,
+            text=text if labelled else None,
+            texttemplate="%{text}" if labelled else None,
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            showscale=showscale,
+            name=name,
+            colorbar=dict(
+                tickvals=[0, 1, 2],
+                ticktext=list(ACCEPT_STATES),
+                len=0.5,
+                y=1.0,
+                yanchor="top",
+                thickness=14,
+            ),
+        ),
+        row=row,
+        col=col,
+    )
+    fig.update_yaxes(title_text="position", dtick=1, autorange="reversed", row=row, col=col)
+
+
+# whitespace and markup made visible in a cell label (plotly text is pseudo-HTML)
+_VISIBLE = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
+
+
+def visible_token(text: str) -> str:
+    """A token's text as a cell label: whitespace shown, ``<``/``>``/``&`` escaped."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.translate(_VISIBLE) or "∅"
+
+
+def _strip_title(title: str) -> str:
+    legend = " · ".join(
+        f"<span style='color:{ACCEPT_COLORS[s]}'>■</span> {s}" for s in reversed(ACCEPT_STATES)
+    )
+    return f"{title}<br><sup>{legend}</sup>"
+
+
+def plot_request_strip(
+    annotated: pd.DataFrame,
+    *,
+    request_ids: str | Sequence[str] | None = None,
+    max_requests: int = 2,
+    run_id: str | None = None,
+    methods: Sequence[str] | None = None,
+    n: int | None = None,
+    datasets: Sequence[str] | None = None,
+    token_labels: TokenLabels | None = None,
+    max_text_steps: int = 80,
+    highlight_position: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Token strips: step (x) x draft position (y), one panel per (run, request).
+
+    Each cell is one drafted token, coloured accepted / rejected (the first mismatch) /
+    not reached (after the first mismatch), labelled with the drafted token.
+
+    Parameters
+    ----------
+    annotated
+        Positions rows with ``reached`` (``dsparklab.analysis.annotate_positions``).
+    request_ids
+        Requests to draw; ``None``: the first ``max_requests`` of each selected run.
+    max_requests
+        Requests per run when ``request_ids`` is None.
+    run_id, methods, n, datasets
+        Select runs (request ids are unique only within a run).
+    token_labels
+        ``token id -> text`` (a mapping or a callable, e.g.
+        ``dsparklab.notebook.load_token_text``) for the cell labels; default: the ids.
+    max_text_steps
+        Cell labels are drawn when a strip has at most this many steps.
+    highlight_position
+        Outline this draft position's row in every panel (the explorer's heatmap click).
+    title
+        Figure title.
+    """
+    require(annotated, STRIP_COLUMNS, what="plot_request_strip")
+    ids = [request_ids] if isinstance(request_ids, str) else request_ids
+    data = select(annotated, run_id=run_id, method=methods, n=n, dataset=datasets, request_id=ids)
+    title = title or "Drafted tokens per step: accepted / rejected / not reached"
+    if data.empty:
+        return empty_figure(
+            "no drafted positions for this selection", title=title, name="request_strip"
+        )
+    data = with_run(data)
+    pairs = data[["run_id", "request_id"]].drop_duplicates()
+    if ids is None:
+        pairs = pairs.sort_values(["run_id", "request_id"]).groupby("run_id").head(max_requests)
+    pairs = list(pairs.itertuples(index=False, name=None))
+    run_names = {
+        rid: label(
+            {
+                k: data.loc[data["run_id"] == rid, k].iloc[0] if k in data else None
+                for k in ("method", "n", "dataset")
+            }
+        )
+        for rid in {p[0] for p in pairs}
+    }
+    titles = [" · ".join(x for x in (run_names[r], str(q)) if x) for r, q in pairs]
+    fig = make_subplots(
+        rows=len(pairs), cols=1, subplot_titles=titles, vertical_spacing=min(0.12, 0.6 / len(pairs))
+    )
+    n_pos = int(data["position"].max()) + 1
+    for r, (run, request_id) in enumerate(pairs, start=1):
+        rows = data.loc[(data["run_id"] == run) & (data["request_id"] == request_id)]
+        _add_strip(
+            fig,
+            rows,
+            row=r,
+            col=1,
+            n_pos=n_pos,
+            token_labels=token_labels,
+            max_text_steps=max_text_steps,
+            showscale=r == 1,
+            name=titles[r - 1],
+        )
+        if highlight_position is not None and 0 <= highlight_position < n_pos:
+            fig.add_hrect(
+                y0=highlight_position - 0.5,
+                y1=highlight_position + 0.5,
+                line=dict(color="#212529", width=2),
+                row=r,
+                col=1,
+            )
+    fig.update_xaxes(title_text="step", row=len(pairs), col=1)
+    height = max(settings["figure.panel_height"], 90 + len(pairs) * (50 + 26 * n_pos))
+    fig.update_layout(margin=dict(t=110))
+    return finish(fig, title=_strip_title(title), height=height, name="request_strip")
+
+
+def with_run(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame built by hand may lack ``run_id``: treat it as one run."""
+    return frame if "run_id" in frame.columns else frame.assign(run_id="")
+
+
+def plot_prompt_strips(
+    sides: Mapping[str, pd.DataFrame],
+    *,
+    prompt_ids: Sequence[str],
+    token_labels: TokenLabels | None = None,
+    max_text_steps: int = 60,
+    title: str | None = None,
+) -> go.Figure:
+    """Token strips of the same prompts in several run sets, side by side (one row each).
+
+    Parameters
+    ----------
+    sides
+        ``{"base": annotated, "new": annotated}``: positions annotated *with steps* (so
+        they carry ``prompt_id``), one frame per run set; a prompt's first request in each
+        is drawn.
+    prompt_ids
+        The prompts, e.g. ``compute_worst_prompts(...)["prompt_id"]``.
+    token_labels, max_text_steps
+        As in :func:`plot_request_strip`.
+    title
+        Figure title.
+    """
+    for frame in sides.values():
+        require(frame, [*STRIP_COLUMNS, "prompt_id"], what="plot_prompt_strips")
+    title = title or "Worst prompts, token by token"
+    ids = list(prompt_ids)
+    if not ids:
+        return empty_figure("no prompts selected", title=title, name="prompt_strips")
+    names = list(sides)
+    fig = make_subplots(
+        rows=len(ids),
+        cols=len(names),
+        subplot_titles=[f"{p} · {name}" for p in ids for name in names],
+        vertical_spacing=min(0.1, 0.6 / len(ids)),
+        horizontal_spacing=0.06,
+    )
+    n_pos = max(int(f["position"].max()) + 1 for f in sides.values() if len(f))
+    for r, prompt_id in enumerate(ids, start=1):
+        for c, name in enumerate(names, start=1):
+            rows = sides[name].loc[sides[name]["prompt_id"] == prompt_id]
+            if rows.empty:
+                continue
+            first = rows[["run_id", "request_id"]].iloc[0]
+            rows = rows.loc[
+                (rows["run_id"] == first["run_id"]) & (rows["request_id"] == first["request_id"])
+            ]
+            _add_strip(
+                fig,
+                rows,
+                row=r,
+                col=c,
+                n_pos=n_pos,
+                token_labels=token_labels,
+                max_text_steps=max_text_steps,
+                showscale=r == 1 and c == 1,
+                name=f"{prompt_id} {name}",
+            )
+    fig.update_xaxes(title_text="step", row=len(ids))
+    height = 90 + len(ids) * (50 + 26 * n_pos)
+    fig.update_layout(margin=dict(t=110))
+    return finish(fig, title=_strip_title(title), height=max(height, 300), name="prompt_strips")

@@ -1,0 +1,306 @@
+"""Confidence-head figures: reliability diagrams, calibration metrics, adaptive what-if.
+
+Numbers come from :func:`dsparklab.analysis.compute_reliability`,
+:func:`dsparklab.analysis.compute_calibration` and
+:func:`dsparklab.analysis.compute_adaptive_verification`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dsparklab.plots._common import (
+    choose,
+    empty_figure,
+    facet_grid,
+    finish,
+    label,
+    levels,
+    require,
+    select,
+)
+from dsparklab.plots.style import method_shade, position_color
+
+# score -> what it is judged against
+SCORE_LABELS: dict[str, str] = {
+    "confidence": "confidence c_i vs accepted | reached",
+    "prefix_confidence": "prefix confidence ∏ c_j vs accepted (survival)",
+}
+# metric -> axis label
+CALIBRATION_METRICS: dict[str, str] = {
+    "ece": "ECE (lower is better)",
+    "brier": "Brier (lower is better)",
+    "auroc": "AUROC (higher is better)",
+    "temperature": "fitted temperature (1 = calibrated)",
+}
+
+
+def plot_reliability(
+    reliability: pd.DataFrame,
+    *,
+    score: str = "confidence",
+    facet: str | None = "dataset",
+    methods: Sequence[str] | None = None,
+    positions: Sequence[int] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Reliability diagram: acceptance rate against mean score per bin, one line per position.
+
+    Parameters
+    ----------
+    reliability
+        From ``compute_reliability(..., per_position=True)``.
+    score
+        ``"confidence"`` or ``"prefix_confidence"``.
+    facet
+        Column whose values get one panel each (e.g. ``"dataset"``); absent: one panel.
+    methods, positions
+        Keep only these.
+    title
+        Figure title.
+
+    Notes
+    -----
+    Points below the diagonal are bins where the head is over-confident; marker area is
+    proportional to the rows in the bin.
+    """
+    score_label = choose("score", score, SCORE_LABELS)
+    require(reliability, ["score", "mean_score", "accept_rate", "count"], what="plot_reliability")
+    data = select(reliability, score=score, method=methods, position=positions)
+    title = title or f"Reliability per draft position — {score_label}"
+    if data.empty:
+        return empty_figure(
+            "no confidence recorded in this selection (DSpark runs only)",
+            title=title,
+            name="reliability",
+        )
+    panels = levels(data, facet)
+    fig = facet_grid([None], panels, row_name=None, col_name=facet)
+    all_positions = levels(data, "position")
+    k = len(all_positions)
+    size_ref = float(np.sqrt(data["count"].max()))
+    for c, value in enumerate(panels, start=1):
+        panel = data if value is None else data.loc[data[facet] == value]
+        fig.add_trace(
+            go.Scatter(
+                x=[0, 1],
+                y=[0, 1],
+                mode="lines",
+                line=dict(color="#adb5bd", dash="dash"),
+                name="perfect calibration",
+                showlegend=c == 1,
+                hoverinfo="skip",
+            ),
+            row=1,
+            col=c,
+        )
+        for i, position in enumerate(all_positions):
+            line = select(panel, position=position).sort_values("mean_score")
+            if line.empty:
+                continue
+            color = position_color(i, k)
+            fig.add_trace(
+                go.Scatter(
+                    x=line["mean_score"],
+                    y=line["accept_rate"],
+                    mode="lines+markers",
+                    name=f"position {position}",
+                    legendgroup=f"p{position}",
+                    showlegend=c == 1,
+                    line=dict(color=color),
+                    marker=dict(size=4 + 14 * np.sqrt(line["count"]) / size_ref, color=color),
+                    customdata=line[["count"]].to_numpy(),
+                    hovertemplate=f"position {position}<br>mean score=%{{x:.3f}}<br>"
+                    "accept rate=%{y:.3f}<br>rows=%{customdata[0]}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
+    fig.update_xaxes(title_text="mean score in bin")
+    fig.update_xaxes(range=[-0.03, 1.03])
+    fig.update_yaxes(title_text="acceptance rate in bin", range=[-0.03, 1.05], col=1)
+    return finish(fig, title=title, name="reliability")
+
+
+def plot_calibration_metrics(
+    calibration: pd.DataFrame,
+    *,
+    metrics: Sequence[str] = ("ece", "brier", "auroc"),
+    methods: Sequence[str] | None = None,
+    datasets: Sequence[str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """ECE, Brier and AUROC by draft position, for each score (one panel per metric).
+
+    Parameters
+    ----------
+    calibration
+        From ``compute_calibration(..., per_position=True)``.
+    metrics
+        Any of ``"ece"``, ``"brier"``, ``"auroc"``, ``"temperature"``.
+    methods, datasets
+        Keep only these; several datasets are drawn with different markers.
+    title
+        Figure title.
+    """
+    for metric in metrics:
+        choose("calibration metric", metric, CALIBRATION_METRICS)
+    require(calibration, ["score", "position", *metrics], what="plot_calibration_metrics")
+    data = select(calibration, method=methods, dataset=datasets)
+    title = title or "Calibration of the confidence head by draft position"
+    if data.empty:
+        return empty_figure(
+            "no confidence recorded in this selection", title=title, name="calibration_metrics"
+        )
+    fig = make_subplots(
+        rows=1, cols=len(metrics), subplot_titles=[CALIBRATION_METRICS[m] for m in metrics]
+    )
+    scores = levels(data, "score")
+    all_datasets = levels(data, "dataset")
+    symbols = ("circle", "square", "diamond", "triangle-up", "x", "star")
+    for c, metric in enumerate(metrics, start=1):
+        for s, score in enumerate(scores):
+            for d, dataset in enumerate(all_datasets):
+                for method in levels(data, "method"):
+                    line = select(data, score=score, dataset=dataset, method=method)
+                    line = line.sort_values("position")
+                    if line.empty:
+                        continue
+                    name = label({"score": score, "method": method, "dataset": dataset})
+                    fig.add_trace(
+                        go.Scatter(
+                            x=line["position"],
+                            y=line[metric],
+                            mode="lines+markers",
+                            name=name,
+                            legendgroup=name,
+                            showlegend=c == 1,
+                            line=dict(
+                                color=method_shade(method or "dspark", s, len(scores) + 1),
+                                dash="solid" if s == 0 else "dash",
+                            ),
+                            marker=dict(symbol=symbols[d % len(symbols)], size=7),
+                        ),
+                        row=1,
+                        col=c,
+                    )
+    fig.update_xaxes(title_text="draft position", dtick=1)
+    return finish(fig, title=title, name="calibration_metrics")
+
+
+def plot_adaptive_whatif(
+    adaptive: pd.DataFrame,
+    *,
+    methods: Sequence[str] | None = None,
+    datasets: Sequence[str] | None = None,
+    ns: Sequence[int] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Adaptive verification what-if: tokens per step against positions verified per step.
+
+    Each curve sweeps the threshold τ on the prefix confidence (τ = 0 verifies every
+    drafted position, the star); the right panel shows emitted tokens per verified slot.
+
+    Parameters
+    ----------
+    adaptive
+        From ``compute_adaptive_verification(..., by=("method", "n"))`` (or with dataset).
+    methods, datasets, ns
+        Keep only these.
+    title
+        Figure title.
+    """
+    require(
+        adaptive,
+        ["tau", "tokens_per_step", "verified_per_step", "tokens_per_verified"],
+        what="plot_adaptive_whatif",
+    )
+    data = select(adaptive, method=methods, dataset=datasets, n=ns)
+    title = title or "Adaptive verification what-if (replay of the recorded steps)"
+    if data.empty:
+        return empty_figure(
+            "no confidence recorded in this selection", title=title, name="adaptive_whatif"
+        )
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=[
+            "tokens per step vs verified positions per step",
+            "tokens per verified slot vs τ",
+        ],
+    )
+    windows = levels(data, "n")
+    all_datasets = levels(data, "dataset")
+    for method in levels(data, "method"):
+        for k, window in enumerate(windows):
+            for dataset in all_datasets:
+                line = select(data, method=method, n=window, dataset=dataset).sort_values("tau")
+                if line.empty:
+                    continue
+                color = method_shade(method or "", k, len(windows))
+                name = label(
+                    {
+                        "method": method,
+                        "n": window,
+                        "dataset": dataset if len(all_datasets) > 1 else None,
+                    }
+                )
+                hover = [f"τ={t:.2f}" for t in line["tau"]]
+                fig.add_trace(
+                    go.Scatter(
+                        x=line["verified_per_step"],
+                        y=line["tokens_per_step"],
+                        mode="lines+markers",
+                        name=name,
+                        legendgroup=name,
+                        line=dict(color=color),
+                        marker=dict(size=5),
+                        text=hover,
+                        hovertemplate="%{text}<br>verified/step=%{x:.2f}<br>"
+                        "tokens/step=%{y:.2f}<extra>" + name + "</extra>",
+                    ),
+                    row=1,
+                    col=1,
+                )
+                if "tokens_per_step_full" in line:
+                    fig.add_trace(
+                        go.Scatter(
+                            x=line["verified_per_step_full"].iloc[:1],
+                            y=line["tokens_per_step_full"].iloc[:1],
+                            mode="markers",
+                            marker=dict(
+                                symbol="star",
+                                size=13,
+                                color=color,
+                                line=dict(color="#212529", width=1),
+                            ),
+                            name=f"{name}: verify all",
+                            legendgroup=name,
+                            showlegend=False,
+                        ),
+                        row=1,
+                        col=1,
+                    )
+                fig.add_trace(
+                    go.Scatter(
+                        x=line["tau"],
+                        y=line["tokens_per_verified"],
+                        mode="lines",
+                        name=name,
+                        legendgroup=name,
+                        showlegend=False,
+                        line=dict(color=color),
+                    ),
+                    row=1,
+                    col=2,
+                )
+    fig.update_xaxes(title_text="verified positions per step", row=1, col=1)
+    fig.update_yaxes(title_text="tokens per step", row=1, col=1)
+    fig.update_xaxes(title_text="threshold τ on ∏ c_j", range=[0, 1], row=1, col=2)
+    fig.update_yaxes(title_text="tokens per (verified + 1)", row=1, col=2)
+    return finish(fig, title=title, name="adaptive_whatif")

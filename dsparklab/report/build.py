@@ -1,0 +1,282 @@
+"""The report builder: every notebook executed, exported, its figures rendered, one index.
+
+``dsparklab report --runs DIR --out reports/`` calls :func:`build_report`:
+
+1. each ``notebooks/NN_*.ipynb`` runs under papermill (headless: ``DSPARKLAB_HEADLESS=1``,
+   so widgets fall back to static figures) with ``RUNS`` and ``OUT_DIR`` injected, into
+   ``<out>/notebooks/``;
+2. each executed notebook is exported to ``<out>/<name>.html`` (offline: plotly.js
+   embedded, nothing fetched from the network);
+3. the figures the notebooks saved (``<out>/figures/<name>/<figure>.json``) are written as
+   interactive HTML and, where kaleido finds Chromium, PNG;
+4. ``<out>/index.html`` links everything with the runs' provenance, and
+   ``<out>/report.json`` records how the report was made.
+
+A notebook that fails is reported (its executed copy holds the traceback) and the others
+still run; :class:`ReportError` is raised at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsparklab.errors import DSparkLabError
+from dsparklab.notebook import HEADLESS_ENV, PLOTLY_MIMETYPE, REPO_ROOT, resolve_runs
+from dsparklab.report.figures import FigureSet, render_figures
+from dsparklab.report.html import export_html
+
+logger = logging.getLogger(__name__)
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
+KERNEL_NAME = "python3"
+
+
+class ReportError(DSparkLabError):
+    """One or more notebooks failed; the report was still written around them."""
+
+
+@dataclass
+class NotebookResult:
+    """One notebook of the report."""
+
+    name: str
+    source: Path
+    executed: Path
+    html: Path | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    figures: list[str] = field(default_factory=list)
+    n_plotly_outputs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class ReportResult:
+    """Where everything went."""
+
+    out: Path
+    runs: Path
+    index: Path
+    notebooks: list[NotebookResult]
+    figures: FigureSet
+    seconds: float
+
+    @property
+    def failed(self) -> list[NotebookResult]:
+        return [nb for nb in self.notebooks if not nb.ok]
+
+
+def discover_notebooks(
+    notebooks_dir: Path = NOTEBOOKS_DIR, names: Sequence[str] | None = None
+) -> list[Path]:
+    """The report's notebooks (``NN_*.ipynb``, sorted); ``names`` picks some by stem."""
+    if not Path(notebooks_dir).is_dir():
+        raise DSparkLabError(
+            f"no notebooks directory at {notebooks_dir}: the notebooks ship with the "
+            "repository, not the package; run from a checkout or pass its notebooks/ "
+            "(dsparklab report --notebooks DIR)"
+        )
+    found = sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
+    if names:
+        by_stem = {p.stem: p for p in found}
+        unknown = [n for n in names if n not in by_stem]
+        if unknown:
+            raise DSparkLabError(
+                f"unknown notebook {unknown[0]!r}; expected some of {sorted(by_stem)}"
+            )
+        found = [by_stem[n] for n in names]
+    if not found:
+        raise DSparkLabError(f"no notebooks matching {NOTEBOOK_GLOB} in {notebooks_dir}")
+    return found
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _count_plotly_outputs(executed: Path) -> int:
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    return sum(
+        PLOTLY_MIMETYPE in output.get("data", {})
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+    )
+
+
+def execute_notebook(
+    source: Path,
+    executed: Path,
+    *,
+    runs: Path,
+    figures_dir: Path,
+    parameters: Mapping[str, Any] | None = None,
+    kernel_name: str = KERNEL_NAME,
+    timeout: int = 600,
+) -> NotebookResult:
+    """Run one notebook headlessly with papermill; a failure is recorded, not raised."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    result = NotebookResult(name=source.stem, source=source, executed=executed)
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    params = {"RUNS": str(runs), "OUT_DIR": str(figures_dir), **dict(parameters or {})}
+    start = time.perf_counter()
+    try:
+        with _environ(**{HEADLESS_ENV: "1"}):
+            pm.execute_notebook(
+                str(source),
+                str(executed),
+                parameters=params,
+                cwd=str(source.parent),
+                kernel_name=kernel_name,
+                progress_bar=False,
+                log_output=False,
+                execution_timeout=timeout,
+            )
+    except PapermillExecutionError as err:
+        result.error = f"{err.ename}: {err.evalue} (cell {err.exec_count})"
+    except Exception as err:  # kernel death, timeouts: report them like cell errors
+        result.error = f"{type(err).__name__}: {err}"
+    result.seconds = time.perf_counter() - start
+    if executed.is_file():
+        result.n_plotly_outputs = _count_plotly_outputs(executed)
+    result.figures = sorted(p.stem for p in figures_dir.glob("*.json"))
+    return result
+
+
+def build_report(
+    runs: str | Path,
+    out: str | Path,
+    *,
+    notebooks_dir: Path = NOTEBOOKS_DIR,
+    names: Sequence[str] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    png: bool = True,
+    kernel_name: str = KERNEL_NAME,
+    progress: bool = True,
+    timeout: int = 600,
+) -> ReportResult:
+    """Execute the notebooks on ``runs`` and write the report to ``out``.
+
+    Parameters
+    ----------
+    runs
+        A directory of run directories (see :func:`dsparklab.notebook.resolve_runs`).
+    out
+        The report directory (created; files of a previous report are replaced).
+    notebooks_dir, names
+        Where the notebooks are, and which ones (stems; default every ``NN_*.ipynb``).
+    parameters
+        Extra papermill parameters for every notebook (e.g. ``{"N_BOOT": 200}``).
+    png
+        Render static PNGs with kaleido (skipped with a message if no Chromium).
+    kernel_name, timeout
+        The Jupyter kernel, and the per-cell timeout in seconds.
+    progress
+        Show a tqdm bar over the notebooks.
+
+    Raises
+    ------
+    ReportError
+        After writing everything, when a notebook failed.
+    """
+    from tqdm.auto import tqdm
+
+    from dsparklab.report.index import write_index
+
+    start = time.perf_counter()
+    runs_path = resolve_runs(runs)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sources = discover_notebooks(notebooks_dir, names)
+    results = []
+    bar = tqdm(sources, desc="notebooks", unit="nb", disable=not progress)
+    for source in bar:
+        bar.set_postfix_str(source.stem)
+        figures_dir = out / "figures" / source.stem
+        for stale in figures_dir.glob("*"):
+            stale.unlink()
+        result = execute_notebook(
+            source,
+            out / "notebooks" / source.name,
+            runs=runs_path,
+            figures_dir=figures_dir,
+            parameters=parameters,
+            kernel_name=kernel_name,
+            timeout=timeout,
+        )
+        if result.executed.is_file():
+            result.html = export_html(result.executed, out / f"{source.stem}.html")
+        if result.error:
+            logger.error("%s failed: %s (see %s)", source.stem, result.error, result.executed)
+        results.append(result)
+    figures = render_figures(out / "figures", png=png)
+    report = ReportResult(
+        out=out,
+        runs=runs_path,
+        index=out / "index.html",
+        notebooks=results,
+        figures=figures,
+        seconds=0.0,
+    )
+    report.seconds = time.perf_counter() - start
+    write_index(report, parameters=dict(parameters or {}))
+    _write_report_json(report, parameters=dict(parameters or {}))
+    if report.failed:
+        failed = "; ".join(f"{nb.name}: {nb.error} (see {nb.executed})" for nb in report.failed)
+        raise ReportError(
+            f"{len(report.failed)} of {len(results)} notebooks failed: {failed}; "
+            f"the rest of the report is at {report.index}"
+        )
+    return report
+
+
+def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> None:
+    from dsparklab.provenance import hash_path, provenance
+    from dsparklab.store import write_json_atomic
+
+    payload = {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": str(report.runs),
+        "inputs": {"runs": hash_path(report.runs)},
+        "parameters": parameters,
+        "seconds": round(report.seconds, 2),
+        "png": report.figures.png_message or f"{len(report.figures.png)} written",
+        "notebooks": [
+            {
+                "name": nb.name,
+                "ok": nb.ok,
+                "error": nb.error,
+                "seconds": round(nb.seconds, 2),
+                "figures": nb.figures,
+                "html": nb.html.name if nb.html else None,
+            }
+            for nb in report.notebooks
+        ],
+        "provenance": provenance(),
+    }
+    write_json_atomic(report.out / "report.json", json.loads(json.dumps(payload, default=str)))

@@ -1,0 +1,392 @@
+"""The explorer dashboard: dataset / method dropdowns, an n slider, a conditional / survival
+toggle and a request picker, bound to three linked plotly ``FigureWidget``s (position x n
+heatmap, survival curves, the request's position x step token strip).
+
+Every control writes one :class:`ExplorerState`; each change rebuilds the figures it
+touches with the ``dsparklab.plots`` builders (numbers come from the precomputed
+:mod:`dsparklab.analysis` frames; nothing is recomputed here) and copies them into the
+live ``FigureWidget``s in place (one batched restyle / relayout each), so the front end
+redraws without re-creating the plots. Clicking a heatmap cell selects its window n (the
+slider follows) and its draft position (outlined in the strip).
+
+Without a front end (papermill drops widget state) :meth:`Explorer.display` shows the same
+three figures statically, and no widget is ever created.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from dsparklab.errors import TraceSchemaError, UnknownMethodError
+from dsparklab.plots import (
+    plot_acceptance_heatmap,
+    plot_request_strip,
+    plot_survival_curves,
+)
+
+logger = logging.getLogger(__name__)
+
+View = Literal["conditional", "survival"]
+FigureName = Literal["heatmap", "survival", "strip"]
+# toggle label -> the acceptance value it shows
+VIEWS: dict[str, str] = {"conditional": "accept_rate", "survival": "survival"}
+FIGURES: tuple[FigureName, ...] = get_args(FigureName)
+# the CSS class of each figure's widget (the browser tests find the figures by it)
+FIGURE_CLASSES: dict[str, str] = {name: f"dsparklab-explorer-{name}" for name in FIGURES}
+STRIP_TEXT_STEPS = 40
+# pixel widths of the figure widgets (plotly.js would otherwise fall back to 700 px): the
+# heatmap on its own row, the curves and the strip side by side when the page is wide
+WIDGET_WIDTHS: dict[str, int] = {"heatmap": 900, "survival": 560, "strip": 560}
+# layout keys a figure never drops between updates (plotly fills them in itself)
+_KEEP_LAYOUT = frozenset({"template"})
+# trace keys that identify a trace and cannot change in place
+_KEEP_TRACE = frozenset({"type", "uid"})
+
+TokenLabels = Mapping[int, str] | Callable[[int], str]
+
+
+@dataclass
+class ExplorerState:
+    """What the controls select; the figures are a function of it."""
+
+    dataset: str
+    method: str
+    n: int
+    view: View = "conditional"
+    request: str | None = None
+    position: int | None = None  # the draft position picked on the heatmap
+
+    @property
+    def value(self) -> str:
+        """The acceptance column the view shows (``accept_rate`` or ``survival``)."""
+        return VIEWS[self.view]
+
+
+def widget_json(value: Any) -> Any:
+    """A figure (or part of one) as plain JSON for the widget protocol.
+
+    Arrays become lists and NaN / inf become null: the Jupyter message protocol rejects
+    NaN, and plotly's own encoder would pack arrays into base64 blobs that Python-side
+    readers of the widget (tests, callbacks) cannot index.
+    """
+    if isinstance(value, go.Figure):  # its to_dict() would pack arrays as base64
+        value = {
+            "data": [trace.to_plotly_json() for trace in value.data],
+            "layout": value.layout.to_plotly_json(),
+        }
+    if isinstance(value, dict):
+        return {k: widget_json(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [widget_json(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
+    """Make ``widget`` show ``fig``, in place where the traces line up.
+
+    The figure goes over as plain JSON (:func:`widget_json`). When it has as many traces of
+    the same types as ``widget``, every trace and the layout are updated inside one
+    ``batch_update`` (one update message to the front end; keys the new figure lacks are
+    removed). Otherwise the traces are replaced, then the layout updated.
+
+    Returns
+    -------
+    bool
+        True when the update was in place (no trace added or removed).
+    """
+    spec = widget_json(fig)
+    new_traces: list[dict[str, Any]] = spec.get("data", [])
+    new_layout: dict[str, Any] = spec.get("layout", {})
+    in_place = len(new_traces) == len(widget.data) and all(
+        old.type == new.get("type", "scatter")
+        for old, new in zip(widget.data, new_traces, strict=True)
+    )
+    if not in_place:
+        widget.data = ()
+        widget.add_traces(new_traces)
+    with widget.batch_update():
+        if in_place:
+            for trace, new in zip(widget.data, new_traces, strict=True):
+                for key in trace.to_plotly_json().keys() - new.keys() - _KEEP_TRACE:
+                    trace[key] = None
+                trace.update({k: v for k, v in new.items() if k not in _KEEP_TRACE}, overwrite=True)
+        for key in widget.layout.to_plotly_json().keys() - new_layout.keys() - _KEEP_LAYOUT:
+            widget.layout[key] = None
+        widget.layout.update(new_layout, overwrite=True)
+    return in_place
+
+
+class Explorer:
+    """Controls + linked figures over one run set (see :func:`make_explorer_widget`).
+
+    The ipywidgets controls and the ``FigureWidget``s are made on first use of
+    :attr:`widget` (or :meth:`display` with ``interactive=True``); headless, only the
+    static builders run.
+    """
+
+    def __init__(
+        self,
+        by_position: pd.DataFrame,
+        annotated: pd.DataFrame,
+        *,
+        token_labels: TokenLabels | None = None,
+        dataset: str | None = None,
+        method: str | None = None,
+        n: int | None = None,
+        view: View = "conditional",
+    ) -> None:
+        for name in ("method", "n", "dataset", "position"):
+            if name not in by_position.columns:
+                raise TraceSchemaError(
+                    f"the explorer needs acceptance by ('method', 'n', 'dataset'); column "
+                    f"{name!r} is missing (compute_acceptance_by_position(..., "
+                    "by=('method', 'n', 'dataset')))",
+                    field=name,
+                )
+        if by_position.empty:
+            raise TraceSchemaError("no drafted positions to explore (empty selection)")
+        if view not in VIEWS:
+            raise UnknownMethodError(
+                f"unknown explorer view {view!r}; expected one of {', '.join(VIEWS)}"
+            )
+        self.by_position = by_position
+        self.annotated = annotated
+        self.token_labels = token_labels
+        self.datasets = sorted(by_position["dataset"].unique().tolist())
+        self.methods = sorted(by_position["method"].unique().tolist())
+        self.ns = sorted(int(v) for v in by_position["n"].unique())
+        self.state = ExplorerState(
+            dataset=self._pick("dataset", dataset, self.datasets),
+            method=self._pick("method", method, self.methods),
+            n=int(self._pick("n", n, self.ns)),
+            view=view,
+        )
+        self.state.request = self._default_request()
+        self._widget: Any = None
+        self.figure_widgets: dict[str, go.FigureWidget] = {}
+        self.updates: dict[str, int] = dict.fromkeys(FIGURES, 0)
+
+    @staticmethod
+    def _pick(name: str, value: Any, options: Sequence[Any]) -> Any:
+        if value is None:
+            return options[0]
+        if value not in options:
+            raise UnknownMethodError(
+                f"unknown explorer {name} {value!r}; the runs have {list(options)}"
+            )
+        return value
+
+    # -- state -> figures -----------------------------------------------------------
+    def _run_rows(self) -> pd.DataFrame:
+        a, s = self.annotated, self.state
+        return a.loc[(a["method"] == s.method) & (a["n"] == s.n) & (a["dataset"] == s.dataset)]
+
+    def requests(self) -> list[str]:
+        """The request ids of the selected run."""
+        return sorted(self._run_rows()["request_id"].unique().tolist())
+
+    def _default_request(self) -> str | None:
+        ids = self.requests()
+        return self.state.request if self.state.request in ids else (ids[0] if ids else None)
+
+    def heatmap(self) -> go.Figure:
+        s = self.state
+        return plot_acceptance_heatmap(
+            self.by_position,
+            value=s.value,
+            methods=[s.method],
+            datasets=[s.dataset],
+            highlight_n=s.n,
+        )
+
+    def survival(self) -> go.Figure:
+        s = self.state
+        return plot_survival_curves(self.by_position, value=s.value, n=s.n, datasets=[s.dataset])
+
+    def strip(self) -> go.Figure:
+        s = self.state
+        rows = self._run_rows()
+        return plot_request_strip(
+            rows,
+            request_ids=s.request or "",
+            run_id=rows["run_id"].iloc[0] if len(rows) and "run_id" in rows else None,
+            token_labels=self.token_labels,
+            max_text_steps=STRIP_TEXT_STEPS,
+            highlight_position=s.position,
+            title=f"{s.method} · n={s.n} · {s.request}",
+        )
+
+    def figures(self) -> dict[str, go.Figure]:
+        """The three figures for the current state."""
+        return {"heatmap": self.heatmap(), "survival": self.survival(), "strip": self.strip()}
+
+    def status_text(self) -> str:
+        s = self.state
+        text = f"<b>{s.method}</b> · n = {s.n} · {s.dataset} · {s.view} · request {s.request}"
+        return text + (f" · position {s.position}" if s.position is not None else "")
+
+    # -- the interactive dashboard -------------------------------------------------
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box (controls + three FigureWidgets), made on first use."""
+        if self._widget is None:
+            self._widget = self._build()
+        return self._widget
+
+    def _build(self) -> Any:
+        import ipywidgets as W
+
+        s = self.state
+        self.dataset = W.Dropdown(options=self.datasets, value=s.dataset, description="dataset")
+        self.method = W.Dropdown(options=self.methods, value=s.method, description="method")
+        self.n = W.IntSlider(
+            value=s.n,
+            min=self.ns[0],
+            max=self.ns[-1],
+            step=1,
+            description="n",
+            continuous_update=False,
+        )
+        self.view = W.ToggleButtons(options=list(VIEWS), value=s.view, description="show")
+        self.request = W.Dropdown(options=self.requests(), value=s.request, description="request")
+        self.status = W.HTML(self.status_text())
+        for name, fig in self.figures().items():
+            widget = go.FigureWidget(widget_json(fig.update_layout(width=WIDGET_WIDTHS[name])))
+            widget.add_class(FIGURE_CLASSES[name])
+            self.figure_widgets[name] = widget
+        self._bind_clicks()
+        for control in (self.dataset, self.method, self.n):
+            control.observe(self._on_run_change, names="value")
+        self.view.observe(self._on_view_change, names="value")
+        self.request.observe(self._on_request_change, names="value")
+        box = W.VBox(
+            [
+                W.HBox([self.dataset, self.method, self.n]),
+                W.HBox([self.view, self.request]),
+                self.status,
+                self.figure_widgets["heatmap"],
+                W.HBox(
+                    [self.figure_widgets["survival"], self.figure_widgets["strip"]],
+                    layout=W.Layout(width="100%", flex_flow="row wrap"),
+                ),
+            ]
+        )
+        box.add_class("dsparklab-explorer")
+        return box
+
+    def _bind_clicks(self) -> None:
+        for trace in self.figure_widgets["heatmap"].data:
+            trace.on_click(self._on_heatmap_click)
+
+    def redraw(self, names: Sequence[str] = FIGURES) -> None:
+        """Rebuild the named figures for the current state and update their widgets."""
+        if self._widget is None:
+            return
+        builders = {"heatmap": self.heatmap, "survival": self.survival, "strip": self.strip}
+        for name in names:
+            fig = builders[name]().update_layout(width=WIDGET_WIDTHS[name])
+            if not sync_figure(self.figure_widgets[name], fig) and name == "heatmap":
+                self._bind_clicks()  # new traces: their click handlers are new too
+            self.updates[name] += 1
+        self.status.value = self.status_text()
+
+    def _on_run_change(self, change: Mapping[str, Any]) -> None:
+        self.state.dataset = self.dataset.value
+        self.state.method = self.method.value
+        self.state.n = int(self.n.value)
+        self.state.request = self._default_request()
+        with self.request.hold_trait_notifications():
+            self.request.unobserve(self._on_request_change, names="value")
+            self.request.options = self.requests()
+            self.request.value = self.state.request
+            self.request.observe(self._on_request_change, names="value")
+        self.redraw()
+
+    def _on_view_change(self, change: Mapping[str, Any]) -> None:
+        self.state.view = self.view.value
+        self.redraw(("heatmap", "survival"))
+
+    def _on_request_change(self, change: Mapping[str, Any]) -> None:
+        self.state.request = self.request.value
+        self.redraw(("strip",))
+
+    def _on_heatmap_click(self, trace: Any, points: Any, selector: Any) -> None:
+        """A heatmap cell: its row's n goes to the slider, its position to the strip."""
+        if not points.point_inds:
+            return
+        n, position = int(points.ys[0]), int(points.xs[0])
+        self.state.position = position
+        if n != self.n.value:
+            self.n.value = n  # -> _on_run_change redraws everything
+        else:
+            self.redraw(("strip",))
+
+    # -- output ------------------------------------------------------------------------
+    def display(self, *, interactive: bool, out_dir: str | Path = "") -> None:
+        """Show the dashboard, or (``interactive=False``) its three figures statically."""
+        from IPython.display import display
+
+        if interactive:
+            display(self.widget)
+            return
+        from dsparklab.notebook import show
+
+        for name, fig in self.figures().items():
+            show(fig, f"explorer_{name}", out_dir=out_dir)
+
+
+def make_explorer_widget(
+    by_position: pd.DataFrame,
+    annotated: pd.DataFrame,
+    *,
+    token_labels: TokenLabels | None = None,
+    dataset: str | None = None,
+    method: str | None = None,
+    n: int | None = None,
+    view: View = "conditional",
+) -> Explorer:
+    """The explorer dashboard over one run set.
+
+    Parameters
+    ----------
+    by_position
+        ``compute_acceptance_by_position(positions, steps=steps,
+        by=("method", "n", "dataset"))``.
+    annotated
+        ``annotate_positions(positions, steps=steps)`` (for the request strips).
+    token_labels
+        Token id -> text for the strips (``dsparklab.notebook.load_token_text``).
+    dataset, method, n, view
+        Initial control values (default: the first of each; ``view`` is
+        ``"conditional"`` or ``"survival"``).
+
+    Returns
+    -------
+    Explorer
+        ``.widget`` is the ipywidgets box with the three ``FigureWidget``s
+        (``.figure_widgets``); ``.display(interactive=...)`` shows it, or static figures.
+    """
+    return Explorer(
+        by_position,
+        annotated,
+        token_labels=token_labels,
+        dataset=dataset,
+        method=method,
+        n=n,
+        view=view,
+    )

@@ -1,0 +1,217 @@
+"""The lab in a real browser (Playwright driving Debian's chromium).
+
+1. The exported report, opened from file:// with every network request refused: each
+   plotly figure renders (a ``.js-plotly-plot`` with its SVG), screenshots taken.
+2. JupyterLab on 127.0.0.1 with a token: open 00_explorer, run all cells; the three
+   figures are plotly FigureWidgets (anywidget views); move the n slider with the
+   keyboard, and the heatmap widget (outline, title), the curves and the strip follow.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dsparklab.report import ReportResult
+from dsparklab.report.build import NOTEBOOKS_DIR
+from dsparklab.report.lab import LOOPBACK, start_lab
+from dsparklab.widgets.explorer import FIGURE_CLASSES, FIGURES
+
+pytestmark = pytest.mark.browser
+
+KERNEL_IDLE = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext && panel.sessionContext.session
+        && panel.sessionContext.session.kernel;
+    return Boolean(kernel) && kernel.status === 'idle';
+}"""
+# page coordinates of a heatmap cell's centre: [position, n as its category label]
+CELL_CENTER = """([position, n]) => {
+    const gd = GD, box = gd.getBoundingClientRect(), xa = gd._fullLayout.xaxis,
+        ya = gd._fullLayout.yaxis;
+    return [box.left + xa._offset + xa.l2p(position),
+        box.top + ya._offset + ya.l2p(ya._categories.indexOf(n))];
+}"""
+RENDERED = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .filter(gd => gd.querySelector('svg.main-svg') && gd._fullLayout).length"""
+
+
+def _offline_page(browser, blocked: list[str], errors: list[str]):
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+
+    def route(route_):
+        url = route_.request.url
+        if url.startswith(("file:", "data:", "blob:")):
+            route_.continue_()
+        else:
+            blocked.append(url)
+            route_.abort()
+
+    page.route("**/*", route)
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    return page
+
+
+def test_report_renders_offline(browser, report: ReportResult, screenshots: Path):
+    blocked: list[str] = []
+    errors: list[str] = []
+    page = _offline_page(browser, blocked, errors)
+    try:
+        for nb in report.notebooks:
+            page.goto(nb.html.as_uri())
+            expected = nb.n_plotly_outputs
+            page.wait_for_function(f"({RENDERED})() >= {expected}", timeout=60_000)
+            assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == (
+                expected
+            ), nb.name
+            # every figure drew something: traces in its plot area
+            drawn = page.evaluate(
+                """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+                .map(gd => gd.querySelectorAll('.trace, .hm, image, .bars .point').length)"""
+            )
+            assert all(count > 0 for count in drawn), (nb.name, drawn)
+            page.screenshot(path=str(screenshots / f"{nb.name}.png"), full_page=True)
+        # one interactive figure page (plotly.js from ../plotly.min.js) and the index
+        figure = report.figures.html[0]
+        page.goto(figure.as_uri())
+        page.wait_for_function(f"({RENDERED})() == 1", timeout=30_000)
+        page.goto(report.index.as_uri())
+        page.wait_for_load_state("load")
+        loaded = page.evaluate(
+            "Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).length"
+        )
+        assert loaded == len(report.figures.png)
+        page.screenshot(path=str(screenshots / "index.png"), full_page=True)
+    finally:
+        page.close()
+    assert blocked == [], f"the report tried the network: {blocked[:5]}"
+    assert errors == [], errors[:3]
+    print(f"report screenshots in {screenshots}")
+
+
+def _wait_for_titles(page, figures: list[str], *parts: str, screenshots: Path) -> None:
+    """Wait until each figure's title contains its part (the kernel updates them in turn)."""
+    titles = [f"document.querySelector('{css}').layout.title.text" for css in figures]
+    condition = " && ".join(
+        f"{title}.includes({json.dumps(part)})" for title, part in zip(titles, parts, strict=True)
+    )
+    try:
+        page.wait_for_function(condition, timeout=60_000)
+    except Exception:
+        page.screenshot(path=str(screenshots / "lab_failure.png"), full_page=True)
+        raise AssertionError(
+            f"figure titles never showed {parts}: {[page.evaluate(t) for t in titles]}"
+        ) from None
+
+
+def _kernel_ids(server) -> list[str]:
+    with urllib.request.urlopen(server.url("api/kernels"), timeout=10) as response:
+        return [k["id"] for k in json.loads(response.read())]
+
+
+def _isolate_lab_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh user settings and workspaces (no news pop-up, nothing written to ~/.jupyter)."""
+    settings = tmp_path / "lab-settings"
+    notification = settings / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True)
+    (notification / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(settings))
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "lab-workspaces"))
+
+
+def test_jupyterlab_explorer_follows_the_n_slider(
+    browser, runs_dir: Path, tmp_path: Path, screenshots: Path, monkeypatch: pytest.MonkeyPatch
+):
+    root = tmp_path / "notebooks"  # a copy: autosave never touches the repository's notebooks
+    shutil.copytree(NOTEBOOKS_DIR, root)
+    _isolate_lab_settings(tmp_path, monkeypatch)
+    server = start_lab(runs_dir, root_dir=root, expose_app=True, log=tmp_path / "lab.log")
+    kernels: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        assert server.base_url.startswith(f"http://{LOOPBACK}:")
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"{server.base_url}/api/kernels", timeout=10)
+        assert denied.value.code == 403, "the API needs the token"
+        page.goto(server.url("lab/tree/00_explorer.ipynb"))
+        page.wait_for_function(
+            "window.jupyterapp && document.querySelector('.jp-NotebookPanel .jp-Cell')",
+            timeout=90_000,
+        )
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # the three figures are FigureWidgets: anywidget views carrying the explorer's classes
+        # on their plot div (a static figure could not carry them)
+        figures = [f".{FIGURE_CLASSES[name]}.js-plotly-plot" for name in FIGURES]
+        try:
+            page.wait_for_function(
+                " && ".join(f"document.querySelector('{css}')" for css in figures),
+                timeout=180_000,
+            )
+            page.wait_for_function(f"({RENDERED})() >= 3", timeout=60_000)
+        except Exception:
+            page.screenshot(path=str(screenshots / "lab_failure.png"), full_page=True)
+            print((tmp_path / "lab.log").read_text()[-3000:])
+            raise
+        kernels = _kernel_ids(server)
+        heatmap = f"document.querySelector('{figures[0]}')"
+        state = f"""({{title: {heatmap}.layout.title.text, y0: {heatmap}.layout.shapes[0].y0,
+            svg: {heatmap}.querySelector('.shapelayer path').getAttribute('d'),
+            plots: document.querySelectorAll('.dsparklab-explorer .js-plotly-plot').length}})"""
+        before = page.evaluate(state)
+        page.evaluate(f"{heatmap}.dataset.probe = 'n3'")  # survives only an in-place update
+        assert "(n = 3 outlined)" in before["title"]
+        assert before["plots"] == 3, "figure widgets only, no static copies"
+        page.screenshot(path=str(screenshots / "lab_explorer_n3.png"))
+
+        handle = page.locator(".dsparklab-explorer .noUi-handle").first
+        handle.click()
+        page.keyboard.press("ArrowRight")
+        # the kernel rebuilds the figure and sends one update; the same plot div redraws
+        _wait_for_titles(
+            page, figures, "(n = 4 outlined)", "at n = 4", "n=4", screenshots=screenshots
+        )
+        after = page.evaluate(state)
+        assert page.evaluate(f"{heatmap}.dataset.probe") == "n3", "same plot div, updated"
+        assert after["y0"] == before["y0"] + 1, "the outline moved one row up (n = 4)"
+        assert after["svg"] != before["svg"], "the drawn outline moved on screen"
+        assert after["plots"] == 3
+        assert page.locator(".dsparklab-explorer").inner_text().count("n = 4") >= 1
+        stderr = page.locator("[data-mime-type='application/vnd.jupyter.stderr']")
+        assert stderr.count() == 0, stderr.all_inner_texts()[:2]
+        page.screenshot(path=str(screenshots / "lab_explorer_n4.png"))
+
+        # a click on the heatmap cell (position 1, n = 6) selects that window and position
+        page.evaluate(f"{heatmap}.scrollIntoView()")
+        x, y = page.evaluate(CELL_CENTER.replace("GD", heatmap), [1, "6"])
+        page.mouse.click(x, y)
+        _wait_for_titles(
+            page, figures, "(n = 6 outlined)", "at n = 6", "n=6", screenshots=screenshots
+        )
+        assert page.locator(".dsparklab-explorer .widget-readout").first.inner_text() == "6"
+        strip_shapes = page.evaluate(f"document.querySelector('{figures[2]}').layout.shapes")
+        assert [(s["y0"], s["y1"]) for s in strip_shapes] == [(0.5, 1.5)], strip_shapes
+        page.screenshot(path=str(screenshots / "lab_explorer_click_n6.png"))
+    finally:
+        page.close()
+        server.stop()
+    assert server.process.poll() is not None, "the server is stopped"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        alive = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any(k in " ".join(p.info["cmdline"] or []) for k in kernels)
+        ]
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert kernels and not alive, f"kernels left running: {alive}"
+    print(f"lab screenshots in {screenshots}")

@@ -1,0 +1,76 @@
+"""What the notebook and browser tests share: the run set and one report built on it.
+
+The run set is real: ``dsparklab collect --engine reference`` output on the zoo's tiny
+checkpoints (DSpark, Eagle3 and the target-only baseline, n = 3..7, the code and prose
+sets), with small limits. Both test directories import this module by name, so the runs
+are collected and the report built once per session (cached on the session's base temp
+dir).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from dsparklab.report import ReportError, ReportResult, build_report
+
+# Small parameters: the notebooks' point estimates do not depend on them.
+TEST_PARAMETERS = {"N_BOOT": 50}
+EXPECTED_NOTEBOOKS = (
+    "00_explorer",
+    "01_acceptance_heatmaps",
+    "02_window_scaling",
+    "03_confidence_calibration",
+    "04_markov_attribution",
+    "05_regression_diagnosis",
+)
+METHODS = ("dspark", "eagle3", "none")
+NS = (3, 4, 5, 6, 7)
+DATASETS = ("humaneval", "prose")
+# prompts per set and tokens per prompt: 22 runs in well under a minute on one core
+LIMIT = 2
+MAX_NEW_TOKENS = 32
+ZOO_MODELS = ("tiny-target", "tiny-dspark", "tiny-eagle3")
+
+
+def require_zoo() -> None:
+    """Fail (not skip) when the committed checkpoints are missing, as the engine tests do."""
+    from dsparklab.zoo import ZOO_DIR
+
+    missing = [name for name in ZOO_MODELS if not (ZOO_DIR / name / "config.json").is_file()]
+    if missing:
+        pytest.fail(
+            f"zoo checkpoints missing in {ZOO_DIR}: {', '.join(missing)}; run "
+            "`dsparklab zoo train --tier tiny` (or point DSPARKLAB_ZOO_DIR at a zoo)"
+        )
+
+
+@functools.cache
+def lab_runs(base: Path) -> Path:
+    """The reference engine's runs on the zoo (22 runs), collected once per session."""
+    from dsparklab.engines.reference.collect import collect
+
+    require_zoo()
+    return collect(
+        methods=METHODS,
+        ns=NS,
+        datasets=DATASETS,
+        out=base / "runs",
+        limit=LIMIT,
+        max_new_tokens=MAX_NEW_TOKENS,
+        threads=1,
+        progress=False,
+    )
+
+
+@functools.cache
+def built_report(base: Path) -> ReportResult:
+    """``dsparklab report`` on :func:`lab_runs`, into ``base/report`` (built once)."""
+    try:
+        return build_report(
+            lab_runs(base), base / "report", parameters=TEST_PARAMETERS, progress=False
+        )
+    except ReportError as err:  # every notebook must run: show which one did not
+        raise AssertionError(str(err)) from err

@@ -1,0 +1,154 @@
+"""The explorer's FigureWidgets, driven from Python (no front end): every control updates
+the live figures in place, a heatmap click selects n and position, headless makes no widget.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+from lab_synth import write_synthetic_runs
+from plotly.callbacks import Points
+
+from dsparklab import analysis as A
+from dsparklab.errors import UnknownMethodError
+from dsparklab.notebook import load_runs
+from dsparklab.widgets import Explorer, make_explorer_widget, sync_figure
+from dsparklab.widgets.explorer import FIGURE_CLASSES
+
+pytestmark = pytest.mark.notebooks
+
+# what a FigureWidget sends its front end: in place = update messages only
+MESSAGES = ("_py2js_addTraces", "_py2js_deleteTraces", "_py2js_update", "_py2js_relayout")
+
+
+@pytest.fixture(scope="module")
+def frames(tmp_path_factory: pytest.TempPathFactory):
+    root = write_synthetic_runs(
+        tmp_path_factory.mktemp("explorer") / "runs", n_requests=2, tokens_per_request=16
+    )
+    runs = load_runs(root)
+    by_position = A.compute_acceptance_by_position(
+        runs.positions, steps=runs.steps, by=("method", "n", "dataset"), n_boot=0
+    )
+    return by_position, A.annotate_positions(runs.positions, steps=runs.steps)
+
+
+@pytest.fixture
+def explorer(frames) -> Explorer:
+    return make_explorer_widget(*frames)
+
+
+def _listen(widget: go.FigureWidget) -> list[str]:
+    """Names of the messages the widget sends from now on; each must be strict JSON."""
+    sent: list[str] = []
+
+    def on_message(change) -> None:
+        if change["new"]:
+            json.dumps(change["new"], allow_nan=False)  # the widget protocol rejects NaN
+            sent.append(change["name"])
+
+    widget.observe(on_message, names=MESSAGES)
+    return sent
+
+
+def test_headless_explorer_makes_no_widget(explorer: Explorer):
+    figures = explorer.figures()
+    assert sorted(figures) == ["heatmap", "strip", "survival"]
+    assert all(type(f) is go.Figure for f in figures.values())
+    assert explorer.figure_widgets == {} and explorer._widget is None
+
+
+def test_the_figures_are_linked_figure_widgets(explorer: Explorer):
+    box = explorer.widget
+    assert "dsparklab-explorer" in box._dom_classes
+    for name, widget in explorer.figure_widgets.items():
+        assert isinstance(widget, go.FigureWidget)
+        json.dumps([widget._data, widget._layout], allow_nan=False)  # empty cells: null
+        assert FIGURE_CLASSES[name] in widget._dom_classes
+        # the widget shows exactly what the static builder draws for the same state
+        static = getattr(explorer, name)()
+        assert widget.layout.title.text == static.layout.title.text
+        assert [t.type for t in widget.data] == [t.type for t in static.data]
+    heatmap = explorer.figure_widgets["heatmap"]
+    assert "(n = 3 outlined)" in heatmap.layout.title.text
+    assert heatmap.data[0].name == "dspark · humaneval"
+
+
+def test_n_slider_updates_the_widgets_in_place(explorer: Explorer):
+    explorer.widget  # noqa: B018  (builds the widgets)
+    heatmap = explorer.figure_widgets["heatmap"]
+    sent = _listen(heatmap)
+    y0 = heatmap.layout.shapes[0].y0
+    explorer.n.value = 5
+    assert "(n = 5 outlined)" in heatmap.layout.title.text
+    assert heatmap.layout.shapes[0].y0 == y0 + 2, "the outline moved two rows (n 3 -> 5)"
+    assert explorer.figure_widgets["survival"].layout.title.text.endswith("at n = 5")
+    assert "n=5" in explorer.figure_widgets["strip"].layout.title.text
+    assert sent == ["_py2js_update"], "one batched update, no trace added or removed"
+    assert explorer.updates == {"heatmap": 1, "survival": 1, "strip": 1}
+    assert "n = 5" in explorer.status.value
+
+
+def test_view_method_and_dataset_controls(explorer: Explorer, frames):
+    by_position, _ = frames
+    explorer.widget  # noqa: B018
+    heatmap = explorer.figure_widgets["heatmap"]
+    explorer.view.value = "survival"
+    want = by_position.query("method == 'dspark' and dataset == 'humaneval' and n == 3")
+    assert list(heatmap.data[0].z[0][:3]) == pytest.approx(want["survival"].tolist())
+    assert heatmap.layout.coloraxis.colorbar.title.text == "survival"
+    explorer.method.value = "eagle3"
+    explorer.dataset.value = "prose"
+    assert heatmap.data[0].name == "eagle3 · prose"
+    want = by_position.query("method == 'eagle3' and dataset == 'prose' and n == 3")
+    assert list(heatmap.data[0].z[0][:3]) == pytest.approx(want["survival"].tolist())
+    assert explorer.request.options == tuple(explorer.requests())
+    strip_sent = _listen(explorer.figure_widgets["strip"])
+    explorer.request.value = explorer.request.options[-1]
+    assert explorer.request.value in explorer.figure_widgets["strip"].layout.title.text
+    assert strip_sent == ["_py2js_update"]
+
+
+def test_heatmap_click_selects_n_and_position(explorer: Explorer):
+    explorer.widget  # noqa: B018
+    heatmap = explorer.figure_widgets["heatmap"]
+    # row "6" (index 3 of n = 3..7), position 2: what plotly.js reports for a click
+    points = Points(point_inds=[(3, 2)], xs=[2], ys=["6"], trace_name="", trace_index=0)
+    heatmap.data[0]._dispatch_on_click(points, None)
+    assert explorer.n.value == 6 and explorer.state.position == 2
+    assert "(n = 6 outlined)" in heatmap.layout.title.text
+    (outline,) = explorer.figure_widgets["strip"].layout.shapes
+    assert (outline.y0, outline.y1) == (1.5, 2.5)
+    assert "position 2" in explorer.status.value
+
+
+def test_sync_figure_replaces_traces_when_they_do_not_line_up():
+    widget = go.FigureWidget(go.Figure(go.Scatter(x=[0, 1], y=[1, 2])))
+    widget.update_layout(annotations=[dict(text="old")])
+    sent = _listen(widget)
+    assert not sync_figure(widget, go.Figure([go.Bar(x=[0], y=[1]), go.Bar(x=[1], y=[2])]))
+    assert [t.type for t in widget.data] == ["bar", "bar"]
+    assert not widget.layout.annotations, "a key the new figure lacks is removed"
+    assert "_py2js_addTraces" in sent and "_py2js_deleteTraces" in sent
+    assert sync_figure(widget, go.Figure([go.Bar(x=[0], y=[5]), go.Bar(x=[1], y=[6])]))
+    assert widget.data[0].y == (5,)
+
+
+def test_bad_initial_values_are_named(frames):
+    with pytest.raises(UnknownMethodError, match="unknown explorer method 'medusa'"):
+        make_explorer_widget(*frames, method="medusa")
+    with pytest.raises(UnknownMethodError, match="view"):
+        make_explorer_widget(*frames, view="both")  # type: ignore[arg-type]
+
+
+def test_static_display_saves_the_three_figures(explorer: Explorer, tmp_path: Path):
+    explorer.display(interactive=False, out_dir=tmp_path)
+    assert sorted(p.stem for p in tmp_path.glob("*.json")) == [
+        "explorer_heatmap",
+        "explorer_strip",
+        "explorer_survival",
+    ]
+    assert explorer._widget is None

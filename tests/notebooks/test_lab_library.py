@@ -1,0 +1,224 @@
+"""Fast checks of the lab's library parts: colours, settings, builders, records, inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import plotly.io as pio
+import pytest
+from lab_synth import write_synthetic_run
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from dsparklab import analysis as A
+from dsparklab import plots as P
+from dsparklab.errors import ConfigError, DSparkLabError, TraceSchemaError, UnknownMethodError
+from dsparklab.notebook import (
+    MIMETYPE,
+    RUNS_ENV,
+    _plain,
+    figure_json,
+    front_end_attached,
+    load_published,
+    load_runs,
+    load_token_text,
+    read_records,
+    resolve_runs,
+)
+from dsparklab.plots.style import (
+    FALLBACK_COLORS,
+    METHOD_COLORS,
+    TEMPLATE_NAME,
+    method_color,
+    position_color,
+)
+
+
+def test_method_colours_are_fixed_and_unknown_ones_hashed():
+    assert method_color("dspark") == METHOD_COLORS["dspark"] != method_color("eagle3")
+    assert method_color("DSpark") == METHOD_COLORS["dspark"]
+    colours = {name: method_color(name) for name in ("medusa", "hydra", "lookahead", "mtp")}
+    assert all(c in FALLBACK_COLORS for c in colours.values())
+    # the same whatever else is plotted, and across processes (sha256, not hash())
+    assert (
+        method_color("medusa")
+        == colours["medusa"]
+        == FALLBACK_COLORS[
+            int.from_bytes(__import__("hashlib").sha256(b"medusa").digest()[:4], "big")
+            % len(FALLBACK_COLORS)
+        ]
+    )
+
+
+def test_position_colours_are_sequential_and_distinct():
+    colours = [position_color(i, 7) for i in range(7)]
+    assert len(set(colours)) == 7
+    assert position_color(0, 1) == position_color(0, 7)
+    assert TEMPLATE_NAME in pio.templates
+
+
+def test_settings_validate_keys_and_values():
+    assert P.settings["figure.height"] == 420
+    with pytest.raises(UnknownMethodError, match="figure.height"):
+        P.settings["figure.hieght"] = 3
+    with pytest.raises(ConfigError):
+        P.settings["figure.height"] = -1
+    P.settings["figure.height"] = 500
+    try:
+        fig = P.plot_survival_curves(pd.DataFrame({"position": [0], "survival": [0.5]}))
+        assert fig.layout.height == 500
+    finally:
+        P.settings.reset()
+    assert P.settings["figure.height"] == 420
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, pd.DataFrame]:
+    root = tmp_path_factory.mktemp("small")
+    for method in ("dspark", "eagle3"):
+        write_synthetic_run(
+            root, method=method, n=4, dataset="humaneval", n_requests=2, tokens_per_request=16
+        )
+    write_synthetic_run(
+        root, method="none", n=0, dataset="humaneval", n_requests=2, tokens_per_request=16
+    )
+    runs = load_runs(root)
+    return runs.positions, runs.steps
+
+
+def test_builders_draw_the_analysis_numbers(small):
+    positions, steps = small
+    by_position = A.compute_acceptance_by_position(
+        positions, steps=steps, by=("method", "n", "dataset"), n_boot=0
+    )
+    fig = P.plot_acceptance_heatmap(by_position, value="survival", highlight_n=4)
+    z = np.array(fig.data[0].z, dtype=float)  # [n, position] of the first panel (dspark)
+    want = by_position.query("method == 'dspark'").sort_values("position")["survival"]
+    np.testing.assert_allclose(z[0], want.to_numpy())
+    assert len(fig.layout.shapes) == 2, "the n row outlined in both panels"
+    assert [t.name for t in fig.data] == ["dspark · humaneval", "eagle3 · humaneval"]
+    with pytest.raises(UnknownMethodError, match="accept_rate, survival"):
+        P.plot_acceptance_heatmap(by_position, value="survivl")
+    with pytest.raises(TraceSchemaError, match="'n'"):
+        P.plot_acceptance_heatmap(by_position.drop(columns="n"))
+    empty = P.plot_acceptance_heatmap(by_position, methods=["medusa"])
+    assert "no drafted positions" in empty.layout.annotations[0].text
+
+
+def test_every_builder_returns_a_serialisable_figure(small):
+    positions, steps = small
+    by_position = A.compute_acceptance_by_position(
+        positions, steps=steps, by=("method", "n", "dataset"), n_boot=20
+    )
+    annotated = A.annotate_positions(positions, steps=steps)
+    model = A.compute_speedup_model(steps, by=("method", "dataset"), n_boot=0)
+    attribution = A.compute_markov_attribution(positions, steps=steps, by=("method", "n"))
+    half = positions.query("method == 'eagle3'")
+    diff = A.compute_regression_diff(half, half, level="position", n_boot=0)
+    figures = [
+        P.plot_survival_curves(by_position),
+        P.plot_request_strip(annotated, max_requests=1),
+        P.plot_window_scaling(model),
+        P.plot_draft_costs(model),
+        P.plot_published_comparison(model, load_published()),
+        P.plot_reliability(A.compute_reliability(positions, steps=steps, by="method")),
+        P.plot_calibration_metrics(A.compute_calibration(positions, steps=steps, by="method")),
+        P.plot_adaptive_whatif(A.compute_adaptive_verification(positions, by=("method", "n"))),
+        P.plot_flip_rates(attribution),
+        P.plot_markov_counterfactual(attribution),
+        P.plot_bias_distribution(
+            A.compute_markov_bias_distribution(positions, by="method"), facet="method"
+        ),
+        P.plot_position_deltas(diff),
+    ]
+    for fig in figures:
+        plain = figure_json(fig)
+        json.dumps(plain, allow_nan=False)  # what the Jupyter protocol accepts
+        assert plain["data"], fig.layout.title.text
+        assert fig.layout.meta["dsparklab_figure"]
+    # a run compared with itself: every delta is zero
+    assert np.allclose(diff["delta"].dropna(), 0.0)
+
+
+def test_strip_marks_accepted_rejected_not_reached(small):
+    positions, steps = small
+    annotated = A.annotate_positions(positions, steps=steps)
+    run = annotated["run_id"].iloc[0]
+    first = annotated.query("run_id == @run and request_id == 'req000'")
+    fig = P.plot_request_strip(annotated, request_ids="req000", run_id=run)
+    z = np.array(fig.data[0].z, dtype=float)  # [position, step]
+    mine = steps.loc[(steps["run_id"] == run) & (steps["request_id"] == "req000")]
+    accepted_len = mine.set_index("step")["accepted_len"]
+    for j, step in enumerate(sorted(first["step"].unique())):
+        accepted = int(accepted_len[step])
+        column = z[:, j]
+        assert (column[:accepted] == 2).all()
+        if accepted < len(column):
+            assert column[accepted] == 1 and (column[accepted + 1 :] == 0).all()
+
+
+def test_plain_values_and_read_records(tmp_path: Path):
+    frame = pd.DataFrame({"a": [1, 2], "b": [0.5, np.nan]})
+    assert _plain(frame) == [{"a": 1, "b": 0.5}, {"a": 2, "b": None}]
+    assert _plain({"x": np.float32(1.5), "y": [np.int64(3)]}) == {"x": 1.5, "y": [3]}
+    with pytest.raises(DSparkLabError, match="JSON-like"):
+        _plain(object())
+    nb = new_notebook(cells=[new_code_cell("x")])
+    nb.cells[0].outputs = [
+        new_output("display_data", data={MIMETYPE: {"name": "a", "value": 1}}),
+        new_output("display_data", data={"text/plain": "ignored"}),
+        new_output("display_data", data={MIMETYPE: {"name": "a", "value": [2, None]}}),
+    ]
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    assert read_records(path) == {"a": [2, None]}
+    with pytest.raises(DSparkLabError, match="no such notebook"):
+        read_records(tmp_path / "missing.ipynb")
+
+
+def test_resolve_runs_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "b"))
+    assert resolve_runs(tmp_path / "a") == (tmp_path / "a").resolve()
+    assert resolve_runs("") == (tmp_path / "b").resolve()
+    monkeypatch.delenv(RUNS_ENV)
+    with pytest.raises(TraceSchemaError, match="make demo"):
+        resolve_runs(tmp_path / "nope")
+    assert front_end_attached() is False, "not inside a kernel"
+
+
+def test_load_runs_errors_and_token_text(tmp_path: Path):
+    run = write_synthetic_run(
+        tmp_path, method="dspark", n=3, dataset="prose", n_requests=1, tokens_per_request=8
+    )
+    with pytest.raises(TraceSchemaError, match="no runs under"):
+        load_runs(tmp_path, methods=["eagle3"])
+    runs = load_runs(tmp_path)
+    assert load_token_text(runs) is str, "no tokenizer.json at the synthetic target path"
+    assert runs.runs["path"].tolist() == [str(run)]
+
+
+def test_published_table():
+    table = load_published()
+    assert set(table["method"]) == {"dspark", "eagle3"}
+    assert (table["label"] == "published").all()
+    k26 = table.query("target == 'Kimi-K2.6' and benchmark == 'mean6' and drafter == 'DSpark'")
+    assert k26.set_index("n")["speedup"].to_dict() == {3: 2.17, 7: 2.55}
+
+
+def test_token_labels_show_whitespace_and_escape_markup(small):
+    from dsparklab.plots.acceptance import visible_token
+
+    assert visible_token(" def\n") == "·def↵"
+    assert visible_token("<br>") == "&lt;br&gt;"
+    positions, steps = small
+    annotated = A.annotate_positions(positions, steps=steps)
+    fig = P.plot_request_strip(
+        annotated, max_requests=1, methods=["dspark"], token_labels=lambda t: f" t{t}"
+    )
+    labels = {label for row in fig.data[0].text for label in row if label}
+    assert labels and all(label.startswith("·t") for label in labels)

@@ -1,0 +1,143 @@
+"""The report builder: offline pages, figures, index with provenance, failures, the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from typer.testing import CliRunner
+
+from dsparklab.cli.app import app
+from dsparklab.report import ReportError, ReportResult, build_report, remote_resources
+from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
+from dsparklab.report.lab import LOOPBACK, lab_command
+from dsparklab.store import list_runs, read_run_json
+
+pytestmark = pytest.mark.notebooks
+
+_LINK = re.compile(r"""(?:href|src)="([^"#?]+)["#?]""")
+
+
+def test_every_page_opens_offline(report: ReportResult):
+    pages = [report.index, *(nb.html for nb in report.notebooks), *report.figures.html]
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert remote_resources(text) == [], page
+        assert not re.search(r"<script[^>]+src=[\"']https?:", text, re.I), page
+    plotlyjs = report.out / "figures" / PLOTLYJS_NAME
+    assert plotlyjs.is_file() and plotlyjs.stat().st_size > 1_000_000
+    for page in report.figures.html:
+        assert re.search(r"<script[^>]* src=\"../plotly.min.js\"", page.read_text(encoding="utf-8"))
+    notebook_page = report.notebooks[0].html.read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in notebook_page and "plotly.js v" in notebook_page.lower()
+
+
+def test_index_links_resolve_and_carry_provenance(report: ReportResult):
+    text = report.index.read_text(encoding="utf-8")
+    links = [link for link in _LINK.findall(text) if not link.startswith(("http", "mailto"))]
+    assert len(links) >= 6 + 2 * len(report.figures.html)
+    for link in links:
+        assert (report.out / link).exists(), link
+    runs = list_runs(report.runs)
+    for run_id in runs["run_id"]:
+        assert f"<td>{run_id}</td>" in text
+    target = read_run_json(runs["path"].iloc[0])["target"]
+    assert target["name"] == "tiny-target" and target["content_hash"].startswith("sha256:")
+    short = target["content_hash"].split(":", 1)[1][:12]
+    assert f"tiny-target @{short}" in text, "target name @ content hash"
+    assert set(runs["engine"]) == {"reference"}, "real reference-engine runs"
+    assert text.count('class="ok"') == len(report.notebooks)
+
+
+def test_pngs_where_chromium_is_found(report: ReportResult):
+    if find_chromium() is None:
+        assert report.figures.png == [] and "no Chrome/Chromium" in report.figures.png_message
+        return
+    assert report.figures.png_message == ""
+    assert len(report.figures.png) == len(report.figures.html) >= 20
+    for png in report.figures.png:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+
+
+def test_report_json(report: ReportResult):
+    meta = json.loads((report.out / "report.json").read_text())
+    assert meta["inputs"]["runs"].startswith("sha256:")
+    assert meta["parameters"] == {"N_BOOT": 50}
+    assert [nb["name"] for nb in meta["notebooks"]] == [nb.name for nb in report.notebooks]
+    assert all(nb["ok"] for nb in meta["notebooks"])
+    assert meta["provenance"]["packages"]["papermill"] != "not installed"
+
+
+def _tiny_notebook(body: str) -> nbformat.NotebookNode:
+    cells = [
+        new_markdown_cell("# tiny"),
+        new_code_cell("import dsparklab.notebook as nb\nFRONT_END = nb.setup()"),
+        new_code_cell('RUNS = ""\nOUT_DIR = ""'),
+        new_code_cell(body),
+    ]
+    cells[2].metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    return nb
+
+
+def test_a_failing_notebook_is_reported_and_the_rest_still_built(runs_dir: Path, tmp_path: Path):
+    notebooks = tmp_path / "nbs"
+    notebooks.mkdir()
+    nbformat.write(
+        _tiny_notebook('nb.record("runs", str(nb.resolve_runs(RUNS)))'), notebooks / "00_good.ipynb"
+    )
+    nbformat.write(
+        _tiny_notebook('raise ValueError("broken on purpose")'), notebooks / "01_bad.ipynb"
+    )
+    with pytest.raises(ReportError, match=r"1 of 2 notebooks failed: 01_bad: ValueError"):
+        build_report(runs_dir, tmp_path / "out", notebooks_dir=notebooks, png=False, progress=False)
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "failed: ValueError: broken on purpose" in index
+    assert (tmp_path / "out" / "00_good.html").is_file()
+    bad = (tmp_path / "out" / "01_bad.html").read_text()
+    assert "broken on purpose" in bad, "the exported page shows the traceback"
+
+
+def test_cli_report_one_notebook(runs_dir: Path, tmp_path: Path):
+    result = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "--runs",
+            str(runs_dir),
+            "--out",
+            str(tmp_path / "r"),
+            "--notebook",
+            "04_markov_attribution",
+            "--param",
+            "N_BOOT=20",
+            "--no-png",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "report: " in result.output and "1 notebooks, 3 figures, 0 PNG" in result.output
+    assert (tmp_path / "r" / "04_markov_attribution.html").is_file()
+    unknown = CliRunner().invoke(
+        app,
+        ["report", "--runs", str(runs_dir), "--out", str(tmp_path / "x"), "--notebook", "99_nope"],
+    )
+    assert unknown.exit_code != 0 and "99_nope" in str(unknown.exception or unknown.output)
+
+
+def test_lab_command_is_loopback_with_a_token():
+    command = lab_command(port=8899, token="abc123")
+    assert f"--ServerApp.ip={LOOPBACK}" in command
+    assert "--IdentityProvider.token=abc123" in command
+    assert "--ServerApp.open_browser=False" in command
+    assert any(
+        arg.startswith("--ServerApp.root_dir=") and arg.endswith("notebooks") for arg in command
+    )
