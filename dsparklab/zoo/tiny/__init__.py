@@ -1,4 +1,4 @@
-"""The tiny tier: a ~3M-parameter Qwen3 target and its DSpark and Eagle3 drafters."""
+"""The tiny tier: a 2.4M-parameter Qwen3 target and its DSpark and Eagle3 drafters."""
 
 from dsparklab.zoo.tiny.config import (
     DSPARK_NAME,
