@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 
 from dsparklab.errors import TraceSchemaError, UnknownMethodError
 from dsparklab.plots.settings import settings
+from dsparklab.plots.style import method_shade
 
 
 def require(frame: pd.DataFrame, columns: Iterable[str], *, what: str) -> None:
@@ -65,6 +66,33 @@ def label(parts: Mapping[str, Any]) -> str:
             continue
         out.append(f"n={value}" if key == "n" else str(value))
     return " · ".join(out)
+
+
+def method_window_lines(
+    data: pd.DataFrame, *, sort_by: str, default_method: str
+) -> Iterator[tuple[pd.DataFrame, str, str]]:
+    """``(line, color, name)`` per method, window n and dataset, each line sorted by ``sort_by``.
+
+    The color shades the method by the window; the name adds the dataset only when the
+    data holds several.
+    """
+    windows = levels(data, "n")
+    all_datasets = levels(data, "dataset")
+    for method in levels(data, "method"):
+        for k, window in enumerate(windows):
+            for dataset in all_datasets:
+                line = select(data, method=method, n=window, dataset=dataset).sort_values(sort_by)
+                if line.empty:
+                    continue
+                color = method_shade(method or default_method, k, len(windows))
+                name = label(
+                    {
+                        "method": method,
+                        "n": window,
+                        "dataset": dataset if len(all_datasets) > 1 else None,
+                    }
+                )
+                yield line, color, name
 
 
 def facet_grid(

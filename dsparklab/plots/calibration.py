@@ -21,6 +21,7 @@ from dsparklab.plots._common import (
     finish,
     label,
     levels,
+    method_window_lines,
     require,
     select,
 )
@@ -234,71 +235,56 @@ def plot_adaptive_whatif(
             "tokens per verified slot vs τ",
         ],
     )
-    windows = levels(data, "n")
-    all_datasets = levels(data, "dataset")
-    for method in levels(data, "method"):
-        for k, window in enumerate(windows):
-            for dataset in all_datasets:
-                line = select(data, method=method, n=window, dataset=dataset).sort_values("tau")
-                if line.empty:
-                    continue
-                color = method_shade(method or "", k, len(windows))
-                name = label(
-                    {
-                        "method": method,
-                        "n": window,
-                        "dataset": dataset if len(all_datasets) > 1 else None,
-                    }
-                )
-                hover = [f"τ={t:.2f}" for t in line["tau"]]
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["verified_per_step"],
-                        y=line["tokens_per_step"],
-                        mode="lines+markers",
-                        name=name,
-                        legendgroup=name,
-                        line=dict(color=color),
-                        marker=dict(size=5),
-                        text=hover,
-                        hovertemplate="%{text}<br>verified/step=%{x:.2f}<br>"
-                        "tokens/step=%{y:.2f}<extra>" + name + "</extra>",
+    for line, color, name in method_window_lines(data, sort_by="tau", default_method=""):
+        hover = [f"τ={t:.2f}" for t in line["tau"]]
+        fig.add_trace(
+            go.Scatter(
+                x=line["verified_per_step"],
+                y=line["tokens_per_step"],
+                mode="lines+markers",
+                name=name,
+                legendgroup=name,
+                line=dict(color=color),
+                marker=dict(size=5),
+                text=hover,
+                hovertemplate="%{text}<br>verified/step=%{x:.2f}<br>"
+                "tokens/step=%{y:.2f}<extra>" + name + "</extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        if "tokens_per_step_full" in line:
+            fig.add_trace(
+                go.Scatter(
+                    x=line["verified_per_step_full"].iloc[:1],
+                    y=line["tokens_per_step_full"].iloc[:1],
+                    mode="markers",
+                    marker=dict(
+                        symbol="star",
+                        size=13,
+                        color=color,
+                        line=dict(color="#212529", width=1),
                     ),
-                    row=1,
-                    col=1,
-                )
-                if "tokens_per_step_full" in line:
-                    fig.add_trace(
-                        go.Scatter(
-                            x=line["verified_per_step_full"].iloc[:1],
-                            y=line["tokens_per_step_full"].iloc[:1],
-                            mode="markers",
-                            marker=dict(
-                                symbol="star",
-                                size=13,
-                                color=color,
-                                line=dict(color="#212529", width=1),
-                            ),
-                            name=f"{name}: verify all",
-                            legendgroup=name,
-                            showlegend=False,
-                        ),
-                        row=1,
-                        col=1,
-                    )
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["tau"],
-                        y=line["tokens_per_verified"],
-                        mode="lines",
-                        name=name,
-                        legendgroup=name,
-                        showlegend=False,
-                        line=dict(color=color),
-                    ),
-                    row=1,
-                    col=2,
-                )
+                    name=f"{name}: verify all",
+                    legendgroup=name,
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=line["tau"],
+                y=line["tokens_per_verified"],
+                mode="lines",
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                line=dict(color=color),
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_xaxes(title_text="verified positions per step", row=1, col=1)
     fig.update_yaxes(title_text="tokens per step", row=1, col=1)
     fig.update_xaxes(title_text="threshold τ on ∏ c_j", range=[0, 1], row=1, col=2)

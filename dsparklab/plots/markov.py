@@ -12,7 +12,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dsparklab.plots._common import empty_figure, finish, label, levels, require, select
+from dsparklab.plots._common import (
+    empty_figure,
+    finish,
+    label,
+    levels,
+    method_window_lines,
+    require,
+    select,
+)
 from dsparklab.plots.style import ACCEPT_COLORS, method_shade
 
 _EMPTY = "no Markov head in this selection (DSpark runs only)"
@@ -53,61 +61,36 @@ def plot_flip_rates(
             "accepted | reached: flipped (solid), not (dotted)",
         ],
     )
-    windows = levels(data, "n")
-    all_datasets = levels(data, "dataset")
-    for method in levels(data, "method"):
-        for k, window in enumerate(windows):
-            for dataset in all_datasets:
-                line = select(data, method=method, n=window, dataset=dataset)
-                line = line.sort_values("position")
-                if line.empty:
-                    continue
-                color = method_shade(method or "dspark", k, len(windows))
-                name = label(
-                    {
-                        "method": method,
-                        "n": window,
-                        "dataset": dataset if len(all_datasets) > 1 else None,
-                    }
-                )
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["position"],
-                        y=line["flip_rate"],
-                        mode="lines+markers",
-                        name=name,
-                        legendgroup=name,
-                        line=dict(color=color),
-                    ),
-                    row=1,
-                    col=1,
-                )
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["position"],
-                        y=line["accept_rate_flip"],
-                        mode="lines+markers",
-                        name=f"{name} flipped",
-                        legendgroup=name,
-                        showlegend=False,
-                        line=dict(color=color),
-                    ),
-                    row=1,
-                    col=2,
-                )
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["position"],
-                        y=line["accept_rate_noflip"],
-                        mode="lines",
-                        name=f"{name} not flipped",
-                        legendgroup=name,
-                        showlegend=False,
-                        line=dict(color=color, dash="dot"),
-                    ),
-                    row=1,
-                    col=2,
-                )
+    for line, color, name in method_window_lines(data, sort_by="position", default_method="dspark"):
+        fig.add_trace(
+            go.Scatter(
+                x=line["position"],
+                y=line["flip_rate"],
+                mode="lines+markers",
+                name=name,
+                legendgroup=name,
+                line=dict(color=color),
+            ),
+            row=1,
+            col=1,
+        )
+        for column, suffix, mode, line_style in (
+            ("accept_rate_flip", "flipped", "lines+markers", dict(color=color)),
+            ("accept_rate_noflip", "not flipped", "lines", dict(color=color, dash="dot")),
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=line["position"],
+                    y=line[column],
+                    mode=mode,
+                    name=f"{name} {suffix}",
+                    legendgroup=name,
+                    showlegend=False,
+                    line=line_style,
+                ),
+                row=1,
+                col=2,
+            )
     fig.update_xaxes(title_text="draft position", dtick=1)
     fig.update_yaxes(rangemode="tozero", col=1)
     fig.update_yaxes(range=[0, 1.02], col=2)

@@ -937,101 +937,88 @@ def _wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
     return _sample_logits
 
 
-def _v2_tap(spec: Any) -> SpecTap | None:
-    if _TAP_ATTR in spec.__dict__:
-        return _tap_of(spec)
-    # Eagle3 and other non-DSpark speculators: token + acceptance taps, made on first use
+def _lazy_tap(owner: Any, model_runner: str, wanted: Callable[[], bool]) -> SpecTap | None:
+    """The tap kept on ``owner``, made on first use (None, kept too, when not ``wanted``)."""
+    if _TAP_ATTR in owner.__dict__:
+        return _tap_of(owner)
     tap = None
     try:
-        tap = _make_tap(
-            spec.vllm_config,
-            max_num_reqs=int(spec.max_num_reqs),
-            device=torch.device(spec.device),
-            model_runner="v2",
-            buffers=False,
-        )
+        if wanted():
+            tap = _make_tap(
+                owner.vllm_config,
+                max_num_reqs=int(owner.max_num_reqs),
+                device=torch.device(owner.device),
+                model_runner=model_runner,
+                buffers=False,
+            )
     except Exception as err:
         logger.error("dsparklab: could not attach the taps (%s); tracing is off", err)
-    spec.__dict__[_TAP_ATTR] = tap
+    owner.__dict__[_TAP_ATTR] = tap
     return tap
 
 
-def _wrap_v2_propose(original: Callable[..., Any]) -> Callable[..., Any]:
+def _v2_tap(spec: Any) -> SpecTap | None:
+    # Eagle3 and other non-DSpark speculators: token + acceptance taps, made on first use
+    return _lazy_tap(spec, "v2", lambda: True)
+
+
+def _v1_tap(runner: Any) -> SpecTap | None:
+    return _lazy_tap(runner, "v1", lambda: getattr(runner, "drafter", None) is not None)
+
+
+def _wrap_propose(
+    original: Callable[..., Any],
+    where: str,
+    get_tap: Callable[[Any], SpecTap | None],
+    before: Callable[[SpecTap, Any, dict[str, Any]], HostSlot | None],
+    check: Callable[[Any], None] | None = None,
+) -> Callable[..., Any]:
+    """Wrap a propose method: copy what verification sees before it, the drafts after it."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tap = _v2_tap(self)
+        tap = get_tap(self)
         if tap is None:
             return original(self, *args, **kwargs)
         slot = None
         try:
             bound = signature.bind(self, *args, **kwargs)
             with torch.inference_mode():
-                slot = tap.before_v2(bound.arguments)
+                slot = before(tap, self, bound.arguments)
         except Exception as err:
-            tap.fail("propose (verification copy)", err)
-            slot = None
+            tap.fail(f"{where} (verification copy)", err)
         out = original(self, *args, **kwargs)
         if slot is not None and tap.active:
             try:
+                if check is not None:
+                    check(out)
                 with torch.inference_mode():
                     tap.after(slot, out)
             except Exception as err:
-                tap.fail("propose (draft copy)", err)
+                tap.fail(f"{where} (draft copy)", err)
         return out
 
     return propose
 
 
-def _v1_tap(runner: Any) -> SpecTap | None:
-    if _TAP_ATTR in runner.__dict__:
-        return _tap_of(runner)
-    tap = None
-    try:
-        if getattr(runner, "drafter", None) is not None:
-            tap = _make_tap(
-                runner.vllm_config,
-                max_num_reqs=int(runner.max_num_reqs),
-                device=torch.device(runner.device),
-                model_runner="v1",
-                buffers=False,
-            )
-    except Exception as err:
-        logger.error("dsparklab: could not attach the taps (%s); tracing is off", err)
-    runner.__dict__[_TAP_ATTR] = tap
-    return tap
+def _wrap_v2_propose(original: Callable[..., Any]) -> Callable[..., Any]:
+    return _wrap_propose(original, "propose", _v2_tap, lambda tap, _self, args: tap.before_v2(args))
+
+
+def _check_draft_tensor(out: Any) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise DSparkLabError(f"expected a tensor of draft tokens, got {type(out).__name__}")
 
 
 def _wrap_v1_propose(original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tap = _v1_tap(self)
-        if tap is None:
-            return original(self, *args, **kwargs)
-        slot = None
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-            with torch.inference_mode():
-                slot = tap.before_v1(self, bound.arguments)
-        except Exception as err:
-            tap.fail("propose_draft_token_ids (verification copy)", err)
-        out = original(self, *args, **kwargs)
-        if slot is not None and tap.active:
-            try:
-                if not isinstance(out, torch.Tensor):
-                    raise DSparkLabError(
-                        f"expected a tensor of draft tokens, got {type(out).__name__}"
-                    )
-                with torch.inference_mode():
-                    tap.after(slot, out)
-            except Exception as err:
-                tap.fail("propose_draft_token_ids (draft copy)", err)
-        return out
-
-    return propose_draft_token_ids
+    return _wrap_propose(
+        original,
+        "propose_draft_token_ids",
+        _v1_tap,
+        lambda tap, runner, args: tap.before_v1(runner, args),
+        _check_draft_tensor,
+    )
 
 
 def _wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
