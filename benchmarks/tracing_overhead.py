@@ -2,7 +2,9 @@
 
 For each configuration (default DSpark n=3 and n=7, Eagle3 n=7, target-only), the
 traced and untraced engines decode the same prompts, interleaved within one run.
-Overhead = traced wall time / untraced wall time - 1 (goal <= 3 %). The "store" column
+Overhead = traced time / untraced time - 1 (goal <= 3 %), from each prompt's best
+round, in this thread's CPU time (what tracing costs, insensitive to other processes
+competing for the cores) and in wall time (plus the all-rounds wall figure). The "store" column
 adds what writing those rows through the TraceWriter costs (parquet, fsync) per request,
 measured separately on the rows the traced runs produced.
 
@@ -38,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=8, help="prompts per set")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--configs", default=CONFIGS, help="comma list of METHOD-nK / none")
-    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid")
+    parser.add_argument("--rounds", type=int, default=5, help="repetitions of the grid")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--target", default="tiny-target")
     parser.add_argument("--dspark", default="tiny-dspark")
@@ -111,18 +113,22 @@ def main(argv: list[str] | None = None) -> int:
     timings["trace"] = timings["label"].str.split("/").str[1]
     rows = []
     for config, group in timings.groupby("config", sort=False):
-        wide = group.pivot_table(index=["round", "prompt"], columns="trace", values="wall_time_s")
-        per_request = group[group["trace"] == "on"]["wall_time_s"].mean()
+        # each prompt's best round: robust to other processes on a shared machine
+        best = group.groupby(["prompt", "trace"])[["wall_time_s", "cpu_time_s"]].min()
+        wall = best["wall_time_s"].unstack("trace")
+        cpu = best["cpu_time_s"].unstack("trace")
+        means = group.groupby("trace")["wall_time_s"].sum()
         store = store_cost(engines[f"{config}/on"], prompts)
         rows.append(
             {
                 "config": config,
-                "off s/req": wide["off"].mean(),
-                "on s/req": wide["on"].mean(),
-                "overhead": wide["on"].sum() / wide["off"].sum() - 1,
-                "median pair": (wide["on"] / wide["off"]).median() - 1,
+                "off s/req": wall["off"].mean(),
+                "on s/req": wall["on"].mean(),
+                "overhead (CPU)": cpu["on"].sum() / cpu["off"].sum() - 1,
+                "overhead (wall)": wall["on"].sum() / wall["off"].sum() - 1,
+                "overhead (wall, means)": means["on"] / means["off"] - 1,
                 "store s/req": store,
-                "store share": store / per_request,
+                "store share": store / wall["on"].mean(),
             }
         )
     table = pd.DataFrame(rows)
@@ -132,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     shown = table.copy()
-    for column in ("overhead", "median pair", "store share"):
+    for column in ("overhead (CPU)", "overhead (wall)", "overhead (wall, means)", "store share"):
         shown[column] = shown[column].map(lambda v: f"{100 * v:+.1f}%")
     print(markdown_table(shown, digits=4))
     print()
-    worst = table["overhead"].max()
-    status = "met" if worst <= GOAL else "NOT met"
-    print(f"goal tracing overhead <= {100 * GOAL:.0f}%: worst {100 * worst:+.1f}% ({status})")
+    for column in ("overhead (CPU)", "overhead (wall)"):
+        worst = table[column].max()
+        status = "met" if worst <= GOAL else "NOT met"
+        print(f"goal tracing {column} <= {100 * GOAL:.0f}%: worst {100 * worst:+.1f}% ({status})")
     return 0
 
 

@@ -16,6 +16,7 @@ table reports when one does not).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -52,7 +53,9 @@ def time_interleaved(
     Returns
     -------
     pandas.DataFrame
-        One row per (label, round, prompt): ``wall_time_s``, ``num_tokens``,
+        One row per (label, round, prompt): ``wall_time_s``, ``cpu_time_s`` (this
+        thread's CPU time: insensitive to other processes competing for cores),
+        ``num_tokens``,
         ``num_steps``, ``num_accepted``, ``accepted_per_pos`` and ``output`` (the tokens).
     """
     labels = list(engines)
@@ -66,13 +69,16 @@ def time_interleaved(
             for prompt_index, prompt in enumerate(prompts):
                 shift = (round_index + prompt_index) % len(labels)
                 for label in labels[shift:] + labels[:shift]:
+                    cpu = time.thread_time()
                     result = engines[label].generate(prompt, request_id=f"p{prompt_index}")
+                    cpu = time.thread_time() - cpu
                     rows.append(
                         {
                             "label": label,
                             "round": round_index,
                             "prompt": prompt_index,
                             "wall_time_s": result.wall_time_s,
+                            "cpu_time_s": cpu,
                             "num_tokens": len(result.output_token_ids),
                             "num_steps": result.stats.num_steps,
                             "num_accepted": result.stats.num_accepted,

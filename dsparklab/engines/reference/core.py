@@ -33,9 +33,10 @@ from typing import Any, NamedTuple
 import torch
 
 from dsparklab.engines.reference.config import ReferenceConfig
-from dsparklab.engines.reference.markov import map_draft_to_target
+from dsparklab.engines.reference.markov import argmax_last, map_draft_to_target
 from dsparklab.engines.reference.metrics import DraftStats
 from dsparklab.engines.reference.models import (
+    TRACE_FIELDS,
     ContextUpdate,
     Drafter,
     Proposal,
@@ -130,7 +131,7 @@ def verify_greedy(
     position i is accepted iff :math:`d_{j+1} = t_j` for all :math:`j \le i`; the bonus
     is :math:`t_a` for accepted length :math:`a`.
     """
-    choices = target_logits.argmax(dim=-1).tolist()
+    choices = argmax_last(target_logits).tolist()
     accepted = 0
     while accepted < len(draft_tokens) and draft_tokens[accepted] == choices[accepted]:
         accepted += 1
@@ -290,7 +291,8 @@ class ReferenceEngine:
             generator = torch.Generator().manual_seed(request_seed(cfg.seed, request_id))
         stats = DraftStats.new(n)
         steps: list[StepRecord] = []
-        positions: list[PositionRecord] = []
+        # (step, drafted tokens, per-position values, verdict) of every traced step
+        pending: list[tuple[int, list[int], dict[str, torch.Tensor], Verdict]] = []
 
         started = time.perf_counter()
         self.target.reset()
@@ -348,8 +350,9 @@ class ReferenceEngine:
                 steps.append(
                     StepRecord(step, context_len, n, n, accepted, tock - tick, done - tock)
                 )
-                positions.extend(self._position_records(step, proposal, verdict))
+                pending.append((step, proposal.tokens, proposal.values, verdict))
             step += 1
+        positions = self._position_records(pending) if pending else []
         wall = time.perf_counter() - started
         return Generation(
             request_id=request_id,
@@ -373,49 +376,37 @@ class ReferenceEngine:
         out[:, map_draft_to_target(columns, d2t)] = probs
         return out
 
+    @staticmethod
     def _position_records(
-        self, step: int, proposal: Proposal, verdict: Verdict
+        pending: list[tuple[int, list[int], dict[str, torch.Tensor], Verdict]],
     ) -> list[PositionRecord]:
-        """The step's position rows (one small tensor, one ``tolist`` per kind of value)."""
-        n = len(proposal.tokens)
-        ids = proposal.draft_ids.unsqueeze(-1)  # [n, 1]
-
-        def logprob(logits: torch.Tensor) -> torch.Tensor:  # [n, V] -> [n]
-            if self.config.temperature:
-                logits = logits / self.config.temperature
-            return (logits.gather(-1, ids) - torch.logsumexp(logits, -1, keepdim=True))[:, 0]
-
-        draft_lp = logprob(proposal.logits.float())
-        none = [None] * n
-        base_lp = bias = norm = flip = conf = none
-        markov = proposal.markov
-        if markov is None or proposal.base_logits is None:
-            draft_lp_list = draft_lp.tolist()
-        else:
-            base = proposal.base_logits.float()
-            columns = [draft_lp, logprob(base), markov.bias_at_token[0], markov.bias_norm[0]]
-            if markov.confidence is not None:
-                columns.append(markov.confidence[0].float())
-            values = torch.stack(columns).tolist()
-            draft_lp_list, base_lp, bias, norm = values[:4]
-            conf = values[4] if len(values) > 4 else none
-            # greedy drafts are the final argmax already; sampled ones are not
-            final = proposal.logits.argmax(-1) if self.config.temperature else ids[:, 0]
-            flip = (base.argmax(-1) != final).tolist()
-        accepted = verdict.accepted_len
-        return [
-            PositionRecord(
-                step,
-                i,
-                proposal.tokens[i],
-                verdict.target_tokens[i],
-                i < accepted,
-                draft_lp_list[i],
-                base_lp[i],
-                bias[i],
-                norm[i],
-                flip[i],
-                conf[i],
+        """All position rows of a request (one ``tolist`` per field for the whole request)."""
+        columns: dict[str, list[Any]] = {}
+        total = sum(len(tokens) for _, tokens, _, _ in pending)
+        for name in TRACE_FIELDS:
+            parts = [values[name] for _, _, values, _ in pending if name in values]
+            columns[name] = (
+                torch.cat(parts).tolist() if len(parts) == len(pending) else [None] * total
             )
-            for i in range(n)
-        ]
+        draft_lp, base_lp, bias, norm, flip, conf = (columns[name] for name in TRACE_FIELDS)
+        records = []
+        index = 0
+        for step, tokens, _, verdict in pending:
+            for i, token in enumerate(tokens):
+                records.append(
+                    PositionRecord(
+                        step,
+                        i,
+                        token,
+                        verdict.target_tokens[i],
+                        i < verdict.accepted_len,
+                        draft_lp[index],
+                        base_lp[index],
+                        bias[index],
+                        norm[index],
+                        flip[index],
+                        conf[index],
+                    )
+                )
+                index += 1
+        return records

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from dsparklab.errors import ConfigError
@@ -147,7 +148,18 @@ class MarkovStepResult:
 
     def flip(self, base_logits: torch.Tensor) -> torch.Tensor:
         """``[R, N]`` whether the bias changed the argmax: argmax(base) != argmax(final)."""
-        return base_logits.argmax(dim=-1) != self.logits.argmax(dim=-1)
+        return argmax_last(base_logits) != argmax_last(self.logits)
+
+
+def argmax_last(x: torch.Tensor) -> torch.Tensor:
+    """Index of the first maximum along the last dimension (``torch.argmax`` semantics).
+
+    On CPU this goes through numpy: torch's CPU argmax over a few rows of a 4k vocabulary
+    costs ~50 us, numpy's ~4 us, which matters when it runs n + 1 times per step.
+    """
+    if x.device.type == "cpu" and not x.requires_grad and x.dtype != torch.bfloat16:
+        return torch.from_numpy(np.asarray(np.argmax(x.numpy(), axis=-1)))
+    return x.argmax(dim=-1)
 
 
 def map_draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
@@ -209,7 +221,7 @@ def dspark_markov_step(
         bias = embed @ w2_t  # [R, V_draft]
         logits_i = base_logits[:, i] + bias
         if temperature == 0.0:
-            draft_i = logits_i.argmax(dim=-1)
+            draft_i = argmax_last(logits_i)
         else:
             probs = torch.softmax(logits_i.double() / temperature, dim=-1)
             draft_i = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
