@@ -36,6 +36,22 @@ logger = logging.getLogger(__name__)
 _CPU_ATTENTION = ("sdpa", "eager")
 
 
+def _target_layer_ids(model: torch.nn.Module, field: str, kind: str) -> tuple[int, ...]:
+    """The target layers a drafter reads, from config ``field``; refuse what we cannot run."""
+    ids = getattr(model.config, field, None)
+    if not ids:
+        raise ConfigError(
+            f"{kind} drafter config has no {field}; save the checkpoint with the target "
+            "layer ids it was trained on"
+        )
+    if getattr(model, "sliding_window_indices", None):
+        raise ConfigError(
+            f"{kind} drafter has sliding-window layers; the reference engine runs "
+            "full-attention drafters only"
+        )
+    return tuple(int(i) for i in ids)
+
+
 # --------------------------------------------------------------------------------------
 # target
 # --------------------------------------------------------------------------------------
@@ -235,23 +251,12 @@ class DSparkDrafter:
     def __init__(self, model: torch.nn.Module) -> None:
         config: Any = model.config
         self.model: Any = cast(Any, model)
-        ids = getattr(config, "aux_hidden_state_layer_ids", None)
-        if not ids:
-            raise ConfigError(
-                "DSpark drafter config has no aux_hidden_state_layer_ids; it cannot be "
-                "fed target hidden states"
-            )
-        self.target_layer_ids = tuple(int(i) for i in ids)
+        self.target_layer_ids = _target_layer_ids(model, "aux_hidden_state_layer_ids", "DSpark")
         self.sample_from_anchor = bool(getattr(config, "sample_from_anchor", True))
         if getattr(config, "mask_token_id", None) is None:
             raise ConfigError("DSpark drafter config has no mask_token_id; save it with one")
         self.mask_token_id = int(config.mask_token_id)
         self.block_size = int(getattr(config, "block_size", 0) or 0)
-        if getattr(model, "sliding_window_indices", None):
-            raise ConfigError(
-                "DSpark drafter has sliding-window layers; the reference engine runs "
-                "full-attention drafters only"
-            )
         self.head = MarkovHeadWeights.from_drafter(model)
         self.draft_to_target = _draft_to_target(model)
         self.draft_vocab_size = int(self.model.lm_head.weight.shape[0])
@@ -397,13 +402,9 @@ class Eagle3Drafter:
     def __init__(self, model: torch.nn.Module) -> None:
         config: Any = model.config
         self.model: Any = cast(Any, model)
-        ids = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
-        if not ids:
-            raise ConfigError(
-                "Eagle3 drafter config has no eagle_aux_hidden_state_layer_ids; save the "
-                "checkpoint with the target layer ids it was trained on"
-            )
-        self.target_layer_ids = tuple(int(i) for i in ids)
+        self.target_layer_ids = _target_layer_ids(
+            model, "eagle_aux_hidden_state_layer_ids", "Eagle3"
+        )
         self.norm_output = bool(getattr(config, "norm_output", False))
         layer_config = config.transformer_layer_config
         if getattr(layer_config, "_attn_implementation", None) not in _CPU_ATTENTION:
@@ -412,11 +413,6 @@ class Eagle3Drafter:
                 getattr(layer_config, "_attn_implementation", None),
             )
             layer_config._attn_implementation = "sdpa"
-        if getattr(model, "sliding_window_indices", None):
-            raise ConfigError(
-                "Eagle3 drafter has sliding-window layers; the reference engine runs "
-                "full-attention drafters only"
-            )
         self.draft_to_target = _draft_to_target(model)
         self.draft_vocab_size = int(self.model.lm_head.weight.shape[0])
         self.cache: DynamicCache = DynamicCache()
