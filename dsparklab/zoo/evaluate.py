@@ -35,11 +35,14 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def greedy_continuation(model: Any, prompt_ids: Sequence[int], gen_len: int) -> list[int]:  # noqa: D401
-    """Greedy (argmax) continuation of one unpadded prompt, ``gen_len`` tokens, EOS ignored.
+def greedy_continuation(
+    model: Any, prompt_ids: Sequence[int], gen_len: int, *, eos_token_id: int | None = None
+) -> list[int]:
+    """Greedy (argmax) continuation of one unpadded prompt, ``gen_len`` tokens.
 
-    Pure argmax with a KV cache, no padding, no stopping: the reference the engines'
-    greedy outputs are compared with.
+    Pure argmax with a KV cache, no padding: the reference the engines' greedy outputs
+    are compared with. EOS is ignored unless ``eos_token_id`` is given, in which case
+    the continuation ends with it.
     """
     from transformers import DynamicCache
 
@@ -50,6 +53,8 @@ def greedy_continuation(model: Any, prompt_ids: Sequence[int], gen_len: int) -> 
     for step in range(gen_len):
         token = int(out.logits[0, -1].argmax())
         generated.append(token)
+        if token == eos_token_id:
+            break
         if step + 1 < gen_len:
             out = model(
                 input_ids=torch.tensor([[token]]),
@@ -133,11 +138,11 @@ def dspark_block_correct(
         raise ValueError(
             f"sequence of {total} tokens leaves no anchor after a {prompt_len}-token prompt"
         )
-    aux, last, _ = capture_hidden_states(target, x, drafter.target_layer_ids)
+    aux, last, target_logits = capture_hidden_states(target, x, drafter.target_layer_ids)
     loss_mask = torch.zeros(1, total, dtype=torch.long)
     loss_mask[0, prompt_len:] = 1
     num_anchors = valid if max_anchors is None else min(valid, max_anchors)
-    hidden, logits, targets, _, block_idx = drafter._backbone_forward(
+    hidden, logits, verifier_logits, _, block_idx = drafter._backbone_forward(
         aux,
         x,
         loss_mask,
@@ -162,8 +167,17 @@ def dspark_block_correct(
             else hidden
         )
         confidence = torch.sigmoid(drafter.confidence_head(features))
-    correct = logits.argmax(-1) == targets.view(num_anchors, block, -1).argmax(-1)
+    # Compared in target ids: a draft vocabulary cannot hit a target argmax outside it.
+    drafted = draft_to_target(drafter, logits.argmax(-1))
+    want = target_logits[0].argmax(-1)[block_idx].view(num_anchors, block)
+    correct = drafted == want
     return correct.numpy(), confidence.float().numpy()
+
+
+def draft_to_target(drafter: Any, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Draft-vocabulary ids -> target ids (``id + d2t[id]``; identity without a draft vocab)."""
+    d2t = getattr(drafter, "d2t", None)
+    return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
 
 
 @torch.no_grad()
@@ -198,7 +212,7 @@ def eagle3_start_correct(
         raise ValueError(f"sequence of {total} tokens leaves no start for max_n={max_n}")
     correct = np.zeros((len(starts), max_n), dtype=bool)
     for k in range(max_n):
-        drafted = draft_tokens[k][0]
+        drafted = draft_to_target(drafter, draft_tokens[k][0])
         for row, t in enumerate(starts):
             correct[row, k] = bool(drafted[t] == want[t + k])
     return correct

@@ -17,7 +17,7 @@ import pytest
 from dsparklab.report import ReportError, ReportResult, build_report
 
 # Small parameters: the notebooks' point estimates do not depend on them.
-TEST_PARAMETERS = {"N_BOOT": 50}
+TEST_PARAMETERS = {"N_BOOT": 50, "SHIPPED": False, "TIERS": []}
 EXPECTED_NOTEBOOKS = (
     "00_explorer",
     "01_acceptance_heatmaps",

@@ -24,7 +24,7 @@ from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
 from dsparklab.engines.reference.config import ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
 from dsparklab.engines.reference.metrics import DraftStats
-from dsparklab.prompts import Prompt, load_prompts
+from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import hash_path, provenance
 from dsparklab.store import TraceWriter, new_run_json
 
@@ -106,17 +106,6 @@ class ModelSet:
             path = self._resolve_drafter(method).path
             self._drafters[method] = loader(path, target_path=self.target_ref.path)
         return self._drafters[method]
-
-
-def encode_prompt(tokenizer: Any, prompt: Prompt, max_len: int) -> list[int]:
-    """Token ids of a prompt, left-truncated to ``max_len`` (logged) when too long."""
-    ids = list(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
-    if len(ids) > max_len:
-        logger.warning(
-            "prompt %s has %d tokens; keeping the last %d", prompt.prompt_id, len(ids), max_len
-        )
-        ids = ids[-max_len:]
-    return ids
 
 
 def collect_run(

@@ -45,7 +45,7 @@ from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
 from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
 from dsparklab.errors import ConfigError, DSparkLabError
-from dsparklab.prompts import Prompt, load_prompts
+from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import hash_path, provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 
@@ -424,16 +424,6 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _encode(tokenizer: Any, prompt: Prompt, max_len: int) -> list[int]:
-    ids = list(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
-    if len(ids) > max_len:
-        logger.warning(
-            "prompt %s has %d tokens; keeping the last %d", prompt.prompt_id, len(ids), max_len
-        )
-        ids = ids[-max_len:]
-    return ids
-
-
 def _run_json(
     spec: RunSpec,
     target: ModelRef,
@@ -649,7 +639,7 @@ def _collect_engine(
             collected: list[tuple[RunSpec, list[CollectedRequest], DraftStats]] = []
             for spec in specs:
                 prompts = prompt_sets[spec.dataset]
-                ids = [_encode(tokenizer, p, max_len) for p in prompts]
+                ids = [encode_prompt(tokenizer, p, max_len) for p in prompts]
                 before = stats_from_vllm_metrics(llm.get_metrics(), n)
                 outputs = llm.generate(
                     [TokensPrompt(prompt_token_ids=i) for i in ids], sampling, use_tqdm=progress

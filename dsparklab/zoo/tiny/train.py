@@ -371,11 +371,14 @@ def _val_loss(model: Any, val_ids: np.ndarray, seq_len: int, max_windows: int = 
 class DraftData:
     """The drafters' training set: sequences and the target's hidden states over them."""
 
-    input_ids: torch.Tensor  # [N, T]
-    aux: torch.Tensor  # [N, T, len(layer_ids) * H]
-    last: torch.Tensor  # [N, T, H]
+    input_ids: torch.Tensor | list[torch.Tensor]  # [N, T], or N ragged [T_i]
+    aux: torch.Tensor | list[torch.Tensor]  # [N, T, len(layer_ids) * H]
+    last: torch.Tensor | list[torch.Tensor]  # [N, T, H]
     layer_ids: tuple[int, ...]
     prefix_len: int
+    # Per sequence, the first position whose token is a training target (chat answers
+    # start after the prompt); None: every position.
+    loss_start: list[int] | None = None
 
 
 @torch.no_grad()
@@ -421,21 +424,24 @@ def _pack(
 ) -> dict[str, torch.Tensor]:
     """Pack sequences into one [1, total] batch with document ids and per-doc positions.
 
+    Hidden states stored in bf16 (the smol tier's) are widened to float32 here.
     ``shift`` applies speculators' Eagle3 ``shift_batch`` per sequence (token t+1 with
     hidden t, positions from 1). ``mask_head``/``mask_tail`` zero the loss mask on each
     document's first/last positions so no target or block crosses a document boundary.
     """
     ids, aux, last, docs, pos, mask = [], [], [], [], [], []
     for doc, row in enumerate(rows):
-        x, h, y = data.input_ids[row], data.aux[row], data.last[row]
+        x, h, y = data.input_ids[row], data.aux[row].float(), data.last[row].float()
         if shift:
             x, h, y = x[1:], h[:-1], y[1:]
             p = torch.arange(1, len(x) + 1)
         else:
             p = torch.arange(len(x))
         m = torch.ones(len(x), dtype=torch.long)
-        if mask_head:
-            m[:mask_head] = 0
+        # The last prompt token is the first anchor of an answer, hence the -1.
+        head = max(mask_head, data.loss_start[row] - 1 if data.loss_start else 0)
+        if head:
+            m[:head] = 0
         if mask_tail:
             m[-mask_tail:] = 0
         ids.append(x)
@@ -552,8 +558,14 @@ def train_dspark(
     mask_token_id: int,
     *,
     autocast_bf16: bool = False,
+    name: str = DSPARK_NAME,
+    vocab: VocabMapping | None = None,
 ) -> tuple[Any, StageReport]:
-    """Train the DSpark drafter on the draft data; save it in speculators format."""
+    """Train the DSpark drafter on the draft data; save it in speculators format.
+
+    ``vocab`` restricts the drafter to a draft vocabulary (its lm_head rows are the
+    target's rows ``t2d``; vLLM maps drafted ids back with ``d2t``).
+    """
     from speculators.config import SpeculatorsConfig
     from speculators.losses import resolve_loss_config
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
@@ -573,7 +585,7 @@ def train_dspark(
     config = DSparkSpeculatorConfig(
         architectures=["Qwen3DSparkModel"],
         transformer_layer_config=layer_cfg,
-        draft_vocab_size=target_cfg.vocab_size,
+        draft_vocab_size=target_cfg.vocab_size if vocab is None else vocab.size,
         target_hidden_size=target_cfg.hidden_size,
         block_size=cfg.block_size,
         aux_hidden_state_layer_ids=list(cfg.target_layer_ids),
@@ -592,6 +604,8 @@ def train_dspark(
     )
     torch.manual_seed(cfg.seed)
     model = DSparkDraftModel(config)
+    if vocab is not None:
+        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     model.load_verifier_weights()
     model.float()
     report.params = _num_params(model)
@@ -631,7 +645,9 @@ def train_dspark(
     report.steps = cfg.steps
     report.loss_first, report.loss_last = losses[0], _smoothed(losses)
     report.extra["last_step_metrics"] = {k: round(v, 4) for k, v in last.items()}
-    _save_drafter(model, out_dir / DSPARK_NAME, RELATIVE_TARGET, ["Qwen3DSparkModel"])
+    _save_drafter(model, out_dir / name, f"../{target_dir.name}", ["Qwen3DSparkModel"])
+    if vocab is not None:
+        _finish_reduced_vocab(model, out_dir / name)
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
@@ -647,11 +663,15 @@ def train_eagle3(
     out_dir: Path,
     *,
     autocast_bf16: bool = False,
+    name: str = EAGLE3_NAME,
+    vocab: VocabMapping | None = None,
 ) -> tuple[Any, StageReport]:
     """Train the Eagle3 drafter on the draft data; save it in speculators eagle3 format.
 
-    The checkpoint omits ``embed_tokens`` and ``lm_head`` (frozen copies of the
-    target's): speculators reloads them from the target, vLLM shares the target's.
+    The checkpoint omits ``embed_tokens`` and, for a full-vocabulary drafter, ``lm_head``
+    (frozen copies of the target's): speculators reloads them from the target, vLLM
+    shares the target's. With ``vocab`` the lm_head is the draft-vocabulary slice and
+    is kept, with ``d2t``/``t2d``.
     """
     from speculators.config import SpeculatorsConfig
     from speculators.losses import resolve_loss_config
@@ -668,7 +688,7 @@ def train_eagle3(
     config = Eagle3SpeculatorConfig(
         architectures=["LlamaForCausalLMEagle3"],
         transformer_layer_config=layer_cfg,
-        draft_vocab_size=target_cfg.vocab_size,
+        draft_vocab_size=target_cfg.vocab_size if vocab is None else vocab.size,
         norm_before_residual=True,
         norm_before_fc=True,
         norm_output=True,
@@ -682,6 +702,8 @@ def train_eagle3(
     )
     torch.manual_seed(cfg.seed)
     model = Eagle3DraftModel(config)
+    if vocab is not None:
+        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     model.load_verifier_weights()
     model.float()
     report.params = _num_params(model)
@@ -707,12 +729,48 @@ def train_eagle3(
     report.steps = cfg.steps
     report.loss_first, report.loss_last = losses[0], _smoothed(losses)
     report.extra["last_step_metrics"] = {k: round(v, 4) for k, v in last.items()}
-    out = out_dir / EAGLE3_NAME
-    _save_drafter(model, out, RELATIVE_TARGET, ["LlamaForCausalLMEagle3"])
-    _drop_tensors(out / "model.safetensors", ("embed_tokens.weight", "lm_head.weight"))
+    out = out_dir / name
+    _save_drafter(model, out, f"../{target_dir.name}", ["LlamaForCausalLMEagle3"])
+    if vocab is None:
+        _drop_tensors(out / "model.safetensors", ("embed_tokens.weight", "lm_head.weight"))
+    else:
+        _drop_tensors(out / "model.safetensors", ("embed_tokens.weight",))
+        _finish_reduced_vocab(model, out)
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
+
+
+@dataclass(frozen=True)
+class VocabMapping:
+    """A draft vocabulary: ``d2t`` offsets ``[V_draft]`` and ``t2d`` mask ``[V_target]``."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.d2t.shape[0])
+
+
+def _finish_reduced_vocab(model: Any, out: Path) -> None:
+    """Make a reduced-vocabulary checkpoint self-contained and bf16.
+
+    vLLM cannot share the target's full lm_head with a draft-vocabulary drafter, so the
+    sliced lm_head, ``d2t`` and ``t2d`` are written; float tensors are stored in bf16
+    (loaders upcast).
+    """
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    tensors.setdefault("lm_head.weight", model.lm_head.weight.detach().clone())
+    tensors["d2t"] = model.d2t.detach().clone()
+    tensors["t2d"] = model.t2d.detach().clone()
+    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 def _drop_tensors(path: Path, names: Sequence[str]) -> None:
@@ -882,16 +940,14 @@ def train_tier(
 
 def _select_layers(data: DraftData, wanted: Sequence[int]) -> DraftData:
     """The draft data restricted to some aux layers (in the order given)."""
+    if tuple(wanted) == data.layer_ids:
+        return data
     hidden = data.aux.shape[-1] // len(data.layer_ids)
     chunks = [
         data.aux[..., data.layer_ids.index(i) * hidden : (data.layer_ids.index(i) + 1) * hidden]
         for i in wanted
     ]
-    aux = (
-        chunks[0]
-        if len(chunks) == 1 and tuple(wanted) == data.layer_ids
-        else torch.cat(chunks, dim=-1)
-    )
+    aux = torch.cat(chunks, dim=-1)
     return DraftData(data.input_ids, aux, data.last, tuple(wanted), data.prefix_len)
 
 
