@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,26 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
     return versions
 
 
-def hash_path(path: Path | str) -> str:
-    """``sha256:<hex>`` of a file, or of a directory's files (names and bytes, sorted)."""
+# A checkpoint's documentation, rewritten after runs are measured: not part of its identity.
+CHECKPOINT_DOC_FILES = frozenset({"CARD.md", "card.json"})
+
+
+def hash_path(path: Path | str, *, exclude: Collection[str] = ()) -> str:
+    """``sha256:<hex>`` of a file, or of a directory's files (names and bytes, sorted).
+
+    ``exclude`` names directory entries (relative paths) left out of the hash.
+    """
     path = Path(path)
     if not path.exists():
         raise ProvenanceError(f"file {path}: cannot hash a missing input")
     digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            p for p in path.rglob("*") if p.is_file() and str(p.relative_to(path)) not in exclude
+        )
+    )
     for file in files:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode())
@@ -80,6 +94,11 @@ def hash_path(path: Path | str) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
     return f"sha256:{digest.hexdigest()}"
+
+
+def checkpoint_hash(path: Path | str) -> str:
+    """A checkpoint directory's identity: its files' hash without the cards."""
+    return hash_path(path, exclude=CHECKPOINT_DOC_FILES)
 
 
 def provenance() -> dict[str, Any]:

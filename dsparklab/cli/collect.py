@@ -50,7 +50,8 @@ def collect(
         str, typer.Option("--n", help="Speculative tokens: '3..7', '3,5,7' or '4'.")
     ] = "3..7",
     dataset: Annotated[
-        str, typer.Option(help="Comma list of prompt sets (humaneval, prose, jsonl:PATH).")
+        str,
+        typer.Option(help="Comma list of prompt sets (humaneval, prose, instruct, jsonl:PATH)."),
     ] = "humaneval,prose",
     limit: Annotated[int | None, typer.Option(help="First LIMIT prompts of each set.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 128,
@@ -59,13 +60,20 @@ def collect(
     ),
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (T > 0).")] = 0,
-    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "tiny-target",
+    tier: Annotated[
+        str, typer.Option(help="Zoo tier whose models are the defaults below (tiny, smol).")
+    ] = "tiny",
+    target: Annotated[
+        str | None, typer.Option(help="Target: zoo name or directory [default: TIER-target].")
+    ] = None,
     dspark: Annotated[
-        str, typer.Option(help="DSpark drafter: zoo name or directory.")
-    ] = "tiny-dspark",
+        str | None,
+        typer.Option(help="DSpark drafter: zoo name or directory [default: TIER-dspark]."),
+    ] = None,
     eagle3: Annotated[
-        str, typer.Option(help="Eagle3 drafter: zoo name or directory.")
-    ] = "tiny-eagle3",
+        str | None,
+        typer.Option(help="Eagle3 drafter: zoo name or directory [default: TIER-eagle3]."),
+    ] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 1,
     overwrite: Annotated[bool, typer.Option(help="Redo runs that are already complete.")] = False,
 ) -> None:
@@ -81,9 +89,9 @@ def collect(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         seed=seed,
-        target=target,
-        dspark=dspark,
-        eagle3=eagle3,
+        target=target or f"{tier}-target",
+        dspark=dspark or f"{tier}-dspark",
+        eagle3=eagle3 or f"{tier}-eagle3",
         threads=threads,
         overwrite=overwrite,
         progress=True,

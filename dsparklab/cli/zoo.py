@@ -107,6 +107,25 @@ def _train_smol(out: Path, stages: list[str] | None, no_eval: bool) -> None:
             typer.echo(f"  {method}: AL(3) {lens[3]:.2f}  AL(7) {lens[7]:.2f}")
 
 
+@zoo_app.command("cards")
+def cards(
+    runs: Path = typer.Option(..., help="Runs of the reference engine (dsparklab collect)."),
+) -> None:
+    """Add decode-time acceptance (AL(n), a_i per dataset) to the drafters' cards."""
+    from dsparklab.errors import DSparkLabError
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.card import add_decode_time
+
+    for path in sorted(p for p in ZOO_DIR.iterdir() if (p / "card.json").is_file()):
+        try:
+            updated = add_decode_time(path, runs)
+        except DSparkLabError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(code=2) from err
+        if updated:
+            typer.echo(f"{path.name}: decode-time acceptance from {runs}")
+
+
 @zoo_app.command("prepare")
 def prepare(
     tier: str = typer.Option("smol", help="Tier whose target is prepared (smol)."),

@@ -299,6 +299,98 @@ def _evaluation_lines(card: dict[str, Any]) -> list[str]:
         f"position 1: {_fmt(ev.get('chance_position0'), 5)} (1/vocab).",
         "",
         acceptance_table(summary),
-        "Decode-time acceptance from the reference engine (n = 3..7) is added by the "
-        "reference-engine issue.",
+        *decode_time_lines(ev),
     ]
+
+
+# --- decode-time acceptance (from reference-engine runs) -------------------------------
+
+
+def decode_time_acceptance(checkpoint_dir: Path, runs_root: Path) -> dict[str, Any]:
+    """Decode-time acceptance of one drafter, from the run.json tallies of its runs.
+
+    Runs are those below ``runs_root`` whose drafter ``content_hash`` is the
+    checkpoint's (so stale runs of an older checkpoint never count), complete, greedy.
+    Per dataset and n: :math:`AL(n) = 1 + \\sum_s a_s / S` over the S verify steps and
+    :math:`a_i = \\#\\{a_s \\ge i\\} / \\#\\{a_s \\ge i - 1\\}` (accepted given reached).
+    """
+    from dsparklab.engines.reference.metrics import DraftStats
+    from dsparklab.provenance import checkpoint_hash
+    from dsparklab.store import find_runs, read_run_json
+
+    want = checkpoint_hash(checkpoint_dir)
+    table: dict[str, dict[str, Any]] = {}
+    for run_dir in find_runs(runs_root):
+        meta = read_run_json(run_dir)
+        drafter = meta.get("drafter") or {}
+        stats = meta.get("stats") or {}
+        if (
+            drafter.get("content_hash") != want
+            or meta.get("status") != "complete"
+            or meta["sampling"].get("temperature", 0.0) != 0.0
+            or not stats.get("num_steps")
+        ):
+            continue
+        tally = DraftStats(
+            num_steps=stats["num_steps"],
+            num_drafted=stats["num_drafted"],
+            num_accepted=stats["num_accepted"],
+            num_emitted=stats["num_emitted"],
+            accepted_per_pos=list(stats["accepted_per_pos"]),
+        )
+        table.setdefault(meta["dataset"], {})[str(meta["num_speculative_tokens"])] = {
+            "accept_len": round(tally.mean_acceptance_length, 4),
+            "conditional": [
+                None if a is None else round(a, 4) for a in tally.conditional_acceptance_per_pos
+            ],
+            "steps": stats["num_steps"],
+            "requests": meta.get("num_requests"),
+        }
+    return {"runs": str(runs_root), "sets": table} if table else {}
+
+
+def add_decode_time(checkpoint_dir: Path, runs_root: Path) -> bool:
+    """Write :func:`decode_time_acceptance` into a drafter's card; False if no runs match."""
+    card = read_card(checkpoint_dir)
+    decode = decode_time_acceptance(checkpoint_dir, runs_root)
+    if not card or not decode:
+        return False
+    card.setdefault("evaluation", {})["decode_time"] = decode
+    write_atomic(checkpoint_dir / CARD_JSON, json.dumps(card, indent=2) + "\n")
+    if card.get("tier") == "tiny":
+        text = render_card(card)
+    else:
+        from dsparklab.zoo.smol.card import render_smol_card
+
+        text = render_smol_card(card)
+    write_atomic(checkpoint_dir / CARD_MD, text)
+    return True
+
+
+def decode_time_lines(evaluation: dict[str, Any]) -> list[str]:
+    """Markdown: per dataset, AL(n) and a_i for each n the reference engine ran."""
+    decode = evaluation.get("decode_time") or {}
+    if not decode:
+        return ["Decode-time acceptance: not measured yet (`dsparklab zoo cards --runs DIR`)."]
+    lines = [
+        "",
+        "### Decode time (reference engine, greedy verification)",
+        "",
+        f"From the runs in `{decode['runs']}` (`dsparklab collect --engine reference`), "
+        "recorded by `dsparklab zoo cards`. a_i = accepted given reached.",
+    ]
+    for dataset, by_n in sorted(decode["sets"].items()):
+        width = max(len(v["conditional"]) for v in by_n.values())
+        lines += [
+            "",
+            f"{dataset}:",
+            "",
+            "| n | AL(n) | steps | " + " | ".join(f"a_{i + 1}" for i in range(width)) + " |",
+            "|---|---|---|" + "---|" * width,
+        ]
+        for n, v in sorted(by_n.items(), key=lambda kv: int(kv[0])):
+            cells = [_fmt(c) for c in v["conditional"]] + [""] * (width - len(v["conditional"]))
+            lines.append(
+                f"| {n} | {_fmt(v['accept_len'])} | {v['steps']} | " + " | ".join(cells) + " |"
+            )
+    return lines

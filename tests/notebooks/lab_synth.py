@@ -43,6 +43,7 @@ def write_synthetic_run(
     n_requests: int = 4,
     tokens_per_request: int = 40,
     seed: int = 0,
+    tier: str = "synthetic",
 ) -> Path:
     """One run; returns its directory."""
     key = f"{method}/{n}/{dataset}/{seed}".encode()
@@ -60,6 +61,7 @@ def write_synthetic_run(
         else {"name": f"synthetic-{method}", "path": "-", "content_hash": "sha256:1"},
         dataset=dataset,
         sampling={"temperature": 0.0, "seed": seed},
+        tier=tier,
         synthetic=True,
     )
     probs = _accept_probs(method, dataset, n) if method != "none" else np.zeros(0)

@@ -202,6 +202,33 @@ def test_load_runs_errors_and_token_text(tmp_path: Path):
     assert runs.runs["path"].tolist() == [str(run)]
 
 
+def test_shipped_runs_join_labelled_by_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """shipped=True adds data/traces; two tiers -> dataset labels '<tier>/<dataset>'."""
+    import dsparklab.notebook as nb
+
+    demo, shipped = tmp_path / "demo", tmp_path / "traces"
+    for method, n in (("dspark", 3), ("none", 0)):
+        write_synthetic_run(demo, method=method, n=n, dataset="humaneval", tier="tiny")
+        write_synthetic_run(shipped / "smol", method=method, n=n, dataset="humaneval", tier="smol")
+    write_synthetic_run(shipped / "smol", method="dspark", n=3, dataset="instruct", tier="smol")
+    monkeypatch.setattr(nb, "SHIPPED_TRACES", shipped)
+
+    alone = load_runs(demo, shipped=False)
+    assert set(alone.positions["dataset"]) == {"humaneval"}
+    both = load_runs(demo, shipped=True)
+    assert set(both.positions["dataset"]) == {"tiny/humaneval", "smol/humaneval", "smol/instruct"}
+    assert set(both.steps["dataset"]) == set(both.positions["dataset"])
+    assert (both.positions["raw_dataset"] == both.positions["dataset"].str.split("/").str[1]).all()
+    assert both.dataset_labels(["humaneval"]) == ["smol/humaneval", "tiny/humaneval"]
+    # Baselines stay matched to their own tier: one none run per tier in steps.
+    base = both.steps[both.steps["method"] == "none"]
+    assert set(base["dataset"]) == {"tiny/humaneval", "smol/humaneval"}
+    one = load_runs(demo, shipped=True, tiers=["smol"])
+    assert set(one.positions["dataset"]) == {"humaneval", "instruct"}, "one tier: plain names"
+    with pytest.raises(TraceSchemaError, match="tiers=\\['large'\\]"):
+        load_runs(demo, shipped=True, tiers=["large"])
+
+
 def test_published_table():
     table = load_published()
     assert set(table["method"]) == {"dspark", "eagle3"}

@@ -4,7 +4,6 @@ non-speculative engine). Two engine starts in all (module-scoped fixtures)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 
@@ -12,7 +11,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+from zoo_helpers import assert_same_or_near_tie, vllm_generate  # noqa: E402
 
 from dsparklab.prompts import load_prompts  # noqa: E402
 from dsparklab.zoo import ZOO_DIR, load_target  # noqa: E402
@@ -24,7 +23,6 @@ TARGET = ZOO_DIR / "tiny-target"
 EAGLE3 = ZOO_DIR / "tiny-eagle3"
 DSPARK = ZOO_DIR / "tiny-dspark"
 GEN_LEN = 64
-NEAR_TIE = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +34,7 @@ def prompts():
 
 
 def _generate(prompts, **engine_kwargs):
-    """Greedy token ids from a fresh in-process vllm.LLM, plus its metrics; shut down."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    torch.set_num_threads(1)
-    llm = LLM(
-        model=str(TARGET),
-        dtype="float32",
-        enforce_eager=True,
-        seed=0,
-        max_model_len=1024,
-        # a fixed KV cache, so the test does not depend on how much memory is free
-        kv_cache_memory_bytes=256 << 20,
-        disable_log_stats=False,
-        **engine_kwargs,
-    )
-    try:
-        outs = llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-            SamplingParams(temperature=0.0, max_tokens=GEN_LEN, ignore_eos=True),
-            use_tqdm=False,
-        )
-        tokens = [list(o.outputs[0].token_ids) for o in outs]
-        metrics = {m.name: m for m in llm.get_metrics()}
-    finally:
-        del llm
-        gc.collect()
-    return tokens, metrics
+    return vllm_generate(TARGET, prompts, GEN_LEN, **engine_kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -79,43 +50,18 @@ def eagle3(prompts, plain):  # after `plain`, so the two engines never coexist
     )
 
 
-def _near_tie_gap(model, ids):
-    """Top-2 logit gap of the target's next-token distribution in float64."""
-    m64 = model.to(torch.float64)
-    try:
-        with torch.no_grad():
-            logits = m64(input_ids=torch.tensor([ids])).logits[0, -1]
-    finally:
-        model.to(torch.float32)
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
-def _assert_same_or_near_tie(model, prompts, got, want):
-    """Exact equality, except a first divergence at a float64 near-tie (at most one)."""
-    ties = 0
-    for ids, a, b in zip(prompts, got, want, strict=True):
-        if a == b:
-            continue
-        first = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-        gap = _near_tie_gap(model, ids + b[:first])
-        assert gap < NEAR_TIE, f"divergence at token {first} with a clear top-2 gap {gap:.3g}"
-        ties += 1
-    assert ties <= 1, f"{ties} prompts diverged (near-ties)"
-
-
 def test_target_greedy_matches_transformers(prompts, plain):
     model, _ = load_target(TARGET)
     reference = [greedy_continuation(model, ids, GEN_LEN) for ids in prompts]
     tokens, _ = plain
     assert all(len(t) == GEN_LEN for t in tokens)
-    _assert_same_or_near_tie(model, prompts, tokens, reference)
+    assert_same_or_near_tie(model, prompts, tokens, reference)
 
 
 def test_eagle3_speculates_losslessly(prompts, plain, eagle3):
     model, _ = load_target(TARGET)
     tokens, metrics = eagle3
-    _assert_same_or_near_tie(model, prompts, tokens, plain[0])
+    assert_same_or_near_tie(model, prompts, tokens, plain[0])
     drafted = metrics["vllm:spec_decode_num_draft_tokens"].value
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
     per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values

@@ -25,7 +25,7 @@ from dsparklab.engines.reference.config import ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
 from dsparklab.engines.reference.metrics import DraftStats
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.provenance import hash_path, provenance
+from dsparklab.provenance import checkpoint_hash, provenance
 from dsparklab.store import TraceWriter, new_run_json
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def resolve_model(name_or_path: str | Path) -> ModelRef:
     path = Path(name_or_path)
     if not (path / "config.json").is_file():
         path = zoo_path(str(name_or_path))
-    return ModelRef(name=path.name, path=path.resolve(), content_hash=hash_path(path))
+    return ModelRef(name=path.name, path=path.resolve(), content_hash=checkpoint_hash(path))
 
 
 def model_tier(name: str) -> str:

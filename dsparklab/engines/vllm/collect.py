@@ -46,7 +46,7 @@ from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
 from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
 from dsparklab.errors import ConfigError, DSparkLabError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.provenance import hash_path, provenance
+from dsparklab.provenance import checkpoint_hash, provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def resolve_model(name_or_path: str | Path) -> ModelRef:
         path = zoo_path(str(name_or_path))
     path = path.resolve()
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    content_hash = hash_path(path) if size <= FULL_HASH_MAX_BYTES else _light_hash(path)
+    content_hash = checkpoint_hash(path) if size <= FULL_HASH_MAX_BYTES else _light_hash(path)
     return ModelRef(name=path.name, path=path, content_hash=content_hash)
 
 

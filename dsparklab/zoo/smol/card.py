@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dsparklab.zoo.card import CARD_JSON, CARD_MD, acceptance_table, checkpoint_files, write_atomic
+from dsparklab.zoo.card import (
+    CARD_JSON,
+    CARD_MD,
+    acceptance_table,
+    checkpoint_files,
+    decode_time_lines,
+    read_card,
+    write_atomic,
+)
 from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, SmolConfig
 from dsparklab.zoo.smol.prepare import GGUF_MEMBER, TARGET_NAME, WHEEL_REQUIREMENT
 
@@ -26,6 +34,7 @@ def write_smol_cards(
         if not (path / "config.json").is_file():
             continue
         sets = evaluation.get("sets", {})
+        previous = read_card(path).get("evaluation", {}).get("decode_time")
         card = {
             "name": name,
             "kind": stage,
@@ -51,6 +60,7 @@ def write_smol_cards(
                     }
                     for set_name, s in sets.items()
                 },
+                **({"decode_time": previous} if previous else {}),
             },
         }
         write_atomic(path / CARD_JSON, json.dumps(card, indent=2) + "\n")
@@ -132,4 +142,5 @@ def render_smol_card(card: dict[str, Any]) -> str:
             "",
             acceptance_table(s["offline_acceptance"]),
         ]
+    lines += decode_time_lines(ev)
     return "\n".join(lines) + "\n"

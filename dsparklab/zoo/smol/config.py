@@ -88,3 +88,18 @@ class SmolConfig(_Frozen):
         description="Eagle3 drafter",
     )
     eval: SmolEvalConfig = Field(default_factory=SmolEvalConfig, description="card evaluation")
+
+    @classmethod
+    def smoke(cls) -> SmolConfig:
+        """A minute-long run of the same pipeline (tests): 6 prompts, 3 steps per drafter."""
+        base = cls()
+        return cls(
+            tier="smol-smoke",
+            prompts=PromptSetConfig(code=2, math=2, prose=False),
+            responses=ResponseConfig(max_new_tokens=24, batch_size=4, draft_vocab_size=512),
+            dspark=base.dspark.model_copy(
+                update={"steps": 3, "warmup_steps": 1, "max_anchors": 8, "markov_rank": 8}
+            ),
+            eagle3=base.eagle3.model_copy(update={"steps": 3, "warmup_steps": 1}),
+            eval=SmolEvalConfig(humaneval_prompts=1, instruct_prompts=2, gen_len=24),
+        )

