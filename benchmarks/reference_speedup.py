@@ -24,9 +24,13 @@ import torch
 
 from dsparklab.engines.layout import parse_list, parse_ns
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine
-from dsparklab.engines.reference.bench import markdown_table, time_interleaved
-from dsparklab.engines.reference.collect import ModelSet, encode_prompt
-from dsparklab.prompts import load_prompts
+from dsparklab.engines.reference.bench import (
+    add_model_arguments,
+    markdown_table,
+    model_set,
+    time_interleaved,
+)
+from dsparklab.prompts import encode_prompt, load_prompts
 
 GOAL_DSPARK_N7 = 2.0
 
@@ -39,9 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", default="3..7", help="speculative tokens, e.g. 3..7")
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--target", default="tiny-target")
-    parser.add_argument("--dspark", default="tiny-dspark")
-    parser.add_argument("--eagle3", default="tiny-eagle3")
+    add_model_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the table here")
     return parser.parse_args(argv)
 
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     ns = parse_ns(args.n)
-    models = ModelSet(args.target, {"dspark": args.dspark, "eagle3": args.eagle3})
+    models = model_set(args)
     engines: dict[str, ReferenceEngine] = {
         "none": ReferenceEngine(
             models.target,

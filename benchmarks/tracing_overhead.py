@@ -25,9 +25,13 @@ import torch
 
 from dsparklab.engines.layout import parse_list
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine, record_row
-from dsparklab.engines.reference.bench import markdown_table, time_interleaved
-from dsparklab.engines.reference.collect import ModelSet, encode_prompt
-from dsparklab.prompts import load_prompts
+from dsparklab.engines.reference.bench import (
+    add_model_arguments,
+    markdown_table,
+    model_set,
+    time_interleaved,
+)
+from dsparklab.prompts import encode_prompt, load_prompts
 from dsparklab.store import TraceWriter, new_run_json
 
 GOAL = 0.03
@@ -42,9 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--configs", default=CONFIGS, help="comma list of METHOD-nK / none")
     parser.add_argument("--rounds", type=int, default=5, help="repetitions of the grid")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--target", default="tiny-target")
-    parser.add_argument("--dspark", default="tiny-dspark")
-    parser.add_argument("--eagle3", default="tiny-eagle3")
+    add_model_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    models = ModelSet(args.target, {"dspark": args.dspark, "eagle3": args.eagle3})
+    models = model_set(args)
     engines: dict[str, ReferenceEngine] = {}
     for label in parse_list(args.configs):
         method, _, n = label.partition("-n")

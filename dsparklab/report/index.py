@@ -80,6 +80,7 @@ traceback.</p>{% endif %}
 
 RUN_HEADER = (
     "run_id",
+    "tier",
     "method",
     "n",
     "dataset",
@@ -98,6 +99,15 @@ def _short_hash(value: Any) -> str:
     return text.split(":", 1)[-1][:12] if text else ""
 
 
+def run_roots(runs: Path, parameters: dict[str, Any]) -> list[Path]:
+    """The run directories the notebooks read: ``runs``, plus the shipped traces unless
+    the ``SHIPPED`` parameter turned them off (the notebooks' default is on)."""
+    from dsparklab.notebook import SHIPPED_TRACES
+
+    shipped = parameters.get("SHIPPED", True) and SHIPPED_TRACES.is_dir()
+    return [runs, SHIPPED_TRACES.resolve()] if shipped else [runs]
+
+
 def run_provenance(runs: Path) -> list[dict[str, str]]:
     """One row per run: what it is, which models (name @ content hash), when, which commit."""
     from dsparklab.store import list_runs, read_run_json
@@ -112,6 +122,7 @@ def run_provenance(runs: Path) -> list[dict[str, str]]:
         rows.append(
             {
                 "run_id": str(record["run_id"]),
+                "tier": str(record["tier"]),
                 "method": str(record["method"]),
                 "n": str(record["n"]),
                 "dataset": str(record["dataset"]),
@@ -167,8 +178,8 @@ def write_index(report: ReportResult, *, parameters: dict[str, Any]) -> Path:
     git = git_state()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     text = env.from_string(INDEX_TEMPLATE).render(
-        runs=str(report.runs),
-        run_rows=run_provenance(report.runs),
+        runs=", ".join(str(r) for r in run_roots(report.runs, parameters)),
+        run_rows=[row for r in run_roots(report.runs, parameters) for row in run_provenance(r)],
         run_header=RUN_HEADER,
         built=time.strftime("%Y-%m-%d %H:%M:%S"),
         seconds=report.seconds,

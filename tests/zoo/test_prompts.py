@@ -104,3 +104,51 @@ def test_jsonl_missing_or_empty_file(tmp_path):
     empty.write_text("\n", encoding="utf-8")
     with pytest.raises(PromptFileError, match="empty"):
         load_prompts(f"jsonl:{empty}")
+
+
+def test_instruct_set_is_held_out_from_the_smol_training_prompts():
+    from dsparklab.instruct_prompts import (
+        MATH_HELDOUT_TEMPLATES,
+        MATH_TEMPLATES,
+        PROSE_TOPICS,
+        math_problems,
+        prose_requests,
+    )
+
+    prompts = load_prompts("instruct")
+    assert len(prompts) == 168 and len({p.prompt_id for p in prompts}) == 168
+    # Interleaved: any limit keeps math and prose in equal shares.
+    kinds = [p.prompt_id.split("/")[1] for p in load_prompts("instruct", limit=40)]
+    assert kinds.count("math") == kinds.count("prose") == 20
+    held_topics = {t for t in PROSE_TOPICS if any(t in p.text for p in prompts)}
+    train_text = "\n".join(prose_requests("train"))
+    assert held_topics and not any(f" {t}" in train_text for t in held_topics)
+    # Every held-out problem matches a held-out template and no training template.
+    import re
+
+    def pattern(text: str) -> re.Pattern[str]:
+        parts = re.split(r"\{[a-z]+\}", text)
+        return re.compile(".+?".join(re.escape(part) for part in parts) + "$")
+
+    cut = len(MATH_TEMPLATES) - MATH_HELDOUT_TEMPLATES
+    train = [pattern(t[0]) for t in MATH_TEMPLATES[:cut]]
+    held = [pattern(t[0]) for t in MATH_TEMPLATES[cut:]]
+    for problem in math_problems("heldout", 12):
+        body = problem.split("\n\n", 1)[1]
+        assert any(p.match(body) for p in held) and not any(p.match(body) for p in train)
+    for problem in math_problems("train", 16):
+        assert any(p.match(problem.split("\n\n", 1)[1]) for p in train)
+
+
+def test_chat_targets_get_the_chat_template():
+    from transformers import AutoTokenizer
+
+    from dsparklab.prompts import chat_request, encode_prompt
+    from dsparklab.zoo import ZOO_DIR
+
+    prompt = load_prompts("humaneval", limit=1)[0]
+    assert chat_request(prompt).startswith("Complete the following Python function")
+    assert prompt.text in chat_request(prompt)
+    tiny = AutoTokenizer.from_pretrained(ZOO_DIR / "tiny-target")
+    assert encode_prompt(tiny, prompt) == tiny(prompt.text, add_special_tokens=False)["input_ids"]
+    assert encode_prompt(tiny, prompt, max_len=5) == encode_prompt(tiny, prompt)[-5:]

@@ -15,6 +15,7 @@ table reports when one does not).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -22,9 +23,23 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.reference.core import ReferenceEngine
 
 logger = logging.getLogger(__name__)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tier`` (tiny, smol) and per-model overrides ``--target/--dspark/--eagle3``."""
+    parser.add_argument("--tier", default="tiny", help="zoo tier of the default models")
+    for role in ("target", "dspark", "eagle3"):
+        parser.add_argument(f"--{role}", help=f"zoo name or directory [TIER-{role}]")
+
+
+def model_set(args: argparse.Namespace) -> ModelSet:
+    """The models :func:`add_model_arguments` names."""
+    name = {r: getattr(args, r) or f"{args.tier}-{r}" for r in ("target", "dspark", "eagle3")}
+    return ModelSet(name["target"], {"dspark": name["dspark"], "eagle3": name["eagle3"]})
 
 
 def time_interleaved(
