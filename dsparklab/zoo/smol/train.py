@@ -136,6 +136,7 @@ def train_stage(cfg: SmolConfig, stage: str, zoo_dir: Path, cache: Path) -> dict
         from transformers import AutoTokenizer
 
         mask_id = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids(MASK_TOKEN)
+        assert isinstance(mask_id, int), f"{MASK_TOKEN} is one token"
         _, report = train_dspark(
             cfg.dspark,
             data,

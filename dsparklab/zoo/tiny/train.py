@@ -942,6 +942,8 @@ def _select_layers(data: DraftData, wanted: Sequence[int]) -> DraftData:
     """The draft data restricted to some aux layers (in the order given)."""
     if tuple(wanted) == data.layer_ids:
         return data
+    if not isinstance(data.aux, torch.Tensor):
+        raise ValueError("layer selection needs padded [N, T, F] draft data, not ragged lists")
     hidden = data.aux.shape[-1] // len(data.layer_ids)
     chunks = [
         data.aux[..., data.layer_ids.index(i) * hidden : (data.layer_ids.index(i) + 1) * hidden]
