@@ -140,16 +140,21 @@ def test_eagle3_draft_vocab_speculates_in_vllm(target_and_prompts, smol_target):
     assert drafts > 0 and per_pos[0] / drafts > 0.2, per_pos
 
 
+def _smoke_zoo(root, smol_target):
+    zoo = root / "zoo"
+    zoo.mkdir(parents=True)
+    (zoo / prepare.TARGET_NAME).symlink_to(smol_target, target_is_directory=True)
+    return zoo
+
+
 def test_recipe_smoke(smol_target, tmp_path):
     """The whole recipe at smoke size: data, both drafters in parallel, eval, cards; a
-    rerun skips every finished stage."""
+    rerun skips every finished stage; a fresh run reproduces the drafters bit for bit."""
     from dsparklab.zoo.smol.config import SmolConfig
     from dsparklab.zoo.smol.train import train_smol
 
-    zoo = tmp_path / "zoo"
-    zoo.mkdir()
-    (zoo / prepare.TARGET_NAME).symlink_to(smol_target, target_is_directory=True)
-    cache = tmp_path / "cache"
+    zoo = _smoke_zoo(tmp_path / "a", smol_target)
+    cache = tmp_path / "a" / "cache"
     cfg = SmolConfig.smoke()
     result = train_smol(cfg, zoo, cache=cache, command="pytest smoke")
     assert result["data"]["prompts"] == 4
@@ -161,8 +166,13 @@ def test_recipe_smoke(smol_target, tmp_path):
         assert (zoo / name / "CARD.md").read_text().startswith(f"# {name}")
     dspark = load_dspark_drafter(zoo / DSPARK_NAME)
     assert dspark.d2t is not None and dspark.d2t.shape[0] == 512
+    weights = {p.parent.name: hash_path(p) for p in zoo.glob("smol-*/model.safetensors")}
     mtimes = {p: p.stat().st_mtime_ns for p in zoo.glob("smol-*/model.safetensors")}
     again = train_smol(cfg, zoo, cache=cache, evaluate=False)
     assert again["stages"] == result["stages"]
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
-    shutil.rmtree(cache)
+
+    fresh = _smoke_zoo(tmp_path / "b", smol_target)
+    train_smol(cfg, fresh, cache=tmp_path / "b" / "cache", evaluate=False)
+    assert {p.parent.name: hash_path(p) for p in fresh.glob("smol-*/model.safetensors")} == weights
+    shutil.rmtree(tmp_path / "a" / "cache")
