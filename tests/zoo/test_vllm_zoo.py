@@ -21,7 +21,6 @@ pytestmark = pytest.mark.vllm
 
 TARGET = ZOO_DIR / "tiny-target"
 EAGLE3 = ZOO_DIR / "tiny-eagle3"
-DSPARK = ZOO_DIR / "tiny-dspark"
 GEN_LEN = 64
 
 
@@ -72,11 +71,12 @@ def test_eagle3_speculates_losslessly(prompts, plain, eagle3):
     assert accepted / drafted > 0.2
 
 
-def test_dspark_config_parses_in_vllm():
+@pytest.mark.parametrize("name", ["tiny-dspark", "smol-dspark"])
+def test_dspark_config_parses_in_vllm(name):
     """vLLM's speculators parser reads the DSpark fields it needs from the checkpoint."""
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
-    config = json.loads((DSPARK / "config.json").read_text())
+    config = json.loads((ZOO_DIR / name / "config.json").read_text())
     parsed = SpeculatorsConfig.extract_transformers_pre_trained_config(dict(config))
     assert parsed["architectures"] == ["Qwen3DSparkModel"]
     assert parsed["sample_from_anchor"] is True and parsed["dspark_bonus_anchor"] is False
@@ -84,5 +84,6 @@ def test_dspark_config_parses_in_vllm():
     for key in ("block_size", "markov_rank", "mask_token_id", "enable_confidence_head"):
         assert parsed[key] == config[key]
     assert parsed["confidence_head_with_markov"] is True
+    assert parsed.get("draft_vocab_size", config["draft_vocab_size"]) == config["draft_vocab_size"]
     spec = SpeculatorsConfig.extract_vllm_speculative_config(dict(config))
     assert spec == {"method": "dspark", "num_speculative_tokens": config["block_size"]}
