@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,8 @@ def generate_responses(
     """Greedy answers to ``prompts`` (left-padded batches), appended to ``path`` (JSONL).
 
     Each record: ``prompt_id``, ``prompt_ids``, ``response_ids`` (up to and including
-    EOS, at most ``max_new_tokens``).
+    EOS, at most ``max_new_tokens``). The generation time, summed over every invocation
+    that added answers, is kept beside the file (:func:`generation_seconds`).
     """
     done: dict[str, dict[str, Any]] = {}
     if path.is_file():
@@ -63,6 +65,7 @@ def generate_responses(
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="answers", unit="prompt")
     with path.open("a", encoding="utf-8") as fh:
         for first in range(0, len(todo), cfg.batch_size):
+            started = time.perf_counter()
             batch = todo[first : first + cfg.batch_size]
             encoded = [encode_prompt(tokenizer, p) for p in batch]
             width = max(len(ids) for ids in encoded)
@@ -89,9 +92,24 @@ def generate_responses(
                 fh.write(json.dumps(record) + "\n")
                 done[prompt.prompt_id] = record
             fh.flush()
+            _add_seconds(path, time.perf_counter() - started)
             bar.update(len(batch))
     bar.close()
     return [done[p.prompt_id] for p in prompts]
+
+
+def _seconds_path(path: Path) -> Path:
+    return path.with_name(path.name + ".seconds")
+
+
+def generation_seconds(path: Path) -> float:
+    """Wall seconds spent generating the answers in ``path`` (0 when unknown)."""
+    sidecar = _seconds_path(path)
+    return float(sidecar.read_text()) if sidecar.is_file() else 0.0
+
+
+def _add_seconds(path: Path, seconds: float) -> None:
+    _seconds_path(path).write_text(f"{generation_seconds(path) + seconds:.1f}\n")
 
 
 def draft_vocabulary(

@@ -63,6 +63,7 @@ def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
     from dsparklab.zoo.smol.data import (
         draft_vocabulary,
         generate_responses,
+        generation_seconds,
         hidden_state_data,
         training_prompts,
     )
@@ -76,11 +77,8 @@ def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
     target_dir = prepare_smol_target(zoo_dir)
     model, tokenizer = load_target(target_dir)
     prompts = training_prompts(cfg.prompts)
-    start = time.time()
-    records = generate_responses(
-        model, tokenizer, prompts, cfg.responses, cache / f"responses-{key}.jsonl"
-    )
-    answer_seconds = time.time() - start
+    answers_path = cache / f"responses-{key}.jsonl"
+    records = generate_responses(model, tokenizer, prompts, cfg.responses, answers_path)
     d2t, t2d, coverage = draft_vocabulary(
         records, cfg.responses.draft_vocab_size, model.config.vocab_size
     )
@@ -99,7 +97,7 @@ def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
         "answers_ending_in_eos": sum(
             r["response_ids"][-1:] == [tokenizer.eos_token_id] for r in records
         ),
-        "answer_seconds": round(answer_seconds, 1),
+        "answer_seconds": round(generation_seconds(answers_path), 1),
         "hidden_state_seconds": round(hidden_seconds, 1),
         "draft_vocab_size": cfg.responses.draft_vocab_size,
         "draft_vocab_coverage": round(coverage, 4),
