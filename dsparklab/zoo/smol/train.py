@@ -54,8 +54,14 @@ def _config_key(cfg: SmolConfig, *sections: str) -> str:
     return hashlib.sha256(dump.encode()).hexdigest()[:12]
 
 
-def _data_key(cfg: SmolConfig) -> str:
+def _answers_key(cfg: SmolConfig) -> str:
     return _config_key(cfg, "prompts", "responses")
+
+
+def _data_stem(cfg: SmolConfig) -> str:
+    """Cache name of the hidden states: the answers' key and the aux layers captured."""
+    layers = "-".join(str(i) for i in cfg.dspark.target_layer_ids)
+    return f"draft-data-{_answers_key(cfg)}-L{layers}"
 
 
 def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
@@ -68,9 +74,11 @@ def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
         training_prompts,
     )
 
-    key = _data_key(cfg)
-    data_path = cache / f"draft-data-{key}.pt"
-    info_path = cache / f"draft-data-{key}.json"
+    if cfg.eagle3.target_layer_ids != cfg.dspark.target_layer_ids:
+        raise ValueError("the smol drafters share one hidden-state cache: use the same aux layers")
+    key = _answers_key(cfg)
+    data_path = cache / f"{_data_stem(cfg)}.pt"
+    info_path = cache / f"{_data_stem(cfg)}.json"
     if data_path.is_file() and info_path.is_file():
         return json.loads(info_path.read_text())
     torch.set_num_threads(cfg.threads)
@@ -108,7 +116,7 @@ def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
 
 
 def load_data(cfg: SmolConfig, cache: Path) -> tuple[DraftData, VocabMapping]:
-    blob = torch.load(cache / f"draft-data-{_data_key(cfg)}.pt", weights_only=False)
+    blob = torch.load(cache / f"{_data_stem(cfg)}.pt", weights_only=False)
     return DraftData(**blob["data"]), VocabMapping(blob["d2t"], blob["t2d"])
 
 
