@@ -176,3 +176,30 @@ def test_recipe_smoke(smol_target, tmp_path):
     train_smol(cfg, fresh, cache=tmp_path / "b" / "cache", evaluate=False)
     assert {p.parent.name: hash_path(p) for p in fresh.glob("smol-*/model.safetensors")} == weights
     shutil.rmtree(tmp_path / "a" / "cache")
+
+
+def test_shipped_traces_validate_and_cover_the_tier():
+    """data/traces/smol: complete, valid runs of the committed smol drafters, >= 40
+    prompts per dataset, the baseline beside every method run, provenance recorded."""
+    from dsparklab.notebook import SHIPPED_TRACES
+    from dsparklab.provenance import checkpoint_hash
+    from dsparklab.store import list_runs, read_run_json, read_trace, validate_trace
+
+    root = SHIPPED_TRACES / "smol"
+    reports = validate_trace(root)
+    assert reports and all(not r.violations for r in reports), [r.violations for r in reports]
+    runs = list_runs(root)
+    assert set(runs["status"]) == {"complete"} and set(runs["tier"]) == {"smol"}
+    assert set(runs["dataset"]) == {"humaneval", "instruct"}
+    for dataset, group in runs.groupby("dataset"):
+        assert "none" in set(group["method"]), dataset
+        for method in ("dspark", "eagle3"):
+            assert {3, 5, 7} <= set(group.loc[group["method"] == method, "n"]), (dataset, method)
+    requests = read_trace(root, "requests", columns=["prompt_id"])
+    assert (requests.groupby("run_id")["prompt_id"].nunique() >= 40).all()
+    hashes = {name: checkpoint_hash(ZOO_DIR / name) for name in ("smol-dspark", "smol-eagle3")}
+    for path in runs["path"]:
+        meta = read_run_json(path)
+        assert meta["provenance"]["git"] and meta["provenance"]["packages"]
+        if meta["drafter"]:
+            assert meta["drafter"]["content_hash"] == hashes[meta["drafter"]["name"]]
