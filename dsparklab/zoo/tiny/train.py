@@ -602,14 +602,7 @@ def train_dspark(
             verifier=_verifier_config(target_dir),
         ),
     )
-    torch.manual_seed(cfg.seed)
-    model = DSparkDraftModel(config)
-    if vocab is not None:
-        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
-    model.load_verifier_weights()
-    model.float()
-    report.params = _num_params(model)
-    report.trainable_params = _num_params(model, trainable_only=True)
+    model = _new_drafter(DSparkDraftModel, config, cfg.seed, vocab, report)
     loss_config = resolve_loss_config(cfg.loss_fn, "eager")
     tv_loss_fn = resolve_loss_config("tv", "eager")["tv"][0]
     rows = np.random.default_rng(cfg.seed)
@@ -700,14 +693,7 @@ def train_eagle3(
             verifier=_verifier_config(target_dir),
         ),
     )
-    torch.manual_seed(cfg.seed)
-    model = Eagle3DraftModel(config)
-    if vocab is not None:
-        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
-    model.load_verifier_weights()
-    model.float()
-    report.params = _num_params(model)
-    report.trainable_params = _num_params(model, trainable_only=True)
+    model = _new_drafter(Eagle3DraftModel, config, cfg.seed, vocab, report)
     loss_config = resolve_loss_config(cfg.loss_fn, "eager")
     rows = np.random.default_rng(cfg.seed)
     num = len(data.input_ids)
@@ -739,6 +725,21 @@ def train_eagle3(
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
+
+
+def _new_drafter(
+    model_class: Any, config: Any, seed: int, vocab: VocabMapping | None, report: StageReport
+) -> Any:
+    """A seeded speculators drafter with the target's embedding/LM head (and draft vocab)."""
+    torch.manual_seed(seed)
+    model = model_class(config)
+    if vocab is not None:
+        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
+    model.load_verifier_weights()
+    model.float()
+    report.params = _num_params(model)
+    report.trainable_params = _num_params(model, trainable_only=True)
+    return model
 
 
 @dataclass(frozen=True)
