@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_run_json, write_run
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.provenance import checkpoint_hash
 from dsparklab.zoo.card import CARD_MD, add_decode_time, decode_time_acceptance, read_card
 from dsparklab.zoo.smol.card import write_smol_cards
 from dsparklab.zoo.smol.config import DSPARK_NAME, SmolConfig
+from tests.conftest import make_run_json, write_run
 
 DATA = {
     "prompts": 4,
