@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from lab_support import TEST_PARAMETERS
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from typer.testing import CliRunner
 
@@ -66,7 +67,7 @@ def test_pngs_where_chromium_is_found(report: ReportResult):
 def test_report_json(report: ReportResult):
     meta = json.loads((report.out / "report.json").read_text())
     assert meta["inputs"]["runs"].startswith("sha256:")
-    assert meta["parameters"] == {"N_BOOT": 50}
+    assert meta["parameters"] == TEST_PARAMETERS
     assert [nb["name"] for nb in meta["notebooks"]] == [nb.name for nb in report.notebooks]
     assert all(nb["ok"] for nb in meta["notebooks"])
     assert meta["provenance"]["packages"]["papermill"] != "not installed"

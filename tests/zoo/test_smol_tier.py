@@ -63,10 +63,11 @@ def test_target_is_the_instruct_model(target_and_prompts):
     model, tokenizer, prompts = target_and_prompts
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
-    answer = greedy_continuation(model, prompts[2], 48, eos_token_id=tokenizer.eos_token_id)
+    # prompts[3] is a prose request (instruct alternates math and prose).
+    answer = greedy_continuation(model, prompts[3], 48, eos_token_id=tokenizer.eos_token_id)
     # A coherent chat model: the chat prompt ends with the assistant turn, the answer
-    # is text with few repeats.
-    assert tokenizer.decode(prompts[2]).rstrip().endswith("assistant")
+    # is text with few repeats (measured 0.81; the tiny target's text loops, ~0.2).
+    assert tokenizer.decode(prompts[3]).rstrip().endswith("assistant")
     assert len(set(answer)) / len(answer) > 0.5
 
 
