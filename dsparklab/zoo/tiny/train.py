@@ -640,7 +640,9 @@ def train_dspark(
     report.extra["last_step_metrics"] = {k: round(v, 4) for k, v in last.items()}
     _save_drafter(model, out_dir / name, f"../{target_dir.name}", ["Qwen3DSparkModel"])
     if vocab is not None:
-        _finish_reduced_vocab(model, out_dir / name)
+        _rewrite_checkpoint(
+            out_dir / name / "model.safetensors", lambda t: _with_draft_vocabulary(model, t)
+        )
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
@@ -717,11 +719,15 @@ def train_eagle3(
     report.extra["last_step_metrics"] = {k: round(v, 4) for k, v in last.items()}
     out = out_dir / name
     _save_drafter(model, out, f"../{target_dir.name}", ["LlamaForCausalLMEagle3"])
-    if vocab is None:
-        _drop_tensors(out / "model.safetensors", ("embed_tokens.weight", "lm_head.weight"))
-    else:
-        _drop_tensors(out / "model.safetensors", ("embed_tokens.weight",))
-        _finish_reduced_vocab(model, out)
+    shared = (
+        ("embed_tokens.weight",) if vocab is not None else ("embed_tokens.weight", "lm_head.weight")
+    )
+
+    def drop_shared_then_add_vocab(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        kept = {k: v for k, v in tensors.items() if k not in shared}
+        return kept if vocab is None else _with_draft_vocabulary(model, kept)
+
+    _rewrite_checkpoint(out / "model.safetensors", drop_shared_then_add_vocab)
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
@@ -754,35 +760,29 @@ class VocabMapping:
         return int(self.d2t.shape[0])
 
 
-def _finish_reduced_vocab(model: Any, out: Path) -> None:
-    """Make a reduced-vocabulary checkpoint self-contained and bf16.
+def _with_draft_vocabulary(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Make a reduced-vocabulary checkpoint's tensors self-contained and bf16.
 
     vLLM cannot share the target's full lm_head with a draft-vocabulary drafter, so the
     sliced lm_head, ``d2t`` and ``t2d`` are written; float tensors are stored in bf16
     (loaders upcast).
     """
-    from safetensors.torch import load_file, save_file
-
-    path = out / "model.safetensors"
-    tensors = load_file(path)
+    tensors = dict(tensors)
     tensors.setdefault("lm_head.weight", model.lm_head.weight.detach().clone())
     tensors["d2t"] = model.d2t.detach().clone()
     tensors["t2d"] = model.t2d.detach().clone()
-    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path)
+    return {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
 
 
-def _drop_tensors(path: Path, names: Sequence[str]) -> None:
+def _rewrite_checkpoint(
+    path: Path, edit: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+) -> None:
+    """Replace a safetensors file by ``edit`` of its tensors, atomically."""
     from safetensors.torch import load_file, save_file
 
-    tensors = load_file(path)
-    kept = {k: v for k, v in tensors.items() if k not in names}
-    if len(kept) != len(tensors):
-        tmp = path.with_suffix(".tmp")
-        save_file(kept, tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
+    tmp = path.with_suffix(".tmp")
+    save_file(edit(load_file(path)), tmp, metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 # --- evaluation -----------------------------------------------------------------------
