@@ -107,6 +107,37 @@ def _train_smol(out: Path, stages: list[str] | None, no_eval: bool) -> None:
             typer.echo(f"  {method}: AL(3) {lens[3]:.2f}  AL(7) {lens[7]:.2f}")
 
 
+@zoo_app.command("distill")
+def distill(
+    out: Path = typer.Option(
+        Path("data/distill/smol"), help="Chunk directory (committed; resumable)."
+    ),
+    zoo: Path = typer.Option(None, help="Zoo directory with smol-target (default: data/zoo)."),
+    tokens: int = typer.Option(None, min=1, help="Answer-token goal (default: the config's)."),
+    chunk_prompts: int = typer.Option(None, min=1, help="Prompts per chunk (default 512)."),
+) -> None:
+    """Generate the smol target's greedy answers to the training pool, chunk by chunk."""
+    import logging
+
+    from dsparklab.errors import DSparkLabError
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.distill import DistillConfig, generate_chunks
+    from dsparklab.zoo.smol.prepare import prepare_smol_target
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    update = {"token_goal": tokens, "chunk_prompts": chunk_prompts}
+    cfg = DistillConfig().model_copy(update={k: v for k, v in update.items() if v is not None})
+    try:
+        manifest = generate_chunks(prepare_smol_target(zoo or ZOO_DIR), cfg, out)
+    except DSparkLabError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from err
+    chunks = manifest["chunks"].values()
+    total = sum(c["response_tokens"] for c in chunks)
+    seconds = sum(c["seconds"] for c in chunks)
+    typer.echo(f"{out}: {len(chunks)} chunks, {total} answer tokens, {seconds / 60:.0f} min")
+
+
 @zoo_app.command("cards")
 def cards(
     runs: Path = typer.Option(..., help="Runs of the reference engine (dsparklab collect)."),

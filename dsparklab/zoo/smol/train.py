@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
+from dsparklab.wheels import CACHE_DIR
 from dsparklab.zoo.load import load_dspark_drafter, load_eagle3_drafter, load_target
 from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, MASK_TOKEN, SmolConfig
-from dsparklab.zoo.smol.prepare import CACHE_DIR, TARGET_NAME, prepare_smol_target
+from dsparklab.zoo.smol.prepare import TARGET_NAME, prepare_smol_target
 from dsparklab.zoo.tiny.train import (
     DraftData,
     VocabMapping,
