@@ -27,6 +27,9 @@ def train(
         None, help="Retrain only these stages (target, dspark, eagle3); others are loaded."
     ),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation and cards."),
+    distill: Path = typer.Option(
+        Path("data/distill/smol"), help="smol: the answer chunks of `dsparklab zoo distill`."
+    ),
 ) -> None:
     """Train the tier's target LM, DSpark and Eagle3 drafters; evaluate; write cards."""
     import logging
@@ -40,7 +43,7 @@ def train(
         raise typer.Exit(code=2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if tier == "smol":
-        _train_smol(out or ZOO_DIR, stage, no_eval)
+        _train_smol(out or ZOO_DIR, stage, no_eval, distill)
         return
     cfg = TinyConfig() if tier == "tiny" else TinyConfig.smoke()
     cfg = cfg.with_max_steps(max_steps)
@@ -75,7 +78,7 @@ def train(
     typer.echo(str(result.out_dir))
 
 
-def _train_smol(out: Path, stages: list[str] | None, no_eval: bool) -> None:
+def _train_smol(out: Path, stages: list[str] | None, no_eval: bool, distill: Path) -> None:
     from dsparklab.zoo.smol.config import SmolConfig
     from dsparklab.zoo.smol.train import STAGES, train_smol
 
@@ -94,8 +97,12 @@ def _train_smol(out: Path, stages: list[str] | None, no_eval: bool) -> None:
         stages=tuple(stages) if stages else STAGES,
         evaluate=not no_eval,
         command=shlex.join(command),
+        distill_dir=distill,
     )
     for name, report in result["stages"].items():
+        if name == "calibrate":
+            typer.echo(f"calibrate: temperatures {report['temperatures']}")
+            continue
         typer.echo(
             f"{name}: {report['seconds']:.0f} s, {report['steps']} steps, "
             f"loss {report['loss_last']:.3f}"

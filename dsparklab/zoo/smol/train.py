@@ -1,15 +1,22 @@
-"""The smol tier's recipe: prepared SmolLM2 target -> greedy answers -> DSpark and Eagle3.
+"""The smol tier's recipe: distilled answers -> hidden states -> DSpark and Eagle3 -> cards.
 
-Stages (``dsparklab zoo train --tier smol [--stage ...]``):
+Stages (``dsparklab zoo train --tier smol [--stage ...]``), each resumable:
 
-1. ``data``: prepare the target (:mod:`dsparklab.zoo.smol.prepare`), answer the training
-   prompts greedily (resumable JSONL), pick the draft vocabulary from the answers, and
-   store the target's hidden states over prompt + answer (bf16) in the cache.
-2. ``dspark`` and ``eagle3``: train each drafter on the cached data with the tiny tier's
-   trainers (``speculators`` models, one CPU thread each). When both are requested they
-   run as two parallel processes, one core each. A finished stage leaves its report in
-   the cache; a rerun skips the stages whose report and checkpoint match the config.
-3. Evaluation on held-out prompts (HumanEval and ``instruct``) and the cards.
+1. ``data``: prepare the target (:mod:`dsparklab.zoo.smol.prepare`); the answers are the
+   committed chunks of ``dsparklab zoo distill`` (``--distill``, default
+   ``data/distill/smol``); pick the draft vocabulary from them; store the target's hidden
+   states over prompt + answer per chunk (bf16, memory-mapped) in the cache.
+2. ``dspark`` and ``eagle3``: the same data and the same wall-time budget for both
+   (``budget.minutes``), one CPU thread each, in two parallel processes. Each saves a
+   resumable state every few minutes (an interrupted run goes on where it stopped) and a
+   snapshot after each learning-curve milestone (answer tokens seen).
+3. ``calibrate``: sequential temperature scaling of DSpark's confidence head on training
+   answers (:mod:`dsparklab.zoo.calibrate`).
+4. Evaluation on held-out benchmark prompts (offline acceptance), the learning curve
+   (each snapshot), and the cards.
+
+The cache (``DSPARKLAB_CACHE_DIR``/smol) holds hidden states, states, snapshots and
+reports; nothing in it is committed.
 """
 
 from __future__ import annotations
@@ -20,164 +27,207 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dsparklab.wheels import CACHE_DIR
-from dsparklab.zoo.load import load_dspark_drafter, load_eagle3_drafter, load_target
-from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, MASK_TOKEN, SmolConfig
-from dsparklab.zoo.smol.prepare import TARGET_NAME, prepare_smol_target
-from dsparklab.zoo.tiny.train import (
-    DraftData,
+from dsparklab.zoo.calibrate import fit_sequential_temperatures, write_temperatures
+from dsparklab.zoo.distill import read_chunks, read_manifest
+from dsparklab.zoo.drafter_training import (
+    LoopPlan,
     VocabMapping,
     stage_json,
     train_dspark,
     train_eagle3,
 )
+from dsparklab.zoo.evaluate import dspark_block_correct
+from dsparklab.zoo.load import load_dspark_drafter, load_eagle3_drafter, load_target
+from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, MASK_TOKEN, SmolConfig
+from dsparklab.zoo.smol.data import (
+    answer_chunks,
+    build_hidden_states,
+    chunk_sequences,
+    draft_vocabulary,
+    load_draft_data,
+)
+from dsparklab.zoo.smol.prepare import TARGET_NAME, prepare_smol_target
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("data", "dspark", "eagle3")
+STAGES = ("data", "dspark", "eagle3", "calibrate")
 DRAFTER_STAGES = ("dspark", "eagle3")
+DISTILL_DIR = Path("data/distill/smol")
 
 
 def cache_dir(cache: Path = CACHE_DIR) -> Path:
     return cache / "smol"
 
 
-def _config_key(cfg: SmolConfig, *sections: str) -> str:
-    dump = json.dumps({s: cfg.model_dump()[s] for s in sections}, sort_keys=True)
+def _key(*parts: Any) -> str:
+    dump = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(dump.encode()).hexdigest()[:12]
 
 
-def _answers_key(cfg: SmolConfig) -> str:
-    return _config_key(cfg, "prompts", "responses")
-
-
-def _data_stem(cfg: SmolConfig) -> str:
-    """Cache name of the hidden states: the answers' key and the aux layers captured."""
-    layers = "-".join(str(i) for i in cfg.dspark.target_layer_ids)
-    return f"draft-data-{_answers_key(cfg)}-L{layers}"
-
-
-def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path) -> dict[str, Any]:
-    """The ``data`` stage: answers, draft vocabulary and hidden states, cached."""
-    from dsparklab.zoo.smol.data import (
-        draft_vocabulary,
-        generate_responses,
-        generation_seconds,
-        hidden_state_data,
-        training_prompts,
+def _data_key(cfg: SmolConfig, distill_dir: Path) -> str:
+    """The answers (their manifest's identity and chunk hashes), vocabulary size, layers."""
+    manifest = read_manifest(distill_dir)
+    chunks = {k: v["hash"] for k, v in manifest.get("chunks", {}).items()}
+    return _key(
+        manifest.get("identity"), chunks, cfg.budget.draft_vocab_size, cfg.dspark.target_layer_ids
     )
 
+
+def _stage_key(cfg: SmolConfig, data_key: str, stage: str) -> str:
+    return _key(data_key, cfg.budget.model_dump(), getattr(cfg, stage).model_dump())
+
+
+def _hidden_dir(cfg: SmolConfig, cache: Path) -> Path:
+    layers = "-".join(str(i) for i in cfg.dspark.target_layer_ids)
+    return cache / f"hidden-L{layers}"
+
+
+def build_data(cfg: SmolConfig, zoo_dir: Path, cache: Path, distill_dir: Path) -> dict[str, Any]:
+    """The ``data`` stage: draft vocabulary and hidden states; returns the data summary."""
     if cfg.eagle3.target_layer_ids != cfg.dspark.target_layer_ids:
         raise ValueError("the smol drafters share one hidden-state cache: use the same aux layers")
-    key = _answers_key(cfg)
-    data_path = cache / f"{_data_stem(cfg)}.pt"
-    info_path = cache / f"{_data_stem(cfg)}.json"
-    if data_path.is_file() and info_path.is_file():
+    key = _data_key(cfg, distill_dir)
+    info_path = cache / f"data-{key}.json"
+    if info_path.is_file():
         return json.loads(info_path.read_text())
     torch.set_num_threads(cfg.threads)
     target_dir = prepare_smol_target(zoo_dir)
     model, tokenizer = load_target(target_dir)
-    prompts = training_prompts(cfg.prompts)
-    answers_path = cache / f"responses-{key}.jsonl"
-    records = generate_responses(model, tokenizer, prompts, cfg.responses, answers_path)
+    answers = read_chunks(distill_dir)
     d2t, t2d, coverage = draft_vocabulary(
-        records, cfg.responses.draft_vocab_size, model.config.vocab_size
+        answers["response_ids"], cfg.budget.draft_vocab_size, model.config.vocab_size
     )
-    start = time.time()
-    data = hidden_state_data(model, records, cfg.dspark.target_layer_ids)
-    hidden_seconds = time.time() - start
-    torch.save({"data": asdict(data), "d2t": d2t, "t2d": t2d}, data_path)
-    lengths = [len(r["response_ids"]) for r in records]
+    torch.save({"d2t": d2t, "t2d": t2d}, cache / f"vocab-{key}.pt")
+    hidden_seconds = build_hidden_states(
+        model, distill_dir, _hidden_dir(cfg, cache), cfg.dspark.target_layer_ids
+    )
+    manifest = read_manifest(distill_dir)
+    lengths = answers["response_ids"].map(len)
     info = {
-        "prompts": len(prompts),
-        "prompt_kinds": {
-            kind: sum(p.prompt_id.split("/")[1] == kind for p in prompts)
-            for kind in ("code", "math", "prose")
-        },
-        "answer_tokens": sum(lengths),
-        "answers_ending_in_eos": sum(
-            r["response_ids"][-1:] == [tokenizer.eos_token_id] for r in records
-        ),
-        "answer_seconds": round(generation_seconds(answers_path), 1),
+        "distill_dir": str(distill_dir),
+        "chunks": len(answer_chunks(distill_dir)),
+        "prompts": len(answers),
+        "prompts_by_source": {k: int(v) for k, v in answers["source"].value_counts().items()},
+        "pool": manifest["identity"]["pool"],
+        "answer_tokens": int(lengths.sum()),
+        "prompt_tokens": int(answers["prompt_ids"].map(len).sum()),
+        "answers_ending_in_eos": int((answers["finish_reason"] == "stop").sum()),
+        "max_new_tokens": cfg.distill.max_new_tokens,
+        "answer_seconds": round(sum(c["seconds"] for c in manifest["chunks"].values()), 1),
         "hidden_state_seconds": round(hidden_seconds, 1),
-        "draft_vocab_size": cfg.responses.draft_vocab_size,
+        "draft_vocab_size": cfg.budget.draft_vocab_size,
         "draft_vocab_coverage": round(coverage, 4),
         "data_key": key,
+        "eos_token_id": tokenizer.eos_token_id,
     }
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     return info
-
-
-def load_data(cfg: SmolConfig, cache: Path) -> tuple[DraftData, VocabMapping]:
-    blob = torch.load(cache / f"{_data_stem(cfg)}.pt", weights_only=False)
-    return DraftData(**blob["data"]), VocabMapping(blob["d2t"], blob["t2d"])
 
 
 def _report_path(cache: Path, stage: str) -> Path:
     return cache / f"{stage}-report.json"
 
 
-def stage_done(cfg: SmolConfig, zoo_dir: Path, cache: Path, stage: str) -> bool:
-    """True when ``stage``'s checkpoint exists and its report matches the config."""
+def stage_done(cfg: SmolConfig, zoo_dir: Path, cache: Path, stage: str, data_key: str) -> bool:
+    """True when ``stage``'s checkpoint exists and its report matches the config and data."""
     path = _report_path(cache, stage)
-    name = DSPARK_NAME if stage == "dspark" else EAGLE3_NAME
+    name = DSPARK_NAME if stage in ("dspark", "calibrate") else EAGLE3_NAME
     if not path.is_file() or not (zoo_dir / name / "config.json").is_file():
         return False
-    return json.loads(path.read_text()).get("config_key") == _config_key(cfg, "responses", stage)
+    return json.loads(path.read_text()).get("config_key") == _stage_key(
+        cfg, data_key, "dspark" if stage == "calibrate" else stage
+    )
 
 
-def train_stage(cfg: SmolConfig, stage: str, zoo_dir: Path, cache: Path) -> dict[str, Any]:
-    """Train one drafter on the cached data; save it and its report."""
+def train_stage(
+    cfg: SmolConfig, stage: str, zoo_dir: Path, cache: Path, distill_dir: Path
+) -> dict[str, Any]:
+    """Train one drafter on the cached data (resuming its state); save it and its report."""
     torch.set_num_threads(cfg.train_threads)
-    data, vocab = load_data(cfg, cache)
+    key = _data_key(cfg, distill_dir)
+    data = load_draft_data(distill_dir, _hidden_dir(cfg, cache), cfg.dspark.target_layer_ids)
+    blob = torch.load(cache / f"vocab-{key}.pt")
+    vocab = VocabMapping(blob["d2t"], blob["t2d"])
     target_dir = zoo_dir / TARGET_NAME
+    stage_key = _stage_key(cfg, key, stage)
+    minutes = cfg.budget.minutes
+    section = getattr(cfg, stage)
+    plan = LoopPlan(
+        steps=section.steps,
+        time_budget_s=None if minutes is None else minutes * 60.0,
+        state_path=cache / f"{stage}-state-{stage_key}.pt",
+        checkpoint_s=cfg.budget.checkpoint_minutes * 60.0,
+        milestones=tuple(cfg.budget.curve_tokens),
+    )
+    common = {
+        "autocast_bf16": cfg.autocast_bf16,
+        "vocab": vocab,
+        "plan": plan,
+        "snapshot_dir": cache / f"curve-{stage_key}",
+    }
     if stage == "dspark":
         from transformers import AutoTokenizer
 
         mask_id = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids(MASK_TOKEN)
         assert isinstance(mask_id, int), f"{MASK_TOKEN} is one token"
         _, report = train_dspark(
-            cfg.dspark,
-            data,
-            target_dir,
-            zoo_dir,
-            mask_id,
-            autocast_bf16=cfg.autocast_bf16,
-            name=DSPARK_NAME,
-            vocab=vocab,
+            cfg.dspark, data, target_dir, zoo_dir, mask_id, name=DSPARK_NAME, **common
         )
     elif stage == "eagle3":
-        _, report = train_eagle3(
-            cfg.eagle3,
-            data,
-            target_dir,
-            zoo_dir,
-            autocast_bf16=cfg.autocast_bf16,
-            name=EAGLE3_NAME,
-            vocab=vocab,
-        )
+        _, report = train_eagle3(cfg.eagle3, data, target_dir, zoo_dir, name=EAGLE3_NAME, **common)
     else:
         raise ValueError(f"unknown drafter stage {stage!r}; valid: {', '.join(DRAFTER_STAGES)}")
-    record = {
-        **stage_json(report),
-        "config_key": _config_key(cfg, "responses", stage),
-        "threads": cfg.train_threads,
-    }
+    record = {**stage_json(report), "config_key": stage_key, "threads": cfg.train_threads}
     _report_path(cache, stage).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
-def _run_parallel(cfg: SmolConfig, stages: Sequence[str], zoo_dir: Path, cache: Path) -> None:
+def calibrate_dspark(cfg: SmolConfig, zoo_dir: Path, cache: Path, distill_dir: Path) -> dict:
+    """Fit the confidence temperatures on training answers; store them beside the drafter."""
+    cc = cfg.calibration
+    torch.set_num_threads(cfg.threads)
+    target, _ = load_target(zoo_dir / TARGET_NAME)
+    drafter = load_dspark_drafter(zoo_dir / DSPARK_NAME)
+    sequences = [
+        pair
+        for chunk in answer_chunks(distill_dir)
+        for pair in zip(*chunk_sequences(chunk), strict=True)
+        if len(pair[0]) - pair[1] > drafter.block_size + 1
+    ]
+    rng = np.random.default_rng(cc.seed)
+    picked = rng.choice(len(sequences), size=min(cc.sequences, len(sequences)), replace=False)
+    torch.manual_seed(cc.seed)
+    corrects, confs = [], []
+    for index in picked:
+        ids, prompt_len = sequences[int(index)]
+        correct, conf = dspark_block_correct(
+            drafter, target, ids, prompt_len, max_anchors=cc.anchors
+        )
+        corrects.append(correct)
+        confs.append(conf)
+    correct, conf = np.concatenate(corrects), np.concatenate(confs)
+    temperatures = fit_sequential_temperatures(correct, conf)
+    fitted_on = {"training_sequences": len(picked), "blocks": int(len(correct)), "seed": cc.seed}
+    write_temperatures(zoo_dir / DSPARK_NAME, temperatures, fitted_on=fitted_on)
+    key = _stage_key(cfg, _data_key(cfg, distill_dir), "dspark")
+    record = {"temperatures": temperatures, **fitted_on, "config_key": key}
+    _report_path(cache, "calibrate").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _run_parallel(
+    cfg: SmolConfig, stages: Sequence[str], zoo_dir: Path, cache: Path, distill_dir: Path
+) -> None:
     """Each drafter stage in its own process (one thread each); fail if any fails."""
-    config_path = cache / f"config-{_config_key(cfg, *cfg.model_dump())}.json"
+    config_path = cache / f"config-{_key(cfg.model_dump())}.json"
     config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
     procs = {
         stage: subprocess.Popen(
@@ -191,6 +241,8 @@ def _run_parallel(cfg: SmolConfig, stages: Sequence[str], zoo_dir: Path, cache: 
                 str(zoo_dir),
                 "--cache",
                 str(cache),
+                "--distill",
+                str(distill_dir),
                 "--config",
                 str(config_path),
             ]
@@ -210,19 +262,27 @@ def train_smol(
     evaluate: bool = True,
     command: str | None = None,
     cache: Path | None = None,
+    distill_dir: Path = DISTILL_DIR,
 ) -> dict[str, Any]:
     """Run the smol recipe; returns the data info, stage reports and evaluation."""
     cache = cache_dir() if cache is None else cache
     cache.mkdir(parents=True, exist_ok=True)
-    info = build_data(cfg, zoo_dir, cache)
-    todo = [s for s in DRAFTER_STAGES if s in stages and not stage_done(cfg, zoo_dir, cache, s)]
+    info = build_data(cfg, zoo_dir, cache, distill_dir)
+    key = info["data_key"]
+    todo = [
+        s for s in DRAFTER_STAGES if s in stages and not stage_done(cfg, zoo_dir, cache, s, key)
+    ]
     if len(todo) > 1:
-        _run_parallel(cfg, todo, zoo_dir, cache)
+        _run_parallel(cfg, todo, zoo_dir, cache, distill_dir)
     for stage in todo if len(todo) == 1 else []:
-        train_stage(cfg, stage, zoo_dir, cache)
+        train_stage(cfg, stage, zoo_dir, cache, distill_dir)
+    if "calibrate" in stages and (
+        "dspark" in todo or not stage_done(cfg, zoo_dir, cache, "calibrate", key)
+    ):
+        calibrate_dspark(cfg, zoo_dir, cache, distill_dir)
     reports = {
         s: json.loads(_report_path(cache, s).read_text())
-        for s in DRAFTER_STAGES
+        for s in (*DRAFTER_STAGES, "calibrate")
         if _report_path(cache, s).is_file()
     }
     evaluation: dict[str, Any] = {}
@@ -239,6 +299,15 @@ def train_smol(
             load_dspark_drafter(zoo_dir / DSPARK_NAME),
             load_eagle3_drafter(zoo_dir / EAGLE3_NAME),
             cache=cache,
+            zoo_dir=zoo_dir,
+            snapshots={
+                # the learning curve's last point: the final drafter, on all the data
+                s: {
+                    **reports.get(s, {}).get("snapshots", {}),
+                    str(info["answer_tokens"]): str(zoo_dir / name),
+                }
+                for s, name in (("dspark", DSPARK_NAME), ("eagle3", EAGLE3_NAME))
+            },
         )
         write_smol_cards(cfg, zoo_dir, info, reports, evaluation, command=command)
     return {"data": info, "stages": reports, "evaluation": evaluation}
@@ -250,11 +319,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--stage", choices=DRAFTER_STAGES, required=True)
     parser.add_argument("--zoo-dir", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--distill", type=Path, required=True)
     parser.add_argument("--config", type=Path, required=True, help="SmolConfig as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = SmolConfig.model_validate_json(args.config.read_text())
-    train_stage(cfg, args.stage, args.zoo_dir, args.cache)
+    train_stage(cfg, args.stage, args.zoo_dir, args.cache, args.distill)
 
 
 if __name__ == "__main__":
