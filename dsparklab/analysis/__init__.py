@@ -2,7 +2,10 @@
 
 Every metric is finished from counters (sum/total pairs) that merge by addition; the
 counters come from the in-memory tables (``count_*``) or straight from a store on disk
-(:func:`aggregate_store`, the one function here that reads files).
+(:func:`aggregate_store`, the one function here that reads files). Runs without
+token-level rows (imported or scraped live) are read through the ``*_any`` functions and
+:func:`compute_coverage`, which says what each run cannot show; the conversions between
+every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
 """
 
 from dsparklab.analysis.acceptance import (
@@ -14,6 +17,16 @@ from dsparklab.analysis.acceptance import (
     count_acceptance_from_steps,
 )
 from dsparklab.analysis.adaptive import compute_adaptive_verification
+from dsparklab.analysis.aggregate import (
+    ANALYSES,
+    compute_acceptance_by_position_any,
+    compute_acceptance_length_any,
+    compute_acceptance_over_time,
+    compute_coverage,
+    compute_rate_acceptance,
+    count_acceptance_any,
+    count_acceptance_from_counters,
+)
 from dsparklab.analysis.calibration import (
     SCORES,
     compute_auroc,
@@ -47,6 +60,7 @@ from dsparklab.analysis.window import (
 )
 
 __all__ = [
+    "ANALYSES",
     "DRAFTER_KINDS",
     "KEYWORDS",
     "SCORES",
@@ -56,15 +70,20 @@ __all__ = [
     "annotate_positions",
     "classify_token",
     "compute_acceptance_by_position",
+    "compute_acceptance_by_position_any",
     "compute_acceptance_length",
+    "compute_acceptance_length_any",
+    "compute_acceptance_over_time",
     "compute_adaptive_verification",
     "compute_auroc",
     "compute_brier",
     "compute_calibration",
+    "compute_coverage",
     "compute_ece",
     "compute_iid_accept_len",
     "compute_markov_attribution",
     "compute_markov_bias_distribution",
+    "compute_rate_acceptance",
     "compute_regression_diff",
     "compute_reliability",
     "compute_speedup_model",
@@ -73,6 +92,8 @@ __all__ = [
     "compute_window_scaling",
     "compute_worst_prompts",
     "count_acceptance",
+    "count_acceptance_any",
+    "count_acceptance_from_counters",
     "count_acceptance_from_steps",
     "count_calibration",
     "count_step_times",

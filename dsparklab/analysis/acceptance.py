@@ -1,6 +1,6 @@
 """Acceptance by drafted position: conditional acceptance, survival, acceptance length.
 
-Conventions (DESIGN.md, "Definitions the analysis uses"): positions count from 0; a row is
+Conventions (docs/acceptance-definitions.md): positions count from 0; a row is
 *reached* when every earlier position of its step was accepted; the acceptance length AL
 counts the bonus token, so a step that accepts nothing still emits 1 token.
 """

@@ -1,6 +1,6 @@
 """Calibration of the confidence head: ECE, Brier, AUROC, reliability bins, temperature.
 
-Two scores are judged (DESIGN.md, "Definitions the analysis uses"):
+Two scores are judged (docs/acceptance-definitions.md, "Calibration scores"):
 
 - ``"confidence"``: the head's output :math:`c_i` at a *reached* position against
   whether that position was accepted, i.e. :math:`P(\\mathrm{accepted}_i \\mid

@@ -53,6 +53,7 @@ def validate(
 
 import dsparklab.cli.collect  # noqa: E402, F401  (registers `collect` on app)
 import dsparklab.cli.demo  # noqa: E402, F401  (registers `demo` on app)
+import dsparklab.cli.importers  # noqa: E402, F401  (registers `import` and `watch` on app)
 import dsparklab.cli.lab  # noqa: E402, F401  (registers `lab` on app)
 import dsparklab.cli.report  # noqa: E402, F401  (registers `report` on app)
 from dsparklab.cli.zoo import zoo_app  # noqa: E402

@@ -20,6 +20,9 @@ import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store.schema import (
+    ALL_TABLES,
+    DEFAULT_GRANULARITY,
+    GRANULARITIES,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_COLUMNS,
@@ -28,7 +31,6 @@ from dsparklab.store.schema import (
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     STATUSES,
-    TABLES,
 )
 
 Filters = Mapping[str, Any]
@@ -67,7 +69,19 @@ def read_run_json(run_dir: Path | str) -> dict[str, Any]:
         )
     if meta["num_speculative_tokens"] < 0:
         raise TraceSchemaError("must be >= 0", path=path, field="num_speculative_tokens")
+    granularity = meta.get("granularity", DEFAULT_GRANULARITY)
+    if granularity not in GRANULARITIES:
+        raise TraceSchemaError(
+            f"granularity {granularity!r} is not one of {list(GRANULARITIES)}",
+            path=path,
+            field="granularity",
+        )
     return meta
+
+
+def run_granularity(meta: Mapping[str, Any]) -> str:
+    """What a run holds (``token`` for runs written before granularities existed)."""
+    return str(meta.get("granularity", DEFAULT_GRANULARITY))
 
 
 def _type_names(expected: type | tuple[type, ...]) -> str:
@@ -77,8 +91,8 @@ def _type_names(expected: type | tuple[type, ...]) -> str:
 
 def part_files(run_dir: Path | str, table: str) -> list[Path]:
     """Finished parts of ``table`` in name order (temporary files are never listed)."""
-    if table not in TABLES:
-        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(TABLES)}")
+    if table not in ALL_TABLES:
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
     table_dir = Path(run_dir) / table
     if not table_dir.is_dir():
         return []
@@ -107,7 +121,7 @@ def check_part_schema(path: Path, table: str) -> pa.Schema:
             path=path,
             field="schema_version",
         )
-    expected = TABLES[table]
+    expected = ALL_TABLES[table]
     for field in expected:
         if field.name not in schema.names:
             raise TraceSchemaError("required column missing", path=path, field=field.name)
@@ -145,13 +159,18 @@ def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
         "target": meta["target"].get("name", ""),
         "drafter": drafter.get("name", "none"),
         "tier": meta.get("tier", ""),
-        "temperature": float(meta["sampling"].get("temperature", 0.0)),
+        # an imported run whose source does not record its temperature stores null: NaN
+        "temperature": _float_or_nan(meta["sampling"].get("temperature", 0.0)),
         "dataset": meta["dataset"],
     }
 
 
+def _float_or_nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
 def list_runs(root: Path | str) -> pd.DataFrame:
-    """One row per run below ``root``: run-level columns, status and path."""
+    """One row per run below ``root``: run-level columns, status, granularity and path."""
     rows = []
     for run_dir in find_runs(root):
         meta = read_run_json(run_dir)
@@ -160,6 +179,7 @@ def list_runs(root: Path | str) -> pd.DataFrame:
                 **run_columns(meta),
                 "status": meta["status"],
                 "created_at": meta["created_at"],
+                "granularity": run_granularity(meta),
                 "path": str(run_dir),
             }
         )
@@ -196,7 +216,8 @@ def read_trace(
     root
         A run directory or a directory of runs.
     table
-        ``"steps"``, ``"positions"`` or ``"requests"``.
+        ``"steps"``, ``"positions"``, ``"requests"``, or one of the aggregate tables of runs
+        without token-level rows (``"counters"``, ``"totals"``, ``"calibration"``).
     columns
         Table columns to read (run-level columns are always added); None reads all.
     filters
@@ -206,9 +227,9 @@ def read_trace(
         Run statuses to include; incomplete runs are readable up to their last part.
     """
     filters = dict(filters or {})
-    schema = TABLES.get(table)
+    schema = ALL_TABLES.get(table)
     if schema is None:
-        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(TABLES)}")
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
     run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS}
     if "dataset" in run_level and "dataset" in schema.names:
         run_level.pop("dataset")  # the table's own column decides

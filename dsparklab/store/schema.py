@@ -10,6 +10,19 @@ A run is one (engine, target, drafter, method, n, dataset, sampling) combination
 Parts are written under a hidden temporary name and renamed, so a reader never sees half a
 file. Method-specific fields are null where they don't apply (Eagle3 has no Markov head;
 the target-only baseline drafts nothing).
+
+Runs without token-level rows (imported from what an engine or a benchmark harness
+exports, or scraped live) say so in ``run.json`` (``granularity``, see
+:data:`GRANULARITIES`) and hold what they have in the aggregate tables
+(:data:`AGGREGATE_TABLES`)::
+
+    <run>/counters/part-*.parquet       one row per (unit, drafted position): counts or rates
+    <run>/totals/part-*.parquet         one row per unit: drafts, draft/accepted tokens, the
+                                        numbers the source itself reported
+    <run>/calibration/part-*.parquet    per-position confidence metrics a source reported
+
+A *unit* is the run, one request or one scrape interval (``scope``). A run.json without
+``granularity`` is a token-level run (every run written before these tables existed).
 """
 
 from __future__ import annotations
@@ -35,8 +48,9 @@ STEPS_SCHEMA = pa.schema(
         pa.field("prompt_id", pa.string(), nullable=False),
         pa.field("dataset", pa.string(), nullable=False),
         pa.field("step", pa.int32(), nullable=False),
-        # tokens in the sequence (prompt + emitted) when the step's draft began
-        pa.field("context_len", pa.int32(), nullable=False),
+        # tokens in the sequence (prompt + emitted) when the step's draft began; null when
+        # the source does not say (an imported response without its prompt length)
+        pa.field("context_len", pa.int32()),
         pa.field("num_drafted", pa.int32(), nullable=False),
         # positions sent to the verifier (< num_drafted under adaptive verification)
         pa.field("num_verified", pa.int32(), nullable=False),
@@ -82,6 +96,87 @@ TABLES: dict[str, pa.Schema] = {
     "positions": POSITIONS_SCHEMA,
     "requests": REQUESTS_SCHEMA,
 }
+
+# -- runs without token-level rows -------------------------------------------------------
+# What a run holds, finest first: ``token`` (positions + steps + requests), ``step``
+# (steps + requests: per-step accepted counts, no drafted tokens), ``request`` (per-request
+# counters), ``aggregate`` (counters over the whole run) and ``interval`` (counters per
+# scrape interval of a live server).
+GRANULARITIES = ("token", "step", "request", "aggregate", "interval")
+DEFAULT_GRANULARITY = "token"
+# the unit a counters / totals row describes
+SCOPES = ("run", "request", "interval")
+
+# Per (unit, drafted position i), in the lab's definitions (docs/acceptance-definitions.md):
+# n_reached R_i = drafts whose positions 0..i-1 were all accepted (and i was verified),
+# n_accepted A_i = drafts whose positions 0..i were all accepted (vLLM's per-position
+# counter), n_drafted = drafts that drafted position i (null when the source does not say).
+# Sources that give rates but no counts fill accept_rate (a_i = P(accepted_i | reached_i))
+# and/or survival (s_i = P(positions 0..i accepted)) and leave the counts null.
+COUNTERS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.string(), nullable=False),
+        pa.field("request_id", pa.string()),
+        pa.field("interval", pa.int32()),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("n_drafted", pa.int64()),
+        pa.field("n_reached", pa.int64()),
+        pa.field("n_accepted", pa.int64()),
+        pa.field("accept_rate", pa.float64()),
+        pa.field("survival", pa.float64()),
+    ]
+)
+
+# Per unit. num_drafts: verify steps that carried drafts; num_draft_tokens: drafted tokens
+# verified; num_accepted_tokens: accepted drafted tokens (bonus excluded); num_output_tokens:
+# tokens the unit emitted (a response's completion tokens), when known. reported_*: what the
+# source printed, converted to a fraction, with the definition it uses
+# (dsparklab.analysis.definitions.AL_DEFINITIONS); t_start / t_end: a scrape interval's
+# wall-clock bounds (unix seconds).
+TOTALS_SCHEMA = pa.schema(
+    [
+        pa.field("scope", pa.string(), nullable=False),
+        pa.field("request_id", pa.string()),
+        pa.field("interval", pa.int32()),
+        pa.field("t_start", pa.float64()),
+        pa.field("t_end", pa.float64()),
+        pa.field("num_drafts", pa.int64()),
+        pa.field("num_draft_tokens", pa.int64()),
+        pa.field("num_accepted_tokens", pa.int64()),
+        pa.field("num_output_tokens", pa.int64()),
+        pa.field("reported_accept_len", pa.float64()),
+        pa.field("reported_accept_len_definition", pa.string()),
+        pa.field("reported_accept_rate", pa.float64()),
+    ]
+)
+
+# Confidence calibration a source computed itself (one row per position with ``bin`` null,
+# plus one row per reliability bin). ``score`` names what was judged: "confidence" (the
+# head's c_i at reached positions) or "prefix_confidence" (prod_{j<=i} c_j against
+# survival); ``count`` is the number (or weight) of observations.
+CALIBRATION_SCHEMA = pa.schema(
+    [
+        pa.field("score", pa.string(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("bin", pa.int32()),
+        pa.field("bin_lo", pa.float64()),
+        pa.field("bin_hi", pa.float64()),
+        pa.field("count", pa.float64()),
+        pa.field("pred_mean", pa.float64()),
+        pa.field("target_mean", pa.float64()),
+        pa.field("ece", pa.float64()),
+        pa.field("auroc", pa.float64()),
+        pa.field("brier", pa.float64()),
+    ]
+)
+
+AGGREGATE_TABLES: dict[str, pa.Schema] = {
+    "counters": COUNTERS_SCHEMA,
+    "totals": TOTALS_SCHEMA,
+    "calibration": CALIBRATION_SCHEMA,
+}
+# Every table a run directory may hold.
+ALL_TABLES: dict[str, pa.Schema] = {**TABLES, **AGGREGATE_TABLES}
 
 # run.json fields a reader relies on; the rest (hardware, config, provenance) is free-form.
 RUN_REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {

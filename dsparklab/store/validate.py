@@ -15,8 +15,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
-from dsparklab.store.reader import check_part_schema, find_runs, part_files, read_run_json
-from dsparklab.store.schema import RUN_JSON, TABLES, TEMP_SUFFIX
+from dsparklab.store.reader import (
+    check_part_schema,
+    find_runs,
+    part_files,
+    read_run_json,
+    run_granularity,
+)
+from dsparklab.store.schema import (
+    AGGREGATE_TABLES,
+    ALL_TABLES,
+    RUN_JSON,
+    SCOPES,
+    TEMP_SUFFIX,
+)
+
+# Which units a run of each granularity may describe in its counters / totals tables.
+ALLOWED_SCOPES: dict[str, frozenset[str]] = {
+    "token": frozenset({"run", "request"}),
+    "step": frozenset({"run", "request"}),
+    "request": frozenset({"run", "request"}),
+    "aggregate": frozenset({"run"}),
+    "interval": frozenset({"interval", "run"}),
+}
+CALIBRATION_SCORES = ("confidence", "prefix_confidence")
+UNIT_KEY = ["scope", "request_id", "interval"]
 
 # At most this many violations of one kind are listed; the rest are counted.
 MAX_LISTED = 20
@@ -79,6 +102,7 @@ def validate_run(run_dir: Path | str) -> RunReport:
         return report
     report.status = meta["status"]
     n = meta["num_speculative_tokens"]
+    granularity = run_granularity(meta)
 
     for tmp in sorted(run_dir.rglob(f"*{TEMP_SUFFIX}")):
         if report.complete:
@@ -92,23 +116,293 @@ def validate_run(run_dir: Path | str) -> RunReport:
             )
 
     frames: dict[str, pd.DataFrame] = {}
-    for table in TABLES:
+    for table in ALL_TABLES:
+        if table in AGGREGATE_TABLES and not (run_dir / table).is_dir():
+            frames[table] = _empty_frame(table)
+            continue  # a token-level run has no aggregate tables at all
         frames[table] = _load_table(run_dir, table, report)
         report.rows[table] = len(frames[table])
     if report.violations:
         return report  # invariants are meaningless over unreadable parts
 
     steps, positions, requests = frames["steps"], frames["positions"], frames["requests"]
-    if report.complete and steps.empty:
-        report.violations.append(
-            Violation(str(run_dir / "steps"), None, "run is marked complete but has no steps")
-        )
+    if granularity == "token":
+        if report.complete and steps.empty:
+            report.violations.append(
+                Violation(str(run_dir / "steps"), None, "run is marked complete but has no steps")
+            )
+            return report
+    elif not _check_granularity(run_dir, granularity, frames, report):
         return report
     _check_positions(positions, n, report)
     _check_steps(steps, positions, n, report)
-    if report.complete:
+    if report.complete and not steps.empty:
         _check_requests(steps, requests, report)
+    _check_counters(frames["counters"], n, granularity, report)
+    _check_totals(frames["totals"], frames["counters"], granularity, report)
+    _check_calibration(frames["calibration"], n, report)
     return report
+
+
+def _check_granularity(
+    run_dir: Path, granularity: str, frames: dict[str, pd.DataFrame], report: RunReport
+) -> bool:
+    """A run without token-level rows holds what its granularity says; False: stop here."""
+    if not frames["positions"].empty:
+        report.violations.append(
+            Violation(
+                str(run_dir / "positions"),
+                "granularity",
+                f"run.json says granularity {granularity!r} but the run has position rows; "
+                "a run with drafted tokens is a 'token' run",
+            )
+        )
+        return False
+    if granularity == "step":
+        if report.complete and frames["steps"].empty:
+            report.violations.append(
+                Violation(
+                    str(run_dir / "steps"),
+                    None,
+                    "run is marked complete (granularity 'step') but has no steps",
+                )
+            )
+            return False
+        return True
+    if not frames["steps"].empty:
+        report.violations.append(
+            Violation(
+                str(run_dir / "steps"),
+                "granularity",
+                f"run.json says granularity {granularity!r} but the run has step rows; a "
+                "run with per-step counts is a 'step' run",
+            )
+        )
+        return False
+    if report.complete and frames["counters"].empty and frames["totals"].empty:
+        report.violations.append(
+            Violation(
+                str(run_dir / "counters"),
+                None,
+                f"run is marked complete (granularity {granularity!r}) but holds no counters "
+                "or totals rows",
+            )
+        )
+        return False
+    return True
+
+
+def _empty_frame(table: str) -> pd.DataFrame:
+    frame = ALL_TABLES[table].empty_table().to_pandas()
+    frame["_file"] = pd.Series(dtype=str)
+    frame["_row"] = pd.Series(dtype="int64")
+    return frame
+
+
+def _check_scopes(frame: pd.DataFrame, granularity: str, report: RunReport, table: str) -> None:
+    allowed = ALLOWED_SCOPES[granularity]
+    _flag(
+        report,
+        frame[~frame["scope"].isin(list(allowed))],
+        "scope",
+        "scope {scope!r} is not allowed in a run of granularity "
+        + repr(granularity)
+        + f" (allowed: {sorted(allowed)}; known scopes: {list(SCOPES)})",
+    )
+    _flag(
+        report,
+        frame[(frame["scope"] == "request") & frame["request_id"].isna()],
+        "request_id",
+        f"a {table} row of scope 'request' has no request_id",
+    )
+    _flag(
+        report,
+        frame[(frame["scope"] == "interval") & frame["interval"].isna()],
+        "interval",
+        f"a {table} row of scope 'interval' has no interval",
+    )
+    _flag(
+        report,
+        frame[
+            (frame["scope"] == "run") & (frame["request_id"].notna() | frame["interval"].notna())
+        ],
+        "scope",
+        f"a {table} row of scope 'run' names a request or an interval",
+    )
+
+
+def _unit_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a hashable unit key (nulls as empty strings / -1)."""
+    return frame.assign(
+        _unit=frame["scope"].astype(str)
+        + "|"
+        + frame["request_id"].fillna("").astype(str)
+        + "|"
+        + frame["interval"].fillna(-1).astype("int64").astype(str)
+    )
+
+
+def _check_counters(counters: pd.DataFrame, n: int, granularity: str, report: RunReport) -> None:
+    if counters.empty:
+        return
+    _check_scopes(counters, granularity, report, "counters")
+    _flag(
+        report,
+        counters[(counters["position"] < 0) | (counters["position"] >= n)],
+        "position",
+        "position {position} is outside [0, num_speculative_tokens=" + str(n) + ")",
+    )
+    frame = _unit_frame(counters)
+    _flag(
+        report,
+        frame[frame.duplicated(["_unit", "position"], keep="first")],
+        "position",
+        "duplicate (scope, request_id, interval, position) at position {position}",
+    )
+    for name in ("n_drafted", "n_reached", "n_accepted"):
+        _flag(report, frame[frame[name] < 0], name, f"{name} " + "{" + name + "} is negative")
+    _flag(
+        report,
+        frame[frame["n_accepted"] > frame["n_reached"]],
+        "n_accepted",
+        "n_accepted {n_accepted} > n_reached {n_reached} at position {position}",
+    )
+    _flag(
+        report,
+        frame[frame["n_reached"] > frame["n_drafted"]],
+        "n_reached",
+        "n_reached {n_reached} > n_drafted {n_drafted} at position {position}",
+    )
+    for name in ("accept_rate", "survival"):
+        _flag(
+            report,
+            frame[(frame[name] < 0) | (frame[name] > 1)],
+            name,
+            f"{name} " + "{" + name + "} is outside [0, 1]",
+        )
+    empty = frame["n_accepted"].isna() & frame["accept_rate"].isna() & frame["survival"].isna()
+    _flag(
+        report,
+        frame[empty],
+        "n_accepted",
+        "row at position {position} has neither counts (n_accepted) nor rates",
+    )
+    _flag(
+        report,
+        frame[frame["n_accepted"].notna() & frame["n_reached"].isna()],
+        "n_reached",
+        "n_accepted without n_reached at position {position}",
+    )
+    # prefix-closed acceptance: A_i <= A_{i-1}, R_i <= A_{i-1}, s_i <= s_{i-1}
+    ordered = frame.sort_values(["_unit", "position"])
+    previous = ordered.groupby("_unit", sort=False).shift(1)
+    consecutive = ordered["position"] == previous["position"] + 1
+    _flag(
+        report,
+        ordered[consecutive & (ordered["n_accepted"] > previous["n_accepted"])],
+        "n_accepted",
+        "n_accepted {n_accepted} at position {position} exceeds the previous position's "
+        "(acceptance must be prefix-closed)",
+    )
+    _flag(
+        report,
+        ordered[consecutive & (ordered["n_reached"] > previous["n_accepted"])],
+        "n_reached",
+        "n_reached {n_reached} at position {position} exceeds the drafts that accepted the "
+        "previous position",
+    )
+    _flag(
+        report,
+        ordered[consecutive & (ordered["survival"] > previous["survival"] + 1e-9)],
+        "survival",
+        "survival {survival} at position {position} exceeds the previous position's",
+    )
+
+
+def _check_totals(
+    totals: pd.DataFrame, counters: pd.DataFrame, granularity: str, report: RunReport
+) -> None:
+    if totals.empty:
+        return
+    _check_scopes(totals, granularity, report, "totals")
+    frame = _unit_frame(totals)
+    _flag(
+        report,
+        frame[frame.duplicated(["_unit"], keep="first")],
+        "scope",
+        "duplicate unit (scope {scope}, request_id {request_id}, interval {interval})",
+    )
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_output_tokens"):
+        _flag(report, frame[frame[name] < 0], name, f"{name} " + "{" + name + "} is negative")
+    _flag(
+        report,
+        frame[frame["num_accepted_tokens"] > frame["num_draft_tokens"]],
+        "num_accepted_tokens",
+        "num_accepted_tokens {num_accepted_tokens} > num_draft_tokens {num_draft_tokens}",
+    )
+    _flag(
+        report,
+        frame[(frame["reported_accept_rate"] < 0) | (frame["reported_accept_rate"] > 1)],
+        "reported_accept_rate",
+        "reported_accept_rate {reported_accept_rate} is outside [0, 1] (stored as a fraction)",
+    )
+    _flag(
+        report,
+        frame[frame["reported_accept_len"] < 0],
+        "reported_accept_len",
+        "reported_accept_len {reported_accept_len} is negative",
+    )
+    _flag(
+        report,
+        frame[frame["t_end"] < frame["t_start"]],
+        "t_end",
+        "interval ends ({t_end}) before it starts ({t_start})",
+    )
+    counted = _unit_frame(counters.dropna(subset=["n_accepted"]))
+    if counted.empty:
+        return
+    sums = counted.groupby("_unit")["n_accepted"].sum().rename("sum_accepted")
+    merged = frame.merge(sums, left_on="_unit", right_index=True, how="inner")
+    _flag(
+        report,
+        merged[
+            merged["num_accepted_tokens"].notna()
+            & (merged["num_accepted_tokens"] != merged["sum_accepted"])
+        ],
+        "num_accepted_tokens",
+        "num_accepted_tokens {num_accepted_tokens} != {sum_accepted}, the sum of the unit's "
+        "per-position accepted counts",
+    )
+
+
+def _check_calibration(calibration: pd.DataFrame, n: int, report: RunReport) -> None:
+    if calibration.empty:
+        return
+    _flag(
+        report,
+        calibration[~calibration["score"].isin(list(CALIBRATION_SCORES))],
+        "score",
+        "score {score!r} is not one of " + str(list(CALIBRATION_SCORES)),
+    )
+    _flag(
+        report,
+        calibration[(calibration["position"] < 0) | (calibration["position"] >= n)],
+        "position",
+        "position {position} is outside [0, num_speculative_tokens=" + str(n) + ")",
+    )
+    for name in ("bin_lo", "bin_hi", "pred_mean", "target_mean", "ece", "auroc", "brier"):
+        _flag(
+            report,
+            calibration[(calibration[name] < 0) | (calibration[name] > 1)],
+            name,
+            f"{name} " + "{" + name + "} is outside [0, 1]",
+        )
+    _flag(
+        report,
+        calibration[calibration["count"] < 0],
+        "count",
+        "count {count} is negative",
+    )
 
 
 def _reason(err: TraceSchemaError) -> str:
@@ -129,7 +423,7 @@ def _load_table(run_dir: Path, table: str, report: RunReport) -> pd.DataFrame:
         except (pa.ArrowInvalid, OSError) as err:
             report.violations.append(Violation(str(path), None, f"unreadable parquet: {err}"))
             continue
-        schema = TABLES[table]
+        schema = ALL_TABLES[table]
         for spec in schema:
             if not spec.nullable and arrow.column(spec.name).null_count:
                 first = arrow.column(spec.name).is_null().to_pylist().index(True)
@@ -141,10 +435,7 @@ def _load_table(run_dir: Path, table: str, report: RunReport) -> pd.DataFrame:
         frame["_row"] = range(len(frame))
         pieces.append(frame)
     if not pieces:
-        frame = TABLES[table].empty_table().to_pandas()
-        frame["_file"] = pd.Series(dtype=str)
-        frame["_row"] = pd.Series(dtype="int64")
-        return frame
+        return _empty_frame(table)
     return pd.concat(pieces, ignore_index=True)
 
 

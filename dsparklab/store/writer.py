@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from dsparklab.errors import TraceSchemaError
 from dsparklab.provenance import provenance
 from dsparklab.store.schema import (
+    ALL_TABLES,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
@@ -124,9 +125,9 @@ class TraceWriter:
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._overwrite = overwrite
-        self._buffers: dict[str, list[Mapping[str, Any]]] = {name: [] for name in TABLES}
-        self._next_part: dict[str, int] = dict.fromkeys(TABLES, 0)
-        self._rows_written: dict[str, int] = dict.fromkeys(TABLES, 0)
+        self._buffers: dict[str, list[Mapping[str, Any]]] = {name: [] for name in ALL_TABLES}
+        self._next_part: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
+        self._rows_written: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
         self._last_flush = time.monotonic()
         self._open = False
 
@@ -137,10 +138,11 @@ class TraceWriter:
                 f"{self.run_dir / RUN_JSON}: run already exists; pass overwrite=True or "
                 "choose another directory"
             )
-        for name in TABLES:
+        for name in ALL_TABLES:
             table_dir = self.run_dir / name
-            table_dir.mkdir(parents=True, exist_ok=True)
-            if self._overwrite:
+            if name in TABLES:  # the aggregate tables' directories appear with their rows
+                table_dir.mkdir(parents=True, exist_ok=True)
+            if self._overwrite and table_dir.is_dir():
                 for old in table_dir.iterdir():
                     old.unlink()
         self.meta["status"] = "running"
@@ -171,7 +173,7 @@ class TraceWriter:
             self.flush()
         self.meta["status"] = status
         self.meta["finished_at"] = utc_now()
-        self.meta["rows"] = dict(self._rows_written)
+        self.meta["rows"] = self._present(self._rows_written)
         self._write_meta()
         self._open = False
 
@@ -184,7 +186,7 @@ class TraceWriter:
             raise RuntimeError("TraceWriter is not open; use it as a context manager")
         if table not in self._buffers:
             raise TraceSchemaError(
-                f"unknown table {table!r}; expected one of {sorted(TABLES)}", field=table
+                f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}", field=table
             )
         self._buffers[table].extend(rows)
         if (
@@ -197,6 +199,14 @@ class TraceWriter:
         """Merge fields into run.json (rewritten atomically at the next status change)."""
         self.meta.update(fields)
 
+    def checkpoint(self) -> None:
+        """Flush every buffered row and rewrite run.json now (a live run's progress)."""
+        if not self._open:
+            raise RuntimeError("TraceWriter is not open; use it as a context manager")
+        self.flush()
+        self.meta["rows"] = self._present(self._rows_written)
+        self._write_meta()
+
     def flush(self) -> None:
         for name, rows in self._buffers.items():
             if rows:
@@ -207,8 +217,9 @@ class TraceWriter:
 
     # -- files -----------------------------------------------------------------------
     def _write_part(self, table: str, rows: list[Mapping[str, Any]]) -> None:
-        schema = TABLES[table]
+        schema = ALL_TABLES[table]
         path = self.run_dir / table / f"{PART_PREFIX}{self._next_part[table]:05d}{PART_SUFFIX}"
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
             arrow = pa.Table.from_pylist(list(rows), schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, TypeError) as err:
@@ -225,6 +236,11 @@ class TraceWriter:
         _fsync_dir(path.parent)
         self._next_part[table] += 1
 
+    @staticmethod
+    def _present(counts: Mapping[str, int]) -> dict[str, int]:
+        """The token-level tables always; an aggregate table once it has rows."""
+        return {k: v for k, v in counts.items() if k in TABLES or v}
+
     def _write_meta(self) -> None:
-        self.meta["parts"] = dict(self._next_part)
+        self.meta["parts"] = self._present(self._next_part)
         write_json_atomic(self.run_dir / RUN_JSON, self.meta)

@@ -1,0 +1,532 @@
+r"""Acceptance for runs without token-level rows: counters, rates, totals, intervals.
+
+Runs imported from what engines and benchmark harnesses export (or scraped live) hold
+per-position *counters* (:math:`R_i`, :math:`A_i` per run, request or scrape interval),
+sometimes only *rates*, and per-unit *totals* with the numbers the source reported (see
+``dsparklab/store/schema.py``). These functions turn them into the same tables the
+token-level analysis returns, so one heatmap or AL curve can hold every run whatever it
+holds, and :func:`compute_coverage` says plainly what each run cannot show.
+
+Counts finish with the formulas of :func:`dsparklab.analysis.compute_acceptance_by_position`
+(:math:`a_i = A_i / R_i`, :math:`s_i = \prod_{j \le i} a_j`,
+:math:`\mathrm{AL} = 1 + \sum_i s_i`); a run that gave rates only keeps its rates and
+cannot be pooled with other runs (there is nothing to weight them by).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
+from dsparklab.analysis.acceptance import (
+    compute_acceptance_by_position,
+    compute_acceptance_length,
+    count_acceptance,
+    count_acceptance_from_steps,
+)
+from dsparklab.analysis.definitions import AL_DEFINITIONS, conditional_from_marginal
+from dsparklab.errors import DSparkLabError
+
+COUNTER_COLUMNS = ("scope", "request_id", "interval", "position", "n_reached", "n_accepted")
+
+
+def _counted(counters: pd.DataFrame) -> pd.DataFrame:
+    return counters[counters["n_accepted"].notna() & counters["n_reached"].notna()]
+
+
+def count_acceptance_from_counters(
+    counters: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("run_id",),
+    per_request: bool = True,
+) -> pd.DataFrame:
+    """The counter table of :func:`dsparklab.analysis.count_acceptance`, from stored counters.
+
+    Parameters
+    ----------
+    counters
+        ``read_trace(root, "counters")``: rows with counts (rate-only rows are skipped;
+        see :func:`compute_rate_acceptance`).
+    by
+        Grouping columns (run columns, or ``interval`` for a live run's time series).
+    per_request
+        Keep ``run_id``, ``request_id`` when every counted row is per request (bootstrap
+        intervals need them); run- and interval-scoped counters are summed per group.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``by`` [+ run_id, request_id] + ``position``, ``n_drafted``, ``n_reached``,
+        ``n_accepted``. A null ``n_drafted`` (the source does not say how many drafts
+        drafted position i) becomes :math:`R_i`, the drafts known to have reached it.
+
+    Notes
+    -----
+    Interval rows of one run are disjoint (per-interval deltas), so summing them gives the
+    run's counts; a run's run-scoped and request-scoped rows are never both counted (the
+    finer one is used).
+    """
+    by = as_columns(by)
+    require_columns(counters, COUNTER_COLUMNS, what="count_acceptance_from_counters")
+    frame = _counted(counters)
+    if "run_id" not in frame.columns:
+        frame = frame.assign(run_id="run")
+    # one scope per run: requests if the run has them, else intervals, else the run
+    finest = frame.groupby("run_id")["scope"].agg(
+        lambda s: (
+            "request"
+            if (s == "request").any()
+            else ("interval" if (s == "interval").any() else "run")
+        )
+    )
+    frame = frame[frame["scope"].to_numpy() == frame["run_id"].map(finest).to_numpy()]
+    drafted = frame["n_drafted"].astype("Float64").fillna(frame["n_reached"].astype("Float64"))
+    frame = frame.assign(n_drafted=drafted)
+    keys = list(by)
+    if per_request and len(frame) and (frame["scope"] == "request").all():
+        keys += [c for c in UNIT_COLUMNS if c not in keys]
+    keys.append("position")
+    require_columns(frame, keys, what="count_acceptance_from_counters")
+    if frame.empty:
+        return pd.DataFrame(
+            {c: pd.Series(dtype=object if c != "position" else np.int64) for c in keys}
+            | {c: pd.Series(dtype=np.int64) for c in ("n_drafted", "n_reached", "n_accepted")}
+        )
+    summed = (
+        frame.groupby(keys, dropna=False, sort=True)[["n_drafted", "n_reached", "n_accepted"]]
+        .sum()
+        .reset_index()
+    )
+    for name in ("n_drafted", "n_reached", "n_accepted"):
+        summed[name] = summed[name].astype(np.int64)
+    summed["position"] = summed["position"].astype(np.int64)
+    return summed
+
+
+def compute_rate_acceptance(
+    counters: pd.DataFrame, *, by: str | Iterable[str] = ("run_id",)
+) -> pd.DataFrame:
+    """Acceptance by position of runs that reported rates but no counts.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The columns of :func:`dsparklab.analysis.compute_acceptance_by_position` (counts,
+        intervals and ``n_requests`` NA) with ``accept_rate`` and ``survival`` as reported;
+        a missing one is derived: :math:`a_i = s_i / s_{i-1}`, :math:`s_i = \\prod_{j\\le i}
+        a_j`.
+
+    Notes
+    -----
+    Rates of different runs cannot be pooled without their counts: every group must hold
+    one run (group by ``run_id`` or by columns that single runs out).
+    """
+    by = as_columns(by)
+    require_columns(counters, ("position", "accept_rate", "survival"), what="rate acceptance")
+    frame = counters[counters["n_accepted"].isna()] if "n_accepted" in counters else counters
+    if "run_id" not in frame.columns:
+        frame = frame.assign(run_id="run")
+    if frame.empty:
+        return _empty_rates(by)
+    pieces = []
+    for key, group in frame.groupby(list(by) if by else ["run_id"], sort=True, dropna=False):
+        if group["run_id"].nunique() > 1:
+            raise DSparkLabError(
+                f"runs {sorted(group['run_id'].unique())[:3]} reported rates only and fall in "
+                f"one group {key}: rates cannot be pooled without counts; group by run_id"
+            )
+        group = group.sort_values("position")
+        survival = group["survival"].to_numpy(dtype=np.float64, na_value=np.nan)
+        rate = group["accept_rate"].to_numpy(dtype=np.float64, na_value=np.nan)
+        if np.isnan(survival).all() and not np.isnan(rate).all():
+            survival = np.cumprod(np.where(np.isnan(rate), 0.0, rate))
+        if np.isnan(rate).all():
+            rate = conditional_from_marginal(survival)
+        out = (
+            group[list(by)].reset_index(drop=True) if by else pd.DataFrame(index=range(len(group)))
+        )
+        out = out.assign(
+            position=group["position"].to_numpy(dtype=np.int64),
+            accept_rate=rate,
+            survival=survival,
+        )
+        pieces.append(out)
+    result = pd.concat(pieces, ignore_index=True)
+    for name in ("n_drafted", "n_reached", "n_accepted", "n_requests"):
+        result[name] = pd.array([pd.NA] * len(result), dtype="Int64")
+    for name in ("accept_rate_lo", "accept_rate_hi", "survival_lo", "survival_hi"):
+        result[name] = np.nan
+    return result[list(_empty_rates(by).columns)]
+
+
+def _empty_rates(by: tuple[str, ...]) -> pd.DataFrame:
+    cols = [
+        *by,
+        "position",
+        "n_drafted",
+        "n_reached",
+        "n_accepted",
+        "accept_rate",
+        "accept_rate_lo",
+        "accept_rate_hi",
+        "survival",
+        "survival_lo",
+        "survival_hi",
+        "n_requests",
+    ]
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+
+
+def count_acceptance_any(
+    positions: pd.DataFrame | None = None,
+    *,
+    steps: pd.DataFrame | None = None,
+    counters: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    per_request: bool = True,
+) -> pd.DataFrame:
+    """Acceptance counters of every run, from the finest rows each run holds.
+
+    Token-level runs are counted from ``positions``; runs whose steps have no position
+    rows (``step`` granularity: vLLM's per-step counts without drafted tokens) from
+    ``steps`` (:func:`dsparklab.analysis.count_acceptance_from_steps`); the rest from
+    ``counters`` (:func:`count_acceptance_from_counters`). The tables are disjoint by run,
+    so they concatenate into one counter table for
+    :func:`dsparklab.analysis.compute_acceptance_by_position`.
+    """
+    by = as_columns(by)
+    pieces: list[pd.DataFrame] = []
+    token_runs: set[str] = set()
+    if positions is not None and len(positions):
+        pieces.append(count_acceptance(positions, steps=steps, by=by, per_request=per_request))
+        token_runs = set(positions["run_id"].unique()) if "run_id" in positions else {"run"}
+    if steps is not None and len(steps):
+        run_ids = steps["run_id"] if "run_id" in steps else pd.Series("run", index=steps.index)
+        rest = steps[~run_ids.isin(token_runs)]
+        if len(rest):
+            counted = count_acceptance_from_steps(rest, by=by, per_request=per_request)
+            pieces.append(counted[counted["n_drafted"] > 0])
+    if counters is not None and len(counters):
+        pieces.append(count_acceptance_from_counters(counters, by=by, per_request=per_request))
+    pieces = [p for p in pieces if len(p)]
+    if not pieces:
+        return count_acceptance_from_counters(
+            pd.DataFrame({c: pd.Series(dtype=object) for c in (*COUNTER_COLUMNS, "n_drafted")}),
+            by=by,
+            per_request=False,
+        )
+    if len({tuple(p.columns) for p in pieces}) > 1:  # some runs per request, some not
+        pieces = [
+            p.drop(columns=[c for c in UNIT_COLUMNS if c in p and c not in by]) for p in pieces
+        ]
+        pieces = [
+            p.groupby([*by, "position"], dropna=False)[["n_drafted", "n_reached", "n_accepted"]]
+            .sum()
+            .reset_index()
+            for p in pieces
+        ]
+    return pd.concat(pieces, ignore_index=True)
+
+
+def compute_acceptance_by_position_any(
+    positions: pd.DataFrame | None = None,
+    *,
+    steps: pd.DataFrame | None = None,
+    counters: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Conditional acceptance and survival per position for runs of any granularity.
+
+    Counts (from whatever rows each run holds, :func:`count_acceptance_any`) finish as in
+    :func:`dsparklab.analysis.compute_acceptance_by_position`:
+
+    .. math:: a_i = A_i / R_i, \\qquad s_i = \\prod_{j \\le i} a_j
+
+    with bootstrap intervals only where per-request counts exist. Runs that reported only
+    rates are appended as reported (:func:`compute_rate_acceptance`). A ``source`` column
+    says which: ``"counts"`` or ``"reported rates"``.
+    """
+    by = as_columns(by)
+    counts = count_acceptance_any(positions, steps=steps, counters=counters, by=by)
+    counted = compute_acceptance_by_position(counts, by=by, n_boot=n_boot, ci=ci, seed=seed)
+    counted = counted.assign(source="counts")
+    if counters is None or not len(counters) or counters["n_accepted"].notna().all():
+        return counted
+    rates = compute_rate_acceptance(counters, by=by).assign(source="reported rates")
+    if counted.empty:
+        return rates
+    return pd.concat([counted, rates], ignore_index=True)
+
+
+def compute_acceptance_length_any(
+    positions: pd.DataFrame | None = None,
+    *,
+    steps: pd.DataFrame | None = None,
+    counters: pd.DataFrame | None = None,
+    totals: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Acceptance length per group for runs of any granularity, with its definition.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``by`` + ``accept_len`` (+ ``_lo``/``_hi`` where per-request counts exist) and
+        ``definition``: ``per_step`` (:math:`1 + \\sum_i s_i` from counts or reported
+        rates) or, for runs that hold only a reported number (e.g. specdec_bench's
+        ``accept_length_by_k``), ``reported: <its definition>``.
+    """
+    by = as_columns(by)
+    counts = count_acceptance_any(positions, steps=steps, counters=counters, by=by)
+    length = compute_acceptance_length(counts, by=by, n_boot=n_boot, ci=ci, seed=seed)
+    pieces = [length.assign(definition="per_step")] if len(length) else []
+    if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
+        rates = compute_rate_acceptance(counters, by=by)
+        grouped = rates.groupby(list(by), dropna=False) if by else [((), rates)]
+        rows = [
+            {
+                **dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+                "accept_len": 1.0 + float(np.nansum(g["survival"])),
+            }
+            for key, g in grouped
+        ]
+        pieces.append(pd.DataFrame(rows).assign(definition="per_step"))
+    if totals is not None and len(totals):
+        have = set()
+        for piece in pieces:
+            if "run_id" in piece.columns:
+                have |= set(piece["run_id"])
+        if counters is not None and "run_id" in counters:
+            have |= set(counters["run_id"])
+        if positions is not None and "run_id" in positions:
+            have |= set(positions["run_id"])
+        if steps is not None and "run_id" in steps:
+            have |= set(steps["run_id"])
+        only = totals[(totals["scope"] == "run") & totals["reported_accept_len"].notna()]
+        if "run_id" in only.columns:
+            only = only[~only["run_id"].isin(have)]
+        if len(only):
+            reported = only[[*by, "reported_accept_len", "reported_accept_len_definition"]].rename(
+                columns={"reported_accept_len": "accept_len"}
+            )
+            reported["definition"] = "reported: " + reported.pop(
+                "reported_accept_len_definition"
+            ).fillna("unknown")
+            pieces.append(reported)
+    if not pieces:
+        return length.assign(definition=pd.Series(dtype=str))
+    return pd.concat(pieces, ignore_index=True)
+
+
+def compute_acceptance_over_time(
+    counters: pd.DataFrame,
+    totals: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("run_id",),
+) -> pd.DataFrame:
+    """Acceptance by position per scrape interval of live runs (``dsparklab watch``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group, interval and position: ``t_start``, ``t_end`` (unix seconds),
+        ``t_mid_s`` (seconds since the group's first interval began), ``num_drafts``,
+        ``n_reached``, ``n_accepted``, ``accept_rate``, ``survival`` and the interval's
+        ``accept_len``.
+
+    Notes
+    -----
+    Per interval :math:`k` with :math:`D_k` drafts and per-position accepted counts
+    :math:`A_{k,i}`: :math:`s_{k,i} = A_{k,i} / D_k`, :math:`a_{k,i} = A_{k,i} /
+    A_{k,i-1}` (:math:`A_{k,-1} = D_k`), :math:`\\mathrm{AL}_k = 1 + \\sum_i s_{k,i}`.
+    Intervals without drafts (an idle server) have NaN rates.
+    """
+    by = as_columns(by)
+    keys = [*by, "interval"]
+    rows = counters[(counters["scope"] == "interval") & counters["n_accepted"].notna()]
+    times = totals[totals["scope"] == "interval"]
+    if rows.empty or times.empty:
+        cols = [
+            *keys,
+            "position",
+            "t_start",
+            "t_end",
+            "t_mid_s",
+            "num_drafts",
+            "n_reached",
+            "n_accepted",
+            "accept_rate",
+            "survival",
+            "accept_len",
+        ]
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    joined = rows.merge(
+        times[[*keys, "t_start", "t_end", "num_drafts"]], on=keys, how="left", sort=True
+    )
+    drafts = joined["num_drafts"].to_numpy(dtype=np.float64, na_value=np.nan)
+    reached = joined["n_reached"].to_numpy(dtype=np.float64, na_value=np.nan)
+    accepted = joined["n_accepted"].to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        joined["accept_rate"] = np.where(
+            reached > 0, accepted / np.where(reached > 0, reached, 1), np.nan
+        )
+        joined["survival"] = np.where(
+            drafts > 0, accepted / np.where(drafts > 0, drafts, 1), np.nan
+        )
+    length = (
+        joined.groupby(keys, dropna=False)["survival"].sum(min_count=1).rename("accept_len") + 1.0
+    )
+    joined = joined.merge(length.reset_index(), on=keys, how="left")
+    first = (
+        joined.groupby(list(by), dropna=False)["t_start"].transform("min")
+        if by
+        else joined["t_start"].min()
+    )
+    joined["t_mid_s"] = (joined["t_start"] + joined["t_end"]) / 2.0 - first
+    cols = [
+        *keys,
+        "position",
+        "t_start",
+        "t_end",
+        "t_mid_s",
+        "num_drafts",
+        "n_reached",
+        "n_accepted",
+        "accept_rate",
+        "survival",
+        "accept_len",
+    ]
+    return joined[cols].sort_values([*keys, "position"]).reset_index(drop=True)
+
+
+# -- what a run can show --------------------------------------------------------------------
+ANALYSES: dict[str, str] = {
+    "acceptance_by_position": "a_i and s_i per position (heatmaps, survival curves)",
+    "acceptance_intervals": "bootstrap intervals over requests",
+    "acceptance_length": "AL (window-scaling curve)",
+    "acceptance_over_time": "acceptance per scrape interval",
+    "speedup": "measured speedup vs the target-only run (needs step timings)",
+    "calibration": "confidence-head ECE / Brier / AUROC / reliability",
+    "markov_attribution": "Markov bias attribution (DSpark drafted tokens)",
+    "token_classes": "acceptance by token class, request strips, worst prompts",
+}
+
+
+def compute_coverage(
+    runs: pd.DataFrame,
+    *,
+    counters: pd.DataFrame | None = None,
+    calibration: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """What each run can and cannot show, and why.
+
+    Parameters
+    ----------
+    runs
+        ``dsparklab.store.list_runs`` (``run_id``, ``method``, ``granularity``).
+    counters, calibration
+        The runs' counters and calibration tables, when loaded (to tell counts from rates
+        and reported calibration from none).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per run and analysis (:data:`ANALYSES`): ``run_id``, ``granularity``,
+        ``analysis``, ``available`` (bool) and ``reason`` (plain words; empty when
+        available).
+    """
+    require_columns(runs, ("run_id", "method", "granularity"), what="compute_coverage")
+    rates_only: set[str] = set()
+    if counters is not None and len(counters) and "run_id" in counters:
+        by_run = counters.groupby("run_id")["n_accepted"].agg(lambda s: s.isna().all())
+        rates_only = set(by_run[by_run].index)
+    reported_cal: set[str] = set()
+    if calibration is not None and len(calibration) and "run_id" in calibration:
+        reported_cal = set(calibration["run_id"])
+    rows = []
+    for run in runs.itertuples(index=False):
+        run_id, method, granularity = str(run.run_id), str(run.method), str(run.granularity)
+        for analysis in ANALYSES:
+            available, reason = _available(
+                analysis, method, granularity, run_id in rates_only, run_id in reported_cal
+            )
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "method": method,
+                    "granularity": granularity,
+                    "analysis": analysis,
+                    "available": available,
+                    "reason": reason,
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["run_id", "method", "granularity", "analysis", "available", "reason"]
+    )
+
+
+def _available(
+    analysis: str, method: str, granularity: str, rates_only: bool, reported_cal: bool
+) -> tuple[bool, str]:
+    token = granularity == "token"
+    if method == "none":
+        if analysis == "speedup":
+            return True, ""
+        return False, "target-only baseline: nothing drafted"
+    if analysis == "acceptance_by_position":
+        return True, "" if not rates_only else "reported rates only (no counts)"
+    if analysis == "acceptance_length":
+        return True, ""
+    if analysis == "acceptance_intervals":
+        if granularity in ("token", "step", "request") and not rates_only:
+            return True, ""
+        return False, f"{granularity} run: no per-request counts to resample"
+    if analysis == "acceptance_over_time":
+        if granularity == "interval":
+            return True, ""
+        return False, "not a live (interval) run"
+    if analysis == "speedup":
+        if token:
+            return True, ""
+        return False, f"{granularity} run: no per-step draft / verify timings"
+    if analysis == "calibration":
+        if token and method == "dspark":
+            return True, ""
+        if reported_cal:
+            return True, "as reported by the source (per position; no rows to recompute)"
+        if token:
+            return False, f"{method} has no confidence head"
+        return False, f"{granularity} run: no confidence scores"
+    if analysis == "markov_attribution":
+        if token and method == "dspark":
+            return True, ""
+        return False, (
+            f"{granularity} run: no drafted tokens" if not token else f"{method} has no Markov head"
+        )
+    if analysis == "token_classes":
+        if token:
+            return True, ""
+        return False, f"{granularity} run: no drafted or target tokens"
+    raise DSparkLabError(f"unknown analysis {analysis!r}; expected one of {list(ANALYSES)}")
+
+
+__all__ = [
+    "AL_DEFINITIONS",
+    "ANALYSES",
+    "compute_acceptance_by_position_any",
+    "compute_acceptance_length_any",
+    "compute_acceptance_over_time",
+    "compute_coverage",
+    "compute_rate_acceptance",
+    "count_acceptance_any",
+    "count_acceptance_from_counters",
+]

@@ -1,0 +1,322 @@
+r"""One set of definitions: every acceptance number a tool reports, in the lab's terms.
+
+The formulas, with which tool reports which quantity, are in
+``docs/acceptance-definitions.md``; this module is the code those pages describe, and the
+importers (:mod:`dsparklab.importers`) check every file's own numbers with it.
+
+Notation. Positions count from 0. A *draft* is one verify step that carried drafted tokens
+(vLLM ``num_drafts``, SGLang ``spec_verify_ct``, specdec_bench's decode steps, DeepSpec's
+proposals). For :math:`D` drafts of window :math:`n`:
+
+.. math::
+
+    h_j &= \#\{\text{drafts that accepted exactly } j \text{ drafted tokens}\},
+        \quad j = 0..n \quad (\text{bonus token excluded}) \\
+    A_i &= \sum_{j > i} h_j \quad (\text{drafts whose positions } 0..i
+        \text{ were all accepted: the marginal count}) \\
+    R_i &= \sum_{j \ge i} h_j \quad (\text{drafts that reached position } i) \\
+    s_i &= A_i / D \quad (\text{survival} = \text{marginal} = \text{"joint" rate}) \\
+    a_i &= A_i / R_i = s_i / s_{i-1} \quad (\text{conditional rate}, s_{-1} = 1) \\
+    \mathrm{AL} &= 1 + \sum_i s_i = 1 + \frac{\sum_j j\, h_j}{D}
+        \quad (\text{per-step mean, bonus token included})
+
+The per-request mean :math:`\frac{1}{N}\sum_r \mathrm{AL}_r` weights every request
+equally and differs from the per-step mean (which weights requests by their steps) whenever
+requests' lengths and acceptance differ. The draft acceptance rate
+:math:`\sum_j j\, h_j / \sum_d k_d` divides by drafted tokens, not drafts. A *length*
+histogram (specdec_bench) is keyed by tokens emitted per step, :math:`L = j + 1`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.errors import DSparkLabError
+
+# How a reported acceptance length was computed; stored with every reported number.
+AL_DEFINITIONS: dict[str, str] = {
+    "per_step": "mean over drafts of (accepted drafted tokens + 1): 1 + sum_i s_i "
+    "= 1 + accepted / drafts (bonus token included)",
+    "per_request": "mean over requests of each request's per-step AL (requests weigh equally)",
+    "completion_per_verify": "completion tokens / verify steps (SGLang spec_accept_length: "
+    "counts the prefill's first token too, so it exceeds the per-step AL by 1 / steps)",
+    "committed_per_round": "mean over proposals of committed tokens, bonus included except "
+    "on a round that ends in EOS (DeepSpec acceptance_length)",
+}
+
+# What each tool's fields mean, for the docs page and the importers' checks.
+TOOL_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("vllm-metrics", "vllm:spec_decode_num_drafts_total", "D (drafts)"),
+    ("vllm-metrics", "vllm:spec_decode_num_draft_tokens_total", "drafted tokens sum_d k_d"),
+    ("vllm-metrics", "vllm:spec_decode_num_accepted_tokens_total", "accepted tokens sum_j j h_j"),
+    (
+        "vllm-metrics",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}",
+        "A_i (marginal count)",
+    ),
+    ("vllm-bench", "spec_decode_acceptance_rate", "accepted / drafted tokens, in PERCENT"),
+    ("vllm-bench", "spec_decode_acceptance_length", "per_step AL = 1 + accepted / D"),
+    ("vllm-bench", "spec_decode_per_position_acceptance_rates", "s_i (fractions)"),
+    ("vllm-request", "acceptance_histogram", "h_j, dense, length n + 1, bonus excluded"),
+    ("vllm-request", "mean_acceptance_length", "per_step AL of the request"),
+    ("vllm-request", "draft_acceptance_rate", "accepted / drafted tokens (fraction)"),
+    ("vllm-request", "per_step_accepted / per_step_drafted", "j and k_d per step, in order"),
+    ("sglang", "spec_correct_drafts_histogram", "h_j (index = correct drafts)"),
+    ("sglang", "spec_accept_length", "completion_per_verify: completion tokens / verify steps"),
+    ("sglang", "spec_accept_rate", "correct drafts / proposed drafts (fraction)"),
+    ("specdec-bench", "Acceptance_Length_Histogram", "steps per length L = j + 1 (bonus in)"),
+    ("specdec-bench", "Conditional_Acceptance_Rate[L]", "a_{L-2} (key L = 1 is always 1.0)"),
+    ("specdec-bench", "Joint_Acceptance_Rate[L]", "s_{L-2} (key L = 1 is always 1.0)"),
+    ("specdec-bench", "Average_AL", "per_request AL"),
+    ("specdec-bench", "speculation_profile mean_accept_length", "per_step AL"),
+    ("specdec-bench", "speculation_profile marginal_accept_rates", "s_i"),
+    ("specdec-bench", "speculation_profile conditional_accept_rates", "a_i"),
+    ("deepspec", "spec.accept_rates_by_position", "s_i among proposals offering i"),
+    ("deepspec", "spec.acceptance_length", "committed_per_round"),
+)
+
+
+def definitions_table() -> pd.DataFrame:
+    """Which tool reports which quantity: ``tool``, ``field``, ``meaning``."""
+    return pd.DataFrame(list(TOOL_FIELDS), columns=["tool", "field", "meaning"])
+
+
+# -- rates --------------------------------------------------------------------------------
+def marginal_from_conditional(conditional: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Survival from conditional rates: :math:`s_i = \\prod_{j \\le i} a_j`.
+
+    A NaN conditional rate (position never reached) makes that and every later survival 0.
+    """
+    rates = np.asarray(conditional, dtype=np.float64)
+    return np.cumprod(np.where(np.isnan(rates), 0.0, rates))
+
+
+def conditional_from_marginal(marginal: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Conditional rates from survival: :math:`a_i = s_i / s_{i-1}` (:math:`s_{-1} = 1`).
+
+    NaN where :math:`s_{i-1} = 0` (the position was never reached).
+    """
+    survival = np.asarray(marginal, dtype=np.float64)
+    previous = np.concatenate([[1.0], survival[:-1]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(previous > 0, survival / np.where(previous > 0, previous, 1.0), np.nan)
+
+
+def accept_len_from_marginal(
+    marginal: Sequence[float] | np.ndarray, *, bonus: bool = True
+) -> float:
+    """:math:`\\mathrm{AL} = 1 + \\sum_i s_i` (``bonus=False``: :math:`\\sum_i s_i`)."""
+    total = float(np.nansum(np.asarray(marginal, dtype=np.float64)))
+    return total + (1.0 if bonus else 0.0)
+
+
+def fraction_from_percent(value: float) -> float:
+    """A percentage (vLLM bench's ``spec_decode_acceptance_rate``) as a fraction."""
+    return float(value) / 100.0
+
+
+def draft_acceptance_rate(accepted_tokens: float, draft_tokens: float) -> float:
+    """:math:`\\sum_j j\\,h_j / \\sum_d k_d`: accepted over drafted tokens (NaN if none)."""
+    return float(accepted_tokens) / float(draft_tokens) if draft_tokens else math.nan
+
+
+def pooled_accept_len(num_drafts: float, accepted_tokens: float) -> float:
+    """Per-step AL from totals: :math:`1 + \\text{accepted} / D` (NaN without drafts)."""
+    return 1.0 + float(accepted_tokens) / float(num_drafts) if num_drafts else math.nan
+
+
+def completion_per_verify(completion_tokens: float, verify_steps: float) -> float:
+    """SGLang's ``spec_accept_length``: completion tokens / verify steps (NaN if none)."""
+    return float(completion_tokens) / float(verify_steps) if verify_steps else math.nan
+
+
+def per_request_accept_len(per_request: Iterable[float]) -> float:
+    """The per-request mean AL: :math:`\\frac{1}{N} \\sum_r \\mathrm{AL}_r`."""
+    values = [float(v) for v in per_request]
+    return sum(values) / len(values) if values else math.nan
+
+
+# -- histograms ---------------------------------------------------------------------------
+def _int_key(key: Any, field: str) -> int:
+    if isinstance(key, bool):
+        raise DSparkLabError(f"{field}: key {key!r} is not an integer")
+    try:
+        value = int(key)
+    except (TypeError, ValueError):
+        raise DSparkLabError(f"{field}: key {key!r} is not an integer") from None
+    if str(value) != str(key).strip() and value != key:
+        raise DSparkLabError(f"{field}: key {key!r} is not an integer")
+    return value
+
+
+def dense_histogram(
+    histogram: Sequence[float] | Mapping[Any, float],
+    *,
+    offset: int = 0,
+    size: int | None = None,
+    field: str = "histogram",
+) -> np.ndarray:
+    """A dense accepted-count histogram :math:`h_j` from a list or a sparse mapping.
+
+    Parameters
+    ----------
+    histogram
+        A list indexed by ``j`` (vLLM, SGLang) or a mapping whose keys are ints or strings
+        of ints (JSON round trips, specdec_bench).
+    offset
+        Subtracted from every key: 1 for a *length* histogram (:math:`L = j + 1`).
+    size
+        Pad to this many entries (``n + 1``); a key beyond it is an error.
+    """
+    if isinstance(histogram, Mapping):
+        items = [(_int_key(k, field) - offset, float(v)) for k, v in histogram.items()]
+    else:
+        items = [(j, float(v)) for j, v in enumerate(histogram)]
+    if any(j < 0 for j, _ in items):
+        low = min(j for j, _ in items) + offset
+        raise DSparkLabError(f"{field}: key {low} is below the smallest possible {offset}")
+    if any(v < 0 or not math.isfinite(v) for _, v in items):
+        raise DSparkLabError(f"{field}: counts must be finite and >= 0")
+    top = max((j for j, _ in items), default=-1) + 1
+    length = top if size is None else size
+    if top > length:
+        raise DSparkLabError(
+            f"{field}: accepted count {top - 1} exceeds the window n = {length - 1}"
+        )
+    out = np.zeros(length, dtype=np.float64)
+    for j, value in items:
+        out[j] += value
+    return out
+
+
+def histogram_from_steps(accepted_per_step: Iterable[int], n: int) -> np.ndarray:
+    """:math:`h_j` from per-step accepted counts (vLLM ``per_step_accepted``)."""
+    hist = np.zeros(n + 1, dtype=np.int64)
+    for accepted in accepted_per_step:
+        if not 0 <= int(accepted) <= n:
+            raise DSparkLabError(f"accepted count {accepted} is outside [0, n = {n}]")
+        hist[int(accepted)] += 1
+    return hist
+
+
+def counts_from_histogram(histogram: Sequence[float] | np.ndarray, n: int) -> pd.DataFrame:
+    """Per-position counts from :math:`h_j` (length ``n + 1``).
+
+    Returns ``position``, ``n_reached`` (:math:`R_i = \\sum_{j \\ge i} h_j`) and
+    ``n_accepted`` (:math:`A_i = \\sum_{j > i} h_j`) for :math:`i = 0..n-1`.
+    """
+    hist = np.asarray(histogram, dtype=np.float64)
+    if len(hist) != n + 1:
+        raise DSparkLabError(f"histogram has {len(hist)} entries; expected n + 1 = {n + 1}")
+    tail = np.cumsum(hist[::-1])[::-1]  # tail[i] = sum_{j >= i} h_j
+    return pd.DataFrame(
+        {
+            "position": np.arange(n, dtype=np.int64),
+            "n_reached": tail[:n].round().astype(np.int64),
+            "n_accepted": tail[1:].round().astype(np.int64),
+        }
+    )
+
+
+def per_step_accept_len(histogram: Sequence[float] | np.ndarray) -> float:
+    """:math:`1 + \\sum_j j\\,h_j / \\sum_j h_j` (NaN for an empty histogram)."""
+    hist = np.asarray(histogram, dtype=np.float64)
+    total = hist.sum()
+    return 1.0 + float((np.arange(len(hist)) * hist).sum() / total) if total else math.nan
+
+
+def accepted_tokens(histogram: Sequence[float] | np.ndarray) -> float:
+    """:math:`\\sum_j j\\,h_j`."""
+    hist = np.asarray(histogram, dtype=np.float64)
+    return float((np.arange(len(hist)) * hist).sum())
+
+
+def counts_from_marginal_rates(
+    rates: Sequence[float], num_drafts: int, *, field: str = "rates"
+) -> np.ndarray:
+    """:math:`A_i = s_i D` recovered as integers from rates a tool computed as ``A_i / D``.
+
+    Raises when a product is not within 1e-6 of an integer (the rates were not of this
+    form, or were rounded: then only the rates can be kept).
+    """
+    values = np.asarray(rates, dtype=np.float64) * float(num_drafts)
+    rounded = np.round(values)
+    if np.any(np.abs(values - rounded) > 1e-6 * max(1.0, float(num_drafts))):
+        worst = int(np.argmax(np.abs(values - rounded)))
+        raise DSparkLabError(
+            f"{field}[{worst}] x num_drafts = {values[worst]:.6f} is not an integer count"
+        )
+    return rounded.astype(np.int64)
+
+
+def specdec_rates_by_length(length_histogram: Mapping[Any, float]) -> dict[str, dict[int, float]]:
+    """specdec_bench's ``Conditional_Acceptance_Rate`` and ``Joint_Acceptance_Rate`` maps.
+
+    Keyed by observed length :math:`L` (sorted): conditional
+    :math:`P(L' \\ge L \\mid L' \\ge L_{prev})` and joint :math:`P(L' \\ge L)` (the
+    survival keyed by length), as its ``AcceptanceRate._process_lengths`` computes them.
+    """
+    lengths = sorted(
+        (_int_key(k, "Acceptance_Length_Histogram"), float(v)) for k, v in length_histogram.items()
+    )
+    total = sum(v for _, v in lengths)
+    conditional: dict[int, float] = {}
+    joint: dict[int, float] = {}
+    running, previous, product = total, 1.0, 1.0
+    for length, count in lengths:
+        ratio = running / total if total else math.nan
+        conditional[length] = ratio / previous if previous else math.nan
+        product *= conditional[length]
+        joint[length] = product
+        previous = ratio
+        running -= count
+    return {"conditional": conditional, "joint": joint}
+
+
+# -- checks -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """A number a file reports, recomputed by the lab from the file's own counts."""
+
+    quantity: str
+    reported: float | None
+    computed: float | None
+    definition: str
+    tolerance: float
+    equal: bool
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("reported", "computed"):
+            value = out[key]
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = None
+        return out
+
+
+def check(
+    quantity: str,
+    reported: float | None,
+    computed: float | None,
+    *,
+    definition: str,
+    tolerance: float = 1e-9,
+    note: str = "",
+) -> Check:
+    """Compare ``reported`` with ``computed`` (absolute ``tolerance``, relative for large)."""
+    if reported is None or computed is None:
+        equal = reported is None and computed is None
+    else:
+        r, c = float(reported), float(computed)
+        if math.isnan(r) and math.isnan(c):
+            equal = True
+        else:
+            equal = abs(r - c) <= tolerance * max(1.0, abs(c))
+    return Check(quantity, reported, computed, definition, tolerance, bool(equal), note)

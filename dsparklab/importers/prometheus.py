@@ -1,0 +1,388 @@
+r"""``vllm-metrics``: vLLM's speculative-decoding counters from its Prometheus ``/metrics``.
+
+vLLM exports, per engine (label ``engine``), the counters
+
+- ``vllm:spec_decode_num_drafts_total``: :math:`D`, verify steps that carried drafts;
+- ``vllm:spec_decode_num_draft_tokens_total``: drafted tokens :math:`\sum_d k_d`;
+- ``vllm:spec_decode_num_accepted_tokens_total``: accepted drafted tokens;
+- ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}``: :math:`A_i`, drafts
+  whose positions :math:`0..i` were all accepted (a marginal count),
+
+each with a ``_created`` twin (its creation time, skipped). Counters of several engines
+(data-parallel replicas) are summed. One scrape gives the counts since the server started;
+two give their difference (the traffic between the scrapes); more give one interval per
+consecutive pair. In the lab's terms :math:`R_0 = D`, :math:`R_i = A_{i-1}`, so
+:math:`s_i = A_i / D` (vLLM's per-position rate) and :math:`\mathrm{AL} = 1 + \sum_i
+A_i / D`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dsparklab.analysis.definitions import check, pooled_accept_len
+from dsparklab.importers._common import (
+    DEFAULT_DATASET,
+    DEFAULT_METHOD,
+    ImportedRun,
+    InputFormatError,
+    Options,
+    SourceFile,
+    counter_row,
+    totals_row,
+)
+
+PREFIX = "vllm:spec_decode_"
+NUM_DRAFTS = "vllm:spec_decode_num_drafts"
+NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+NUM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+COUNTERS = (NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED, PER_POS)
+SUMMED_LABELS = frozenset({"engine", "position"})
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+@dataclass
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+    line: int
+
+
+def parse_exposition(text: str, where: str) -> list[Sample]:
+    """The samples of a Prometheus text exposition (``# HELP`` / ``# TYPE`` skipped).
+
+    Raises InputFormatError naming the line of a malformed sample.
+    """
+    samples = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            raise InputFormatError(
+                f"not a Prometheus sample line: {line[:80]!r}", path=f"{where} line {number}"
+            )
+        labels: dict[str, str] = {}
+        text_labels = match.group("labels") or ""
+        pos = 0
+        while pos < len(text_labels):
+            label = _LABEL.match(text_labels, pos)
+            if label is None:
+                raise InputFormatError(
+                    f"malformed labels {text_labels[:80]!r}", path=f"{where} line {number}"
+                )
+            labels[label.group(1)] = (
+                label.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+            )
+            pos = label.end()
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            raise InputFormatError(
+                f"sample value {match.group('value')!r} is not a number",
+                path=f"{where} line {number}",
+                field=match.group("name"),
+            ) from None
+        samples.append(Sample(match.group("name"), labels, value, number))
+    return samples
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's spec-decode counters at one scrape, summed over engines."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    model_name: str | None = None
+    engines: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.accepted_per_pos)
+
+    def minus(self, before: SpecDecodeCounters, where: str) -> SpecDecodeCounters:
+        """The counts between two scrapes; a counter that went backwards is an error."""
+        if before.n != self.n:
+            raise InputFormatError(
+                f"the scrapes have {before.n} and {self.n} positions (different servers?)",
+                path=where,
+                field=f"{PER_POS}_total",
+            )
+        deltas = {
+            f"{NUM_DRAFTS}_total": self.num_drafts - before.num_drafts,
+            f"{NUM_DRAFT_TOKENS}_total": self.num_draft_tokens - before.num_draft_tokens,
+            f"{NUM_ACCEPTED}_total": self.num_accepted_tokens - before.num_accepted_tokens,
+        }
+        per_pos = [
+            a - b for a, b in zip(self.accepted_per_pos, before.accepted_per_pos, strict=True)
+        ]
+        for name, value in [
+            *deltas.items(),
+            *((f'{PER_POS}_total{{position="{i}"}}', v) for i, v in enumerate(per_pos)),
+        ]:
+            if value < 0:
+                raise InputFormatError(
+                    "counter went backwards between scrapes (the server restarted?)",
+                    path=where,
+                    field=name,
+                )
+        return SpecDecodeCounters(
+            num_drafts=deltas[f"{NUM_DRAFTS}_total"],
+            num_draft_tokens=deltas[f"{NUM_DRAFT_TOKENS}_total"],
+            num_accepted_tokens=deltas[f"{NUM_ACCEPTED}_total"],
+            accepted_per_pos=per_pos,
+            model_name=self.model_name,
+            engines=self.engines,
+        )
+
+
+def _base(name: str) -> str | None:
+    """The counter a sample belongs to (``_total`` series only; ``_created`` skipped)."""
+    if not name.startswith(PREFIX) or not name.endswith("_total"):
+        return None
+    base = name[: -len("_total")]
+    return base if base in COUNTERS else None
+
+
+def spec_decode_counters(text: str, where: str) -> SpecDecodeCounters:
+    """Read the spec-decode counters of one scrape (``where`` names it in errors)."""
+    samples = parse_exposition(text, where)
+    found = SpecDecodeCounters()
+    seen: set[str] = set()
+    per_pos: dict[int, float] = {}
+    models: set[str] = set()
+    engines: set[str] = set()
+    for sample in samples:
+        base = _base(sample.name)
+        if base is None:
+            continue
+        if not math.isfinite(sample.value) or sample.value < 0 or sample.value != int(sample.value):
+            raise InputFormatError(
+                f"counter value {sample.value} is not a non-negative integer",
+                path=f"{where} line {sample.line}",
+                field=sample.name,
+            )
+        seen.add(base)
+        models.update(v for k, v in sample.labels.items() if k == "model_name")
+        engines.add(sample.labels.get("engine", ""))
+        other = {k: v for k, v in sample.labels.items() if k not in SUMMED_LABELS | {"model_name"}}
+        if other:
+            raise InputFormatError(
+                f"unexpected labels {other} (this importer sums over 'engine' only)",
+                path=f"{where} line {sample.line}",
+                field=sample.name,
+            )
+        value = int(sample.value)
+        if base == PER_POS:
+            if "position" not in sample.labels:
+                raise InputFormatError(
+                    "per-position counter without a position label",
+                    path=f"{where} line {sample.line}",
+                    field=sample.name,
+                )
+            try:
+                position = int(sample.labels["position"])
+            except ValueError:
+                raise InputFormatError(
+                    f"position label {sample.labels['position']!r} is not an integer",
+                    path=f"{where} line {sample.line}",
+                    field=sample.name,
+                ) from None
+            per_pos[position] = per_pos.get(position, 0) + value
+        elif base == NUM_DRAFTS:
+            found.num_drafts += value
+        elif base == NUM_DRAFT_TOKENS:
+            found.num_draft_tokens += value
+        else:
+            found.num_accepted_tokens += value
+    if not seen:
+        raise InputFormatError(
+            "no vllm:spec_decode_* counters: not a vLLM /metrics page, or the server runs "
+            "without speculative decoding (or with --disable-log-stats)",
+            path=where,
+            field=f"{NUM_DRAFTS}_total",
+        )
+    for base in COUNTERS:
+        if base not in seen:
+            raise InputFormatError("required counter missing", path=where, field=f"{base}_total")
+    if len(models) > 1:
+        raise InputFormatError(
+            f"counters of several models {sorted(models)}; scrape a server that serves one",
+            path=where,
+            field="model_name",
+        )
+    positions = sorted(per_pos)
+    if positions != list(range(len(positions))):
+        raise InputFormatError(
+            f"positions {positions} are not 0..k-1", path=where, field=f"{PER_POS}_total"
+        )
+    found.accepted_per_pos = [int(per_pos[i]) for i in positions]
+    found.model_name = next(iter(models), None)
+    found.engines = sorted(engines)
+    _check_counters(found, where)
+    return found
+
+
+def _check_counters(c: SpecDecodeCounters, where: str) -> None:
+    for i in range(1, c.n):
+        if c.accepted_per_pos[i] > c.accepted_per_pos[i - 1]:
+            raise InputFormatError(
+                f"position {i} counts {c.accepted_per_pos[i]} accepted drafts, more than "
+                f"position {i - 1} ({c.accepted_per_pos[i - 1]}): not a marginal count",
+                path=where,
+                field=f'{PER_POS}_total{{position="{i}"}}',
+            )
+    if c.n and c.accepted_per_pos[0] > c.num_drafts:
+        raise InputFormatError(
+            f"position 0 counts {c.accepted_per_pos[0]} accepted drafts of {c.num_drafts} drafts",
+            path=where,
+            field=f'{PER_POS}_total{{position="0"}}',
+        )
+    if c.num_accepted_tokens > c.num_draft_tokens:
+        raise InputFormatError(
+            f"{c.num_accepted_tokens} accepted of {c.num_draft_tokens} drafted tokens",
+            path=where,
+            field=f"{NUM_ACCEPTED}_total",
+        )
+
+
+def counter_rows(
+    c: SpecDecodeCounters, *, scope: str = "run", interval: int | None = None
+) -> list[dict[str, object]]:
+    """Counter rows of one delta: :math:`R_0 = D`, :math:`R_i = A_{i-1}`, :math:`A_i`.
+
+    ``n_drafted`` is :math:`D` when every draft drafted all n tokens
+    (``num_draft_tokens = n D``), else unknown (null).
+    """
+    drafted = c.num_drafts if c.num_draft_tokens == c.n * c.num_drafts else None
+    rows = []
+    for i, accepted in enumerate(c.accepted_per_pos):
+        reached = c.num_drafts if i == 0 else c.accepted_per_pos[i - 1]
+        rows.append(
+            counter_row(
+                i,
+                scope=scope,
+                interval=interval,
+                n_drafted=drafted,
+                n_reached=reached,
+                n_accepted=accepted,
+            )
+        )
+    return rows
+
+
+def delta_totals(
+    c: SpecDecodeCounters,
+    *,
+    scope: str = "run",
+    interval: int | None = None,
+    t_start: float | None = None,
+    t_end: float | None = None,
+) -> dict[str, object]:
+    return totals_row(
+        scope=scope,
+        interval=interval,
+        t_start=t_start,
+        t_end=t_end,
+        num_drafts=c.num_drafts,
+        num_draft_tokens=c.num_draft_tokens,
+        num_accepted_tokens=c.num_accepted_tokens,
+    )
+
+
+def counter_checks(c: SpecDecodeCounters) -> list:
+    survival_sum = sum(c.accepted_per_pos) / c.num_drafts if c.num_drafts else math.nan
+    return [
+        check(
+            "num_accepted_tokens_total",
+            c.num_accepted_tokens,
+            sum(c.accepted_per_pos),
+            definition="accepted tokens = sum_i A_i (every accepted token is accepted at one "
+            "position of a prefix)",
+        ),
+        check(
+            "acceptance_length (1 + accepted / drafts)",
+            pooled_accept_len(c.num_drafts, c.num_accepted_tokens),
+            1.0 + survival_sum,
+            definition="per_step: 1 + accepted / D = 1 + sum_i s_i",
+        ),
+    ]
+
+
+def import_vllm_metrics(sources: Sequence[SourceFile], options: Options) -> list[ImportedRun]:
+    """One run from one scrape (counts since start), two (their delta) or more (intervals)."""
+    scrapes = [spec_decode_counters(s.text, str(s.path)) for s in sources]
+    n = scrapes[0].n
+    if options.n is not None and options.n != n:
+        raise InputFormatError(
+            f"--n {options.n} but the counters have {n} positions",
+            path=sources[0].path,
+            field=f"{PER_POS}_total",
+        )
+    if len(scrapes) == 1:
+        deltas = [scrapes[0]]
+    else:
+        deltas = [
+            after.minus(before, f"{sources[k + 1].path} (after {sources[k].path})")
+            for k, (before, after) in enumerate(zip(scrapes[:-1], scrapes[1:], strict=True))
+        ]
+    interval = len(deltas) > 1
+    tables: dict[str, list[dict[str, object]]] = {"counters": [], "totals": []}
+    checks = []
+    for k, delta in enumerate(deltas):
+        scope = "interval" if interval else "run"
+        tables["counters"] += counter_rows(delta, scope=scope, interval=k if interval else None)
+        tables["totals"].append(delta_totals(delta, scope=scope, interval=k if interval else None))
+        checks += counter_checks(delta)
+    if sum(d.num_drafts for d in deltas) == 0:
+        raise InputFormatError(
+            "no drafts were verified in this window (num_drafts is 0): nothing to import",
+            path=sources[-1].path,
+            field=f"{NUM_DRAFTS}_total",
+        )
+    notes = [
+        "one scrape: counts since the server started"
+        if len(scrapes) == 1
+        else f"{len(scrapes)} scrapes: counts between consecutive scrapes",
+        "summed over engines " + ", ".join(repr(e) for e in scrapes[-1].engines),
+    ]
+    if any(r["n_drafted"] is None for r in tables["counters"]):
+        notes.append(
+            "num_draft_tokens < n x num_drafts: some drafts drafted fewer than n tokens; "
+            "n_drafted unknown"
+        )
+    return [
+        ImportedRun(
+            fmt="vllm-metrics",
+            sources=sources,
+            granularity="interval" if interval else "aggregate",
+            n=n,
+            method=options.method or DEFAULT_METHOD,
+            dataset=options.dataset or DEFAULT_DATASET,
+            engine={"name": "vllm", "version": "unknown", "mode": "imported"},
+            target={"name": scrapes[-1].model_name or "unknown"},
+            drafter={"name": "unknown"},
+            sampling={"temperature": None},
+            tables=tables,
+            reported={
+                "num_drafts": [d.num_drafts for d in deltas],
+                "num_draft_tokens": [d.num_draft_tokens for d in deltas],
+                "num_accepted_tokens": [d.num_accepted_tokens for d in deltas],
+                "accepted_per_pos": [d.accepted_per_pos for d in deltas],
+            },
+            checks=checks,
+            notes=notes,
+        )
+    ]

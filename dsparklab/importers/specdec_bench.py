@@ -1,0 +1,495 @@
+r"""``specdec-bench``: NVIDIA specdec_bench's acceptance_rate.json and speculation_profile.json.
+
+``acceptance_rate.json`` is a list with one object per benchmark run (the metric appends):
+
+- ``Acceptance_Length_Histogram``: steps per *length* :math:`L` = tokens emitted in the
+  step, bonus included (:math:`L = j + 1`); keys are strings after JSON;
+- ``Conditional_Acceptance_Rate[L]`` = :math:`P(L' \ge L \mid L' \ge L_{prev})`, i.e.
+  :math:`a_{L-2}` (key 1 is always 1.0); ``Joint_Acceptance_Rate[L]`` = :math:`P(L' \ge
+  L)` = :math:`s_{L-2}`;
+- ``Request_AL`` (``{request: {turn: mean L}}``) and ``Average_AL``, the **per-request**
+  mean (pre-1.0 files: ``Request_AR`` / ``Average_AR``).
+
+``speculation_profile.json`` (schema 1.0) carries ``conditional_accept_rates`` and
+``marginal_accept_rates`` by draft position, ``mean_accept_length`` (**per step**) and
+``mean_accept_length_per_request`` (they differ: requests of different lengths),
+``accept_length_by_k`` (AL measured per window; for block drafters,
+``accept_length_model`` = ``measured_per_k``, each K is its own measurement) and
+optionally ``acceptance_length_histogram``. Each window in ``accept_length_by_k`` other
+than the profile's own becomes a run holding only that AL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dsparklab.analysis.definitions import (
+    accepted_tokens,
+    check,
+    conditional_from_marginal,
+    counts_from_histogram,
+    dense_histogram,
+    per_request_accept_len,
+    per_step_accept_len,
+    specdec_rates_by_length,
+)
+from dsparklab.errors import DSparkLabError
+from dsparklab.importers._common import (
+    DEFAULT_DATASET,
+    DEFAULT_METHOD,
+    Fields,
+    ImportedRun,
+    InputFormatError,
+    Options,
+    SourceFile,
+    counter_row,
+    histogram_counter_rows,
+    json_records,
+    totals_row,
+)
+
+LENGTHS = "Acceptance_Length_Histogram"
+
+
+def _engine() -> dict[str, Any]:
+    return {"name": "specdec_bench", "version": "unknown", "mode": "imported"}
+
+
+def _length_histogram(f: Fields, key: str, n: int | None) -> tuple[np.ndarray, int]:
+    """:math:`h_j` (``j = L - 1``) from a length-keyed map, and the window n."""
+    raw = f.mapping(key)
+    assert raw is not None
+    if not raw:
+        raise f.error(key, "empty: the run recorded no decode steps")
+    try:
+        hist = dense_histogram(raw, offset=1, field=f.name(key))
+    except DSparkLabError as err:
+        raise f.source.error(str(err), field=f.name(key), line=f.line) from err
+    if np.any(hist != np.round(hist)):
+        raise f.error(key, "step counts must be integers")
+    observed = len(hist) - 1
+    if n is None:
+        n = max(observed, 1)
+    if observed > n:
+        raise f.error(
+            key, f"length {observed + 1} means {observed} accepted drafts, more than n = {n}"
+        )
+    dense = np.zeros(n + 1)
+    dense[: len(hist)] = hist
+    return dense, n
+
+
+def _rate_map(f: Fields, key: str) -> dict[int, float] | None:
+    raw = f.mapping(key, optional=True)
+    if raw is None:
+        return None
+    out = {}
+    for k, v in raw.items():
+        try:
+            length = int(k)
+        except (TypeError, ValueError):
+            raise f.error(f"{key}[{k!r}]", "key is not an integer length") from None
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or not 0 <= v <= 1
+        ):
+            raise f.error(f"{key}[{k!r}]", f"expected a rate in [0, 1], got {v!r}")
+        out[length] = float(v)
+    return out
+
+
+def _per_request(f: Fields) -> tuple[str | None, dict[str, float]]:
+    key = "Request_AL" if f.has("Request_AL") else ("Request_AR" if f.has("Request_AR") else None)
+    if key is None:
+        return None, {}
+    raw = f.mapping(key)
+    assert raw is not None
+    out: dict[str, float] = {}
+    for rid, turns in raw.items():
+        if isinstance(turns, Mapping):
+            for turn, value in turns.items():
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                ):
+                    raise f.error(f"{key}[{rid!r}][{turn!r}]", f"expected a number, got {value!r}")
+                out[f"{rid}/turn{turn}"] = float(value)
+        elif (
+            isinstance(turns, (int, float)) and not isinstance(turns, bool) and math.isfinite(turns)
+        ):
+            out[str(rid)] = float(turns)
+        else:
+            raise f.error(f"{key}[{rid!r}]", f"expected a number or {{turn: AL}}, got {turns!r}")
+    return key, out
+
+
+def _acceptance_run(
+    source: SourceFile, record: Any, line: int | None, index: int, options: Options
+) -> ImportedRun:
+    f = Fields(source, record, line=line)
+    if not f.has(LENGTHS):
+        raise f.error(
+            LENGTHS, "required field missing: not a specdec_bench acceptance_rate.json run"
+        )
+    hist, n = _length_histogram(f, LENGTHS, options.n)
+    raw_lengths = f.mapping(LENGTHS)
+    assert raw_lengths is not None
+    request_key, per_request = _per_request(f)
+    average_key = (
+        "Average_AL" if f.has("Average_AL") else ("Average_AR" if f.has("Average_AR") else None)
+    )
+    average = f.number(average_key, low=0.0) if average_key else None
+    steps = int(hist.sum())
+    checks = []
+    if average is not None and per_request:
+        checks.append(
+            check(
+                average_key or "Average_AL",
+                average,
+                per_request_accept_len(per_request.values()),
+                definition="per_request: mean over (request, turn) of each turn's mean length",
+            )
+        )
+    computed = specdec_rates_by_length(raw_lengths)
+    conditional = _rate_map(f, "Conditional_Acceptance_Rate")
+    joint = _rate_map(f, "Joint_Acceptance_Rate")
+    notes = [
+        "specdec_bench counts every streamed output chunk as a step (a prefill's first "
+        "token, when streamed alone, is a length-1 step; a final EOS-truncated step too)",
+        "Average_AL is the per-request mean; the lab's AL is per step",
+    ]
+    if conditional is not None:
+        worst = max(
+            conditional,
+            key=lambda k: (
+                abs(conditional[k] - computed["conditional"].get(k, math.nan))
+                if k in computed["conditional"]
+                else math.inf
+            ),
+        )
+        checks.append(
+            check(
+                f"Conditional_Acceptance_Rate (worst length {worst})",
+                conditional[worst],
+                computed["conditional"].get(worst),
+                definition="a_{L-2} = P(L' >= L | L' >= previous observed length)",
+            )
+        )
+    if joint is not None:
+        worst = max(
+            joint,
+            key=lambda k: (
+                abs(joint[k] - computed["joint"].get(k, math.nan))
+                if k in computed["joint"]
+                else math.inf
+            ),
+        )
+        joint_check = check(
+            f"Joint_Acceptance_Rate (worst length {worst})",
+            joint[worst],
+            computed["joint"].get(worst),
+            definition="s_{L-2} = P(L' >= L)",
+        )
+        if not joint_check.equal:
+            notes.append(
+                "Joint_Acceptance_Rate is not the survival P(L >= len): early specdec_bench "
+                "versions wrote a running mean of survivals there"
+            )
+        checks.append(joint_check)
+    tables: dict[str, list[dict[str, Any]]] = {
+        "counters": histogram_counter_rows(hist, n),
+        "totals": [
+            totals_row(
+                num_drafts=steps,
+                num_accepted_tokens=int(accepted_tokens(hist)),
+                reported_accept_len=average,
+                reported_accept_len_definition="per_request" if average is not None else None,
+            )
+        ],
+    }
+    for rid, value in per_request.items():
+        tables["totals"].append(
+            totals_row(
+                scope="request",
+                request_id=rid,
+                reported_accept_len=value,
+                reported_accept_len_definition="per_step",
+            )
+        )
+    return ImportedRun(
+        fmt="specdec-bench",
+        sources=[source],
+        granularity="request" if per_request else "aggregate",
+        n=n,
+        method=options.method or DEFAULT_METHOD,
+        dataset=options.dataset or DEFAULT_DATASET,
+        engine=_engine(),
+        target={"name": "unknown"},
+        drafter={"name": "unknown"},
+        sampling={"temperature": None},
+        tables=tables,
+        reported={
+            "steps": steps,
+            "per_step_accept_len (from the histogram)": per_step_accept_len(hist),
+            f"{average_key} (per request)": average,
+            "requests": len(per_request),
+            "request_key": request_key,
+        },
+        checks=checks,
+        notes=notes,
+        part=f"{source.path.name}:{index}",
+    )
+
+
+def _profile_runs(
+    source: SourceFile, record: Any, line: int | None, options: Options
+) -> list[ImportedRun]:
+    f = Fields(source, record, line=line)
+    version = f.text("schema_version")
+    if version is None:
+        raise f.error("schema_version", "required field missing: not a speculation_profile.json")
+    if str(version).split(".")[0] != "1":
+        raise f.error(
+            "schema_version", f"schema {version} is not supported (this importer reads 1.x)"
+        )
+    if f.value.get("measured") is False:
+        raise f.error("measured", "the profile is a stub (measured: false): nothing was measured")
+    n = f.req_int("num_speculative_tokens", minimum=1)
+    if options.n is not None and options.n != n:
+        raise f.error("num_speculative_tokens", f"--n {options.n} but the profile says {n}")
+    marginal = f.numbers("marginal_accept_rates", optional=True, allow_null=True, high=1.0)
+    conditional = f.numbers("conditional_accept_rates", optional=True, allow_null=True, high=1.0)
+    for key, vector in (
+        ("marginal_accept_rates", marginal),
+        ("conditional_accept_rates", conditional),
+    ):
+        if vector is not None and len(vector) != n:
+            raise f.error(key, f"{len(vector)} entries for num_speculative_tokens = {n}")
+    mean_step = f.number("mean_accept_length", low=0.0, optional=True)
+    mean_request = f.number("mean_accept_length_per_request", low=0.0, optional=True)
+    by_k_raw = f.mapping("accept_length_by_k", optional=True) or {}
+    by_k: dict[int, float] = {}
+    for k, v in by_k_raw.items():
+        try:
+            window = int(k)
+        except (TypeError, ValueError):
+            raise f.error(f"accept_length_by_k[{k!r}]", "key is not an integer window") from None
+        if (
+            window < 1
+            or isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+        ):
+            raise f.error(
+                f"accept_length_by_k[{k!r}]", f"expected a window >= 1 and a finite AL, got {v!r}"
+            )
+        by_k[window] = float(v)
+    histogram = None
+    if f.has("acceptance_length_histogram") and f.mapping("acceptance_length_histogram"):
+        histogram, _ = _length_histogram(f, "acceptance_length_histogram", n)
+    method = options.method or f.text("method") or DEFAULT_METHOD
+    draft = f.value.get("draft_checkpoint")
+    drafter = (
+        {"name": str(draft.get("id") or draft.get("name") or draft)}
+        if isinstance(draft, Mapping)
+        else {"name": str(draft or "unknown")}
+    )
+    target_raw = f.value.get("target_model")
+    target = (
+        {"name": str(target_raw.get("id") or target_raw.get("name") or target_raw)}
+        if isinstance(target_raw, Mapping)
+        else {"name": str(target_raw or "unknown")}
+    )
+    conditions = f.value.get("measurement_conditions")
+    dataset = options.dataset or (
+        str(conditions.get("dataset"))
+        if isinstance(conditions, Mapping) and conditions.get("dataset")
+        else DEFAULT_DATASET
+    )
+    checks = []
+    if marginal is not None and mean_step is not None:
+        checks.append(
+            check(
+                "mean_accept_length vs marginal_accept_rates",
+                mean_step,
+                1.0 + float(np.nansum(marginal)),
+                definition="per_step: 1 + sum_i s_i (rates rounded to 6 decimals)",
+                tolerance=1e-6 * (n + 1),
+            )
+        )
+    if marginal is not None and conditional is not None:
+        derived = conditional_from_marginal(marginal)
+        diff = (
+            np.nanmax(
+                np.abs(np.where(np.isnan(derived), 0.0, derived) - np.nan_to_num(conditional))
+            )
+            if n
+            else 0.0
+        )
+        checks.append(
+            check(
+                "conditional_accept_rates vs marginal ratios (largest difference)",
+                float(diff),
+                0.0,
+                definition="a_i = s_i / s_{i-1}",
+                tolerance=1e-5,
+            )
+        )
+    if histogram is not None:
+        counts = counts_from_histogram(histogram, n)
+        steps = float(histogram.sum())
+        if marginal is not None and steps:
+            diff = float(
+                np.nanmax(np.abs(counts["n_accepted"].to_numpy() / steps - np.nan_to_num(marginal)))
+            )
+            checks.append(
+                check(
+                    "marginal_accept_rates vs acceptance_length_histogram (largest difference)",
+                    diff,
+                    0.0,
+                    definition="s_i = #{L >= i + 2} / steps",
+                    tolerance=1e-5,
+                )
+            )
+        if mean_step is not None:
+            checks.append(
+                check(
+                    "mean_accept_length vs acceptance_length_histogram",
+                    mean_step,
+                    per_step_accept_len(histogram),
+                    definition="per_step: sum_L L h_L / sum_L h_L",
+                    tolerance=1e-6 * (n + 1),
+                )
+            )
+    if n in by_k and mean_step is not None:
+        checks.append(
+            check(
+                f"accept_length_by_k[{n}]",
+                by_k[n],
+                mean_step,
+                definition="per_step AL at the profile's own window",
+                tolerance=1e-6,
+            )
+        )
+    if histogram is not None:
+        counters = histogram_counter_rows(histogram, n)
+    elif marginal is not None or conditional is not None:
+        counters = [
+            counter_row(
+                i,
+                accept_rate=None if conditional is None else conditional[i],
+                survival=None if marginal is None else marginal[i],
+            )
+            for i in range(n)
+        ]
+    else:
+        counters = []
+    common: dict[str, Any] = dict(
+        fmt="specdec-bench",
+        sources=[source],
+        method=method,
+        dataset=dataset,
+        engine=_engine(),
+        target=target,
+        drafter=drafter,
+        sampling={"temperature": None},
+    )
+    profile_notes = [
+        f"accept_length_model = {f.text('accept_length_model')!r}, verification_method = "
+        f"{f.text('verification_method')!r}",
+        "mean_accept_length is per step; mean_accept_length_per_request weighs requests equally",
+    ]
+    if not counters:
+        profile_notes.append("no per-position vectors (block verification?): AL only")
+    runs = [
+        ImportedRun(
+            granularity="aggregate",
+            n=n,
+            tables={
+                "counters": counters,
+                "totals": [
+                    totals_row(
+                        num_drafts=int(histogram.sum()) if histogram is not None else None,
+                        num_accepted_tokens=int(accepted_tokens(histogram))
+                        if histogram is not None
+                        else None,
+                        reported_accept_len=mean_step,
+                        reported_accept_len_definition="per_step"
+                        if mean_step is not None
+                        else None,
+                    )
+                ],
+            },
+            reported={
+                "mean_accept_length (per step)": mean_step,
+                "mean_accept_length_per_request": mean_request,
+                "accept_length_by_k": {str(k): v for k, v in sorted(by_k.items())},
+                "accept_length_model": f.text("accept_length_model"),
+            },
+            checks=checks,
+            notes=profile_notes,
+            part="profile",
+            **common,
+        )
+    ]
+    for window, value in sorted(by_k.items()):
+        if window == n:
+            continue
+        runs.append(
+            ImportedRun(
+                granularity="aggregate",
+                n=window,
+                tables={
+                    "totals": [
+                        totals_row(
+                            reported_accept_len=value, reported_accept_len_definition="per_step"
+                        )
+                    ]
+                },
+                reported={"accept_length_by_k": {str(window): value}},
+                notes=[
+                    f"accept_length_by_k[{window}] of a profile measured at n = {n}: the AL only"
+                ],
+                part=f"profile-k{window}",
+                **common,
+            )
+        )
+    return runs
+
+
+def import_specdec_bench(sources: Sequence[SourceFile], options: Options) -> list[ImportedRun]:
+    """Runs from acceptance_rate.json files (one per entry) and speculation profiles."""
+    runs: list[ImportedRun] = []
+    for source in sources:
+        records = json_records(source)
+        stripped = source.text.lstrip()
+        if stripped.startswith("["):
+            if not records:
+                raise InputFormatError("an empty list of runs", path=source.path)
+            for index, record in enumerate(records):
+                runs.append(_acceptance_run(source, record.value, record.line, index, options))
+        elif (
+            len(records) == 1
+            and isinstance(records[0].value, dict)
+            and "schema_version" in records[0].value
+        ):
+            runs += _profile_runs(source, records[0].value, records[0].line, options)
+        elif (
+            len(records) == 1 and isinstance(records[0].value, dict) and LENGTHS in records[0].value
+        ):
+            runs.append(_acceptance_run(source, records[0].value, records[0].line, 0, options))
+        else:
+            raise InputFormatError(
+                "neither an acceptance_rate.json (a list of runs) nor a speculation_profile.json "
+                "(an object with schema_version)",
+                path=source.path,
+                field="schema_version",
+            )
+    return runs

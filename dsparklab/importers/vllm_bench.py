@@ -1,0 +1,176 @@
+r"""``vllm-bench``: the result file of ``vllm bench serve --save-result``.
+
+``vllm bench serve`` scrapes the server's ``/metrics`` before and after its traffic and
+saves the difference: ``spec_decode_num_drafts`` (:math:`D`), ``spec_decode_draft_tokens``,
+``spec_decode_accepted_tokens``, ``spec_decode_acceptance_rate`` (accepted / drafted
+tokens, **in percent**), ``spec_decode_acceptance_length`` (:math:`1 + \text{accepted} /
+D`, bonus included) and ``spec_decode_per_position_acceptance_rates`` (fractions
+:math:`s_i = A_i / D`). The per-position counts are recovered exactly as
+:math:`A_i = s_i D`. ``--append-result`` writes one JSON object per line: each becomes a
+run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dsparklab.analysis.definitions import (
+    check,
+    counts_from_marginal_rates,
+    draft_acceptance_rate,
+    fraction_from_percent,
+    pooled_accept_len,
+)
+from dsparklab.errors import DSparkLabError
+from dsparklab.importers._common import (
+    DEFAULT_DATASET,
+    DEFAULT_METHOD,
+    Fields,
+    ImportedRun,
+    Options,
+    SourceFile,
+    counter_row,
+    json_records,
+    totals_row,
+)
+
+RATES = "spec_decode_per_position_acceptance_rates"
+
+
+def _one(
+    source: SourceFile, record: Any, line: int | None, index: int, options: Options
+) -> ImportedRun:
+    f = Fields(source, record, line=line)
+    if not f.has("spec_decode_num_drafts"):
+        if f.has("completed") or f.has("request_throughput"):
+            raise f.error(
+                "spec_decode_num_drafts",
+                "required field missing: the benchmark saw no speculative decoding (the "
+                "server ran without it, or bench could not scrape its /metrics)",
+            )
+        raise f.error(
+            "spec_decode_num_drafts", "required field missing: not a vllm bench serve result"
+        )
+    drafts = f.req_int("spec_decode_num_drafts", minimum=1)
+    draft_tokens = f.req_int("spec_decode_draft_tokens", minimum=1)
+    accepted = f.req_int("spec_decode_accepted_tokens")
+    if accepted > draft_tokens:
+        raise f.error(
+            "spec_decode_accepted_tokens", f"{accepted} accepted of {draft_tokens} drafted tokens"
+        )
+    rate_pct = f.req_float("spec_decode_acceptance_rate", low=0.0, high=100.0)
+    length = f.req_float("spec_decode_acceptance_length", low=0.0)
+    rates = f.numbers(RATES, high=1.0)
+    assert rates is not None
+    if not rates:
+        raise f.error(RATES, "empty: no per-position counters on the server")
+    n = len(rates)
+    if options.n is not None and options.n != n:
+        raise f.error(RATES, f"--n {options.n} but the file has {n} positions")
+    try:
+        per_pos = counts_from_marginal_rates(rates, drafts, field=f.name(RATES))
+    except DSparkLabError as err:
+        raise source.error(str(err), field=RATES, line=line) from err
+    for i in range(1, n):
+        if per_pos[i] > per_pos[i - 1]:
+            raise f.error(f"{RATES}[{i}]", "exceeds the previous position's rate: not a survival")
+    drafted = drafts if draft_tokens == n * drafts else None
+    counters = [
+        counter_row(
+            i,
+            n_drafted=drafted,
+            n_reached=drafts if i == 0 else int(per_pos[i - 1]),
+            n_accepted=int(a),
+        )
+        for i, a in enumerate(per_pos)
+    ]
+    totals = [
+        totals_row(
+            num_drafts=drafts,
+            num_draft_tokens=draft_tokens,
+            num_accepted_tokens=accepted,
+            num_output_tokens=f.integer("total_output_tokens", optional=True),
+            reported_accept_len=length,
+            reported_accept_len_definition="per_step",
+            reported_accept_rate=fraction_from_percent(rate_pct),
+        )
+    ]
+    checks = [
+        check(
+            "spec_decode_acceptance_length",
+            length,
+            pooled_accept_len(drafts, accepted),
+            definition="per_step: 1 + spec_decode_accepted_tokens / spec_decode_num_drafts",
+        ),
+        check(
+            "spec_decode_acceptance_length vs per-position rates",
+            length,
+            1.0 + float(sum(rates)),
+            definition="1 + sum_i s_i",
+            tolerance=1e-9 * n,
+        ),
+        check(
+            "spec_decode_acceptance_rate (percent -> fraction)",
+            fraction_from_percent(rate_pct),
+            draft_acceptance_rate(accepted, draft_tokens),
+            definition="accepted / drafted tokens",
+        ),
+        check(
+            "spec_decode_accepted_tokens",
+            accepted,
+            int(per_pos.sum()),
+            definition="accepted tokens = sum_i A_i",
+        ),
+    ]
+    model = f.text("model_id") or "unknown"
+    return ImportedRun(
+        fmt="vllm-bench",
+        sources=[source],
+        granularity="aggregate",
+        n=n,
+        method=options.method or DEFAULT_METHOD,
+        dataset=options.dataset or DEFAULT_DATASET,
+        engine={
+            "name": "vllm",
+            "version": "unknown",
+            "mode": "imported",
+            "backend": f.text("backend"),
+        },
+        target={"name": model, "tokenizer": f.text("tokenizer_id")},
+        drafter={"name": "unknown"},
+        sampling={"temperature": None},
+        tables={"counters": counters, "totals": totals},
+        reported={
+            k: record.get(k)
+            for k in (
+                "date",
+                "label",
+                "num_prompts",
+                "completed",
+                "duration",
+                "spec_decode_num_drafts",
+                "spec_decode_draft_tokens",
+                "spec_decode_accepted_tokens",
+                "spec_decode_acceptance_rate",
+                "spec_decode_acceptance_length",
+                RATES,
+            )
+            if k in record
+        },
+        checks=checks,
+        notes=[
+            "the counts of the server between bench's two /metrics scrapes (all traffic "
+            "the server saw meanwhile, not only bench's)"
+        ],
+        part=f"{source.path.name}:{index}",
+    )
+
+
+def import_vllm_bench(sources: Sequence[SourceFile], options: Options) -> list[ImportedRun]:
+    """One run per saved result (one per line with ``--append-result``)."""
+    runs = []
+    for source in sources:
+        for index, record in enumerate(json_records(source)):
+            runs.append(_one(source, record.value, record.line, index, options))
+    return runs
