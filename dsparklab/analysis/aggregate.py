@@ -16,6 +16,7 @@ cannot be pooled with other runs (there is nothing to weight them by).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -180,6 +181,82 @@ def _empty_rates(by: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
 
 
+def _count_pieces(
+    positions: pd.DataFrame | None,
+    steps: pd.DataFrame | None,
+    counters: pd.DataFrame | None,
+    by: tuple[str, ...],
+    per_request: bool,
+) -> list[pd.DataFrame]:
+    """One counter table per source of counts (positions, bare steps, counters)."""
+    pieces: list[pd.DataFrame] = []
+    token_runs: set[str] = set()
+    if positions is not None and len(positions):
+        pieces.append(count_acceptance(positions, steps=steps, by=by, per_request=per_request))
+        token_runs = set(positions["run_id"].unique()) if "run_id" in positions else {"run"}
+    if steps is not None and len(steps):
+        run_ids = steps["run_id"] if "run_id" in steps else pd.Series("run", index=steps.index)
+        rest = steps[~run_ids.isin(token_runs)]
+        if len(rest):
+            counted = count_acceptance_from_steps(rest, by=by, per_request=per_request)
+            pieces.append(counted[counted["n_drafted"] > 0])
+    if counters is not None and len(counters):
+        run_ids = (
+            counters["run_id"] if "run_id" in counters else pd.Series("run", index=counters.index)
+        )
+        counted = counters["n_accepted"].notna()
+        by_request = set(run_ids[counted & (counters["scope"] == "request")])
+        for part in (counters[run_ids.isin(by_request)], counters[~run_ids.isin(by_request)]):
+            if len(part):
+                pieces.append(count_acceptance_from_counters(part, by=by, per_request=per_request))
+    return [p for p in pieces if len(p)]
+
+
+def _flatten(piece: pd.DataFrame, by: tuple[str, ...]) -> pd.DataFrame:
+    """Sum a counter table over requests (drop run_id / request_id unless grouped by)."""
+    drop = [c for c in UNIT_COLUMNS if c in piece.columns and c not in by]
+    if not drop:
+        return piece
+    return (
+        piece.drop(columns=drop)
+        .groupby([*by, "position"], dropna=False)[["n_drafted", "n_reached", "n_accepted"]]
+        .sum()
+        .reset_index()
+    )
+
+
+def _split_counts(
+    pieces: list[pd.DataFrame], by: tuple[str, ...]
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(per-request counts, counts summed over requests) with no group in both.
+
+    A group that holds some run without per-request counts is summed over requests
+    entirely: an interval over part of a group would be misleading.
+    """
+    with_units = [p for p in pieces if all(c in p.columns for c in UNIT_COLUMNS)]
+    flat = [_flatten(p, by) for p in pieces if not all(c in p.columns for c in UNIT_COLUMNS)]
+    units = pd.concat(with_units, ignore_index=True) if with_units else None
+    summed = pd.concat(flat, ignore_index=True) if flat else None
+    if units is not None and summed is not None and by:
+        flat_keys = set(map(tuple, summed[list(by)].astype(str).to_numpy()))
+        in_flat = units[list(by)].astype(str).apply(tuple, axis=1).isin(flat_keys)
+        if in_flat.any():
+            summed = pd.concat([summed, _flatten(units[in_flat], by)], ignore_index=True)
+            units = units[~in_flat]
+    elif units is not None and summed is not None:  # one group: all summed
+        summed = pd.concat([summed, _flatten(units, by)], ignore_index=True)
+        units = None
+    if summed is not None:
+        summed = (
+            summed.groupby([*by, "position"], dropna=False)[
+                ["n_drafted", "n_reached", "n_accepted"]
+            ]
+            .sum()
+            .reset_index()
+        )
+    return (units if units is not None and len(units) else None), summed
+
+
 def count_acceptance_any(
     positions: pd.DataFrame | None = None,
     *,
@@ -193,42 +270,46 @@ def count_acceptance_any(
     Token-level runs are counted from ``positions``; runs whose steps have no position
     rows (``step`` granularity: vLLM's per-step counts without drafted tokens) from
     ``steps`` (:func:`dsparklab.analysis.count_acceptance_from_steps`); the rest from
-    ``counters`` (:func:`count_acceptance_from_counters`). The tables are disjoint by run,
-    so they concatenate into one counter table for
-    :func:`dsparklab.analysis.compute_acceptance_by_position`.
+    ``counters`` (:func:`count_acceptance_from_counters`). The sources are disjoint by
+    run, so their counts add: :math:`R_i = \\sum_{\\text{runs}} R_i`, likewise
+    :math:`A_i`. Per-request rows are kept only when every run of the selection has them.
     """
     by = as_columns(by)
-    pieces: list[pd.DataFrame] = []
-    token_runs: set[str] = set()
-    if positions is not None and len(positions):
-        pieces.append(count_acceptance(positions, steps=steps, by=by, per_request=per_request))
-        token_runs = set(positions["run_id"].unique()) if "run_id" in positions else {"run"}
-    if steps is not None and len(steps):
-        run_ids = steps["run_id"] if "run_id" in steps else pd.Series("run", index=steps.index)
-        rest = steps[~run_ids.isin(token_runs)]
-        if len(rest):
-            counted = count_acceptance_from_steps(rest, by=by, per_request=per_request)
-            pieces.append(counted[counted["n_drafted"] > 0])
-    if counters is not None and len(counters):
-        pieces.append(count_acceptance_from_counters(counters, by=by, per_request=per_request))
-    pieces = [p for p in pieces if len(p)]
+    pieces = _count_pieces(positions, steps, counters, by, per_request)
     if not pieces:
         return count_acceptance_from_counters(
             pd.DataFrame({c: pd.Series(dtype=object) for c in (*COUNTER_COLUMNS, "n_drafted")}),
             by=by,
             per_request=False,
         )
-    if len({tuple(p.columns) for p in pieces}) > 1:  # some runs per request, some not
-        pieces = [
-            p.drop(columns=[c for c in UNIT_COLUMNS if c in p and c not in by]) for p in pieces
-        ]
-        pieces = [
-            p.groupby([*by, "position"], dropna=False)[["n_drafted", "n_reached", "n_accepted"]]
-            .sum()
-            .reset_index()
-            for p in pieces
-        ]
-    return pd.concat(pieces, ignore_index=True)
+    if all(all(c in p.columns for c in UNIT_COLUMNS) for p in pieces):
+        return pd.concat(pieces, ignore_index=True)
+    return pd.concat([_flatten(p, by) for p in pieces], ignore_index=True)
+
+
+def _finish_any(
+    pieces: list[pd.DataFrame],
+    by: tuple[str, ...],
+    compute: Any,
+    *,
+    n_boot: int,
+    ci: float,
+    seed: int,
+) -> pd.DataFrame:
+    units, summed = _split_counts(pieces, by)
+    frames = []
+    if units is not None:
+        frames.append(compute(units, by=by, n_boot=n_boot, ci=ci, seed=seed))
+    if summed is not None:
+        frames.append(compute(summed, by=by, n_boot=0, ci=ci, seed=seed))
+    if not frames:
+        empty = pd.DataFrame(
+            {c: pd.Series(dtype=object) for c in (*by, "position")}
+            | {c: pd.Series(dtype=np.int64) for c in ("n_drafted", "n_reached", "n_accepted")}
+        )
+        return compute(empty, by=by, n_boot=0, ci=ci, seed=seed)
+    frames = [f for f in frames if len(f)] or frames[:1]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def compute_acceptance_by_position_any(
@@ -248,14 +329,16 @@ def compute_acceptance_by_position_any(
 
     .. math:: a_i = A_i / R_i, \\qquad s_i = \\prod_{j \\le i} a_j
 
-    with bootstrap intervals only where per-request counts exist. Runs that reported only
-    rates are appended as reported (:func:`compute_rate_acceptance`). A ``source`` column
-    says which: ``"counts"`` or ``"reported rates"``.
+    with bootstrap intervals over requests only for groups whose runs all have
+    per-request counts (others: NaN bounds). Runs that reported only rates are appended
+    as reported (:func:`compute_rate_acceptance`). A ``source`` column says which:
+    ``"counts"`` or ``"reported rates"``.
     """
     by = as_columns(by)
-    counts = count_acceptance_any(positions, steps=steps, counters=counters, by=by)
-    counted = compute_acceptance_by_position(counts, by=by, n_boot=n_boot, ci=ci, seed=seed)
-    counted = counted.assign(source="counts")
+    pieces = _count_pieces(positions, steps, counters, by, True)
+    counted = _finish_any(
+        pieces, by, compute_acceptance_by_position, n_boot=n_boot, ci=ci, seed=seed
+    ).assign(source="counts")
     if counters is None or not len(counters) or counters["n_accepted"].notna().all():
         return counted
     rates = compute_rate_acceptance(counters, by=by).assign(source="reported rates")
@@ -286,8 +369,8 @@ def compute_acceptance_length_any(
         ``accept_length_by_k``), ``reported: <its definition>``.
     """
     by = as_columns(by)
-    counts = count_acceptance_any(positions, steps=steps, counters=counters, by=by)
-    length = compute_acceptance_length(counts, by=by, n_boot=n_boot, ci=ci, seed=seed)
+    counted = _count_pieces(positions, steps, counters, by, True)
+    length = _finish_any(counted, by, compute_acceptance_length, n_boot=n_boot, ci=ci, seed=seed)
     pieces = [length.assign(definition="per_step")] if len(length) else []
     if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
         rates = compute_rate_acceptance(counters, by=by)
@@ -446,9 +529,12 @@ def compute_coverage(
     """
     require_columns(runs, ("run_id", "method", "granularity"), what="compute_coverage")
     rates_only: set[str] = set()
+    per_request: set[str] = set()
     if counters is not None and len(counters) and "run_id" in counters:
         by_run = counters.groupby("run_id")["n_accepted"].agg(lambda s: s.isna().all())
         rates_only = set(by_run[by_run].index)
+        counted = counters[(counters["scope"] == "request") & counters["n_accepted"].notna()]
+        per_request = set(counted["run_id"])
     reported_cal: set[str] = set()
     if calibration is not None and len(calibration) and "run_id" in calibration:
         reported_cal = set(calibration["run_id"])
@@ -457,7 +543,12 @@ def compute_coverage(
         run_id, method, granularity = str(run.run_id), str(run.method), str(run.granularity)
         for analysis in ANALYSES:
             available, reason = _available(
-                analysis, method, granularity, run_id in rates_only, run_id in reported_cal
+                analysis,
+                method,
+                granularity,
+                rates_only=run_id in rates_only,
+                reported_cal=run_id in reported_cal,
+                per_request=granularity in ("token", "step") or run_id in per_request,
             )
             rows.append(
                 {
@@ -475,7 +566,13 @@ def compute_coverage(
 
 
 def _available(
-    analysis: str, method: str, granularity: str, rates_only: bool, reported_cal: bool
+    analysis: str,
+    method: str,
+    granularity: str,
+    *,
+    rates_only: bool,
+    reported_cal: bool,
+    per_request: bool,
 ) -> tuple[bool, str]:
     token = granularity == "token"
     if method == "none":
@@ -487,7 +584,7 @@ def _available(
     if analysis == "acceptance_length":
         return True, ""
     if analysis == "acceptance_intervals":
-        if granularity in ("token", "step", "request") and not rates_only:
+        if per_request and not rates_only:
             return True, ""
         return False, f"{granularity} run: no per-request counts to resample"
     if analysis == "acceptance_over_time":

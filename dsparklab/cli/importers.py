@@ -51,7 +51,8 @@ def import_command(
     speculation_profile.json. deepspec: eval metrics.json. Bad input: one line naming the
     file and field, exit 2, nothing written.
     """
-    from dsparklab.importers import FORMATS, InputFormatError, import_files
+    from dsparklab.errors import DSparkLabError
+    from dsparklab.importers import FORMATS, import_files
 
     if fmt not in FORMATS:
         fail(f"unknown format {fmt!r}; expected one of {_formats()}")
@@ -59,7 +60,7 @@ def import_command(
         runs, result = import_files(
             fmt, paths, out, dataset=dataset, method=method, n=n, overwrite=overwrite
         )
-    except InputFormatError as err:
+    except DSparkLabError as err:  # bad input: one line, exit 2, nothing written
         fail(str(err))
         return
     written = {str(p) for p in result.written}

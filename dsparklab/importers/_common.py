@@ -403,6 +403,13 @@ def iter_objects(source: SourceFile) -> Iterator[tuple[Any, int | None]]:
         yield record.value, record.line
 
 
+def reason(err: Exception) -> str:
+    """An error's message without a leading ``<field>: `` (the caller names the field)."""
+    text = str(err)
+    head, sep, rest = text.partition(": ")
+    return rest if sep and " " not in head.strip() else text
+
+
 def positive_int_option(value: int | None, name: str) -> int | None:
     if value is not None and value < 1:
         raise InputFormatError(f"--{name} must be >= 1, got {value}")

@@ -43,6 +43,7 @@ from dsparklab.importers._common import (
     SourceFile,
     histogram_counter_rows,
     json_records,
+    reason,
     totals_row,
 )
 
@@ -248,7 +249,7 @@ def _parse(
         try:
             hist = dense_histogram(raw, field=m.name(hist_name)) if raw else None
         except DSparkLabError as err:
-            raise source.error(str(err), field=m.name(hist_name), line=m.line) from err
+            raise source.error(reason(err), field=m.name(hist_name), line=m.line) from err
         if hist is not None:
             if int(hist.sum()) != steps:
                 raise m.error(

@@ -49,6 +49,7 @@ from dsparklab.importers._common import (
     counter_row,
     histogram_counter_rows,
     json_records,
+    reason,
     totals_row,
 )
 
@@ -68,7 +69,7 @@ def _length_histogram(f: Fields, key: str, n: int | None) -> tuple[np.ndarray, i
     try:
         hist = dense_histogram(raw, offset=1, field=f.name(key))
     except DSparkLabError as err:
-        raise f.source.error(str(err), field=f.name(key), line=f.line) from err
+        raise f.source.error(reason(err), field=f.name(key), line=f.line) from err
     if np.any(hist != np.round(hist)):
         raise f.error(key, "step counts must be integers")
     observed = len(hist) - 1

@@ -32,6 +32,7 @@ from dsparklab.importers._common import (
     SourceFile,
     counter_row,
     json_records,
+    reason,
     totals_row,
 )
 
@@ -71,7 +72,7 @@ def _one(
     try:
         per_pos = counts_from_marginal_rates(rates, drafts, field=f.name(RATES))
     except DSparkLabError as err:
-        raise source.error(str(err), field=RATES, line=line) from err
+        raise source.error(reason(err), field=RATES, line=line) from err
     for i in range(1, n):
         if per_pos[i] > per_pos[i - 1]:
             raise f.error(f"{RATES}[{i}]", "exceeds the previous position's rate: not a survival")

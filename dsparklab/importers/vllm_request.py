@@ -48,6 +48,7 @@ from dsparklab.importers._common import (
     SourceFile,
     histogram_counter_rows,
     json_records,
+    reason,
     totals_row,
 )
 
@@ -135,7 +136,7 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
     try:
         hist = dense_histogram(raw, size=n + 1, field=m.name("acceptance_histogram"))
     except DSparkLabError as err:
-        raise source.error(str(err), field=m.name("acceptance_histogram"), line=m.line) from err
+        raise source.error(reason(err), field=m.name("acceptance_histogram"), line=m.line) from err
     if np.any(hist != np.round(hist)):
         raise m.error("acceptance_histogram", "counts must be integers")
     steps = _alias_int(m, "num_spec_steps", "num_drafts")
