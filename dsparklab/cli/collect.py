@@ -74,7 +74,9 @@ def collect(
         str | None,
         typer.Option(help="Eagle3 drafter: zoo name or directory [default: TIER-eagle3]."),
     ] = None,
-    threads: Annotated[int, typer.Option(help="torch threads.")] = 1,
+    threads: Annotated[
+        int, typer.Option(help="torch threads (2: one process owns both cores).")
+    ] = 2,
     overwrite: Annotated[bool, typer.Option(help="Redo runs that are already complete.")] = False,
 ) -> None:
     """Decode prompt sets and record one trace run per (dataset, method, n)."""

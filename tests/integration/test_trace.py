@@ -221,3 +221,14 @@ def test_engine_refuses_mismatched_drafter(zoo: Zoo) -> None:
         ReferenceEngine(
             zoo.target, config=ReferenceConfig(method="eagle3", num_speculative_tokens=3)
         )
+
+
+def test_configurations_are_interleaved(runs: Path) -> None:
+    """Every run of a dataset opens before any of them finishes: prompts are decoded by
+    all configurations in turn, so no run has the machine to itself."""
+    from dsparklab.store import list_runs, read_run_json
+
+    for _, group in list_runs(runs).groupby("dataset"):
+        metas = [read_run_json(p) for p in group["path"]]
+        assert len(metas) > 1
+        assert max(m["created_at"] for m in metas) < min(m["finished_at"] for m in metas)

@@ -1,9 +1,12 @@
 """Collect reference-engine runs into run directories (the trace contract).
 
 ``collect`` is what ``dsparklab collect --engine reference`` calls: it loads the target
-and the drafters once, then decodes every prompt of every (dataset, method, n) run and
-writes each run through :class:`dsparklab.store.TraceWriter`. Runs whose run.json says
-``complete`` are skipped, so an interrupted collection resumes where it stopped.
+and the drafters once, then, per dataset, decodes each prompt with every (method, n)
+configuration before moving to the next prompt (interleaved, so no run has the machine
+to itself and the timings of all configurations share the machine's drift), writing each
+run through :class:`dsparklab.store.TraceWriter`. Runs whose run.json says ``complete``
+are skipped, so an interrupted collection resumes where it stopped (an interrupted run is
+marked ``failed`` with its rows kept, and is redone).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 import platform
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,62 +112,77 @@ class ModelSet:
         return self._drafters[method]
 
 
-def collect_run(
-    run_dir: Path,
-    spec: RunSpec,
-    models: ModelSet,
-    prompts: Sequence[Prompt],
-    *,
-    config: ReferenceConfig,
-    tier: str | None = None,
-    overwrite: bool = True,
-    progress: bool = True,
-) -> DraftStats:
-    """Decode ``prompts`` with one (method, n) and write the run to ``run_dir``."""
-    engine = ReferenceEngine(models.target, models.drafter(spec.method), config=config)
-    tokenizer = models.tokenizer
-    drafter_ref = models.drafter_ref(spec.method)
-    meta = new_run_json(
-        run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
-        engine={"name": ENGINE_NAME, "version": dsparklab.__version__},
-        method=spec.method,
-        num_speculative_tokens=spec.n,
-        target=models.target_ref.to_json(),
-        drafter=None if drafter_ref is None else drafter_ref.to_json(),
-        dataset=spec.dataset_dir,
-        sampling={"temperature": config.temperature, "seed": config.seed},
-        tier=tier or model_tier(models.target_ref.name),
-        hardware={
-            "device": "cpu",
-            "torch_threads": torch.get_num_threads(),
-            "machine": platform.machine(),
-        },
-        config=config.to_json(),
-        config_descriptions=ReferenceConfig.describe(),
-        provenance=provenance(),
-    )
-    stats = DraftStats.new(spec.n)
-    with TraceWriter(run_dir, meta, overwrite=overwrite) as writer:
-        for prompt in tqdm(prompts, desc=spec.name, leave=False, disable=not progress):
-            ids = encode_prompt(tokenizer, prompt, engine.max_prompt_len)
-            result = engine.generate(ids, request_id=prompt.prompt_id)
-            rid = {"request_id": prompt.prompt_id}
-            step_extra = {**rid, "prompt_id": prompt.prompt_id, "dataset": spec.dataset_dir}
-            writer.add_many("steps", [record_row(s, **step_extra) for s in result.steps])
-            writer.add_many("positions", [record_row(p, **rid) for p in result.positions])
-            writer.add(
-                "requests",
-                {
-                    **step_extra,
-                    "prompt_token_ids": result.prompt_token_ids,
-                    "output_token_ids": result.output_token_ids,
-                    "output_text": tokenizer.decode(result.output_token_ids),
-                    "wall_time_s": result.wall_time_s,
-                },
-            )
-            stats = stats.merge(result.stats)
-        writer.update_meta(stats=stats.to_json(), num_requests=len(prompts))
-    return stats
+class RunRecorder:
+    """One (method, n) run being written: its engine, its writer and its running tally."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        spec: RunSpec,
+        models: ModelSet,
+        *,
+        config: ReferenceConfig,
+        tier: str | None = None,
+        overwrite: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.models = models
+        self.engine = ReferenceEngine(models.target, models.drafter(spec.method), config=config)
+        drafter_ref = models.drafter_ref(spec.method)
+        meta = new_run_json(
+            run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
+            engine={"name": ENGINE_NAME, "version": dsparklab.__version__},
+            method=spec.method,
+            num_speculative_tokens=spec.n,
+            target=models.target_ref.to_json(),
+            drafter=None if drafter_ref is None else drafter_ref.to_json(),
+            dataset=spec.dataset_dir,
+            sampling={"temperature": config.temperature, "seed": config.seed},
+            tier=tier or model_tier(models.target_ref.name),
+            hardware={
+                "device": "cpu",
+                "torch_threads": torch.get_num_threads(),
+                "machine": platform.machine(),
+            },
+            config=config.to_json(),
+            config_descriptions=ReferenceConfig.describe(),
+            provenance=provenance(),
+        )
+        self.stats = DraftStats.new(spec.n)
+        self.requests = 0
+        self.writer = TraceWriter(run_dir, meta, overwrite=overwrite)
+
+    def record(self, prompt: Prompt) -> None:
+        """Decode one prompt and buffer its rows."""
+        tokenizer = self.models.tokenizer
+        ids = encode_prompt(tokenizer, prompt, self.engine.max_prompt_len)
+        result = self.engine.generate(ids, request_id=prompt.prompt_id)
+        rid = {"request_id": prompt.prompt_id}
+        step_extra = {**rid, "prompt_id": prompt.prompt_id, "dataset": self.spec.dataset_dir}
+        self.writer.add_many("steps", [record_row(s, **step_extra) for s in result.steps])
+        self.writer.add_many("positions", [record_row(p, **rid) for p in result.positions])
+        self.writer.add(
+            "requests",
+            {
+                **step_extra,
+                "prompt_token_ids": result.prompt_token_ids,
+                "output_token_ids": result.output_token_ids,
+                "output_text": tokenizer.decode(result.output_token_ids),
+                "wall_time_s": result.wall_time_s,
+            },
+        )
+        self.stats = self.stats.merge(result.stats)
+        self.requests += 1
+
+    def __enter__(self) -> RunRecorder:
+        self.writer.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        # complete: the summary goes into run.json; failed: the writer keeps every row
+        if exc[0] is None:
+            self.writer.update_meta(stats=self.stats.to_json(), num_requests=self.requests)
+        self.writer.__exit__(*exc)
 
 
 def collect(
@@ -179,7 +198,7 @@ def collect(
     target: str | Path = DEFAULT_TARGET,
     dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
     eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
-    threads: int | None = 1,
+    threads: int | None = 2,
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
@@ -219,29 +238,44 @@ def collect(
     if not todo:
         return out
     models = ModelSet(target, {"dspark": dspark, "eagle3": eagle3})
-    prompt_sets: dict[str, list[Prompt]] = {}
-    for spec in tqdm(todo, desc="runs", disable=not progress):
-        if spec.dataset not in prompt_sets:
-            prompt_sets[spec.dataset] = load_prompts(spec.dataset, limit=limit)
-        config = ReferenceConfig(
-            method=spec.method,
-            num_speculative_tokens=spec.n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-        )
-        stats = collect_run(
-            out / spec.name,
-            spec,
-            models,
-            prompt_sets[spec.dataset],
-            config=config,
-            progress=progress,
-        )
-        logger.info(
-            "%s: %d steps, mean acceptance length %.2f",
-            spec.name,
-            stats.num_steps,
-            stats.mean_acceptance_length,
-        )
+    by_dataset: dict[str, list[RunSpec]] = {}
+    for spec in todo:
+        by_dataset.setdefault(spec.dataset, []).append(spec)
+    for dataset, specs in by_dataset.items():
+        prompts = load_prompts(dataset, limit=limit)
+        with ExitStack() as stack:
+            recorders = [
+                stack.enter_context(
+                    RunRecorder(
+                        out / spec.name,
+                        spec,
+                        models,
+                        config=ReferenceConfig(
+                            method=spec.method,
+                            num_speculative_tokens=spec.n,
+                            max_new_tokens=max_new_tokens,
+                            temperature=temperature,
+                            seed=seed,
+                        ),
+                        overwrite=True,
+                    )
+                )
+                for spec in specs
+            ]
+            bar = tqdm(total=len(prompts) * len(recorders), desc=dataset, disable=not progress)
+            for index, prompt in enumerate(prompts):
+                # every configuration decodes this prompt before the next one starts, in
+                # an order rotated by the prompt: machine drift spreads over all of them
+                shift = index % len(recorders)
+                for recorder in recorders[shift:] + recorders[:shift]:
+                    recorder.record(prompt)
+                    bar.update(1)
+            bar.close()
+        for recorder in recorders:
+            logger.info(
+                "%s: %d steps, mean acceptance length %.2f",
+                recorder.spec.name,
+                recorder.stats.num_steps,
+                recorder.stats.mean_acceptance_length,
+            )
     return out
