@@ -16,6 +16,7 @@ chunk's tokens and seconds.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -24,7 +25,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class DistillConfig(_Frozen):
 # --- the pool ------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=2)
 def sharegpt_turns(cfg: PoolConfig) -> list[Prompt]:
     """ShareGPT's first human turns that suit an English 135M chat model, in file order.
 
@@ -157,16 +159,17 @@ def ngrams(words: Sequence[str], size: int = NGRAM) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + size]) for i in range(len(words) - size + 1)}
 
 
-def evaluation_ngrams(datasets: Iterable[str] = EVALUATION_SETS) -> set[tuple[str, ...]]:
+@functools.lru_cache(maxsize=2)
+def evaluation_ngrams(datasets: tuple[str, ...] = EVALUATION_SETS) -> frozenset[tuple[str, ...]]:
     """The word n-grams of every prompt of every evaluation set (all prompts, no limit)."""
     grams: set[tuple[str, ...]] = set()
     for dataset in datasets:
         for prompt in load_prompts(dataset):
             grams |= ngrams(normalized_words(prompt.text))
-    return grams
+    return frozenset(grams)
 
 
-def contaminated(text: str, grams: set[tuple[str, ...]]) -> bool:
+def contaminated(text: str, grams: frozenset[tuple[str, ...]]) -> bool:
     """True when ``text`` shares an n-gram with an evaluation prompt.
 
     An evaluation prompt shorter than :data:`NGRAM` words is its own n-gram, so it
@@ -185,7 +188,7 @@ def contaminated(text: str, grams: set[tuple[str, ...]]) -> bool:
 
 
 def deduplicate(
-    prompts: Sequence[Prompt], grams: set[tuple[str, ...]]
+    prompts: Sequence[Prompt], grams: frozenset[tuple[str, ...]]
 ) -> tuple[list[Prompt], dict[str, int]]:
     """Drop repeated prompts (same normalized words) and those overlapping evaluation sets.
 
@@ -208,7 +211,7 @@ def deduplicate(
 
 def training_pool(cfg: PoolConfig) -> tuple[list[Prompt], dict[str, Any]]:
     """The deduplicated, shuffled pool, and a summary for the manifest (counts, hash)."""
-    share = sharegpt_turns(cfg)
+    share = list(sharegpt_turns(cfg))  # a copy: the cached list stays in file order
     random.Random(f"sharegpt/{cfg.seed}").shuffle(share)
     candidates = builder_prompts(cfg) + share[: cfg.sharegpt]
     kept, dropped = deduplicate(candidates, evaluation_ngrams())

@@ -46,7 +46,7 @@ def test_prose_prompts_are_held_out_and_never_in_training_split():
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(UnknownMethodError) as err:
-        load_prompts("gsm8k")
+        load_prompts("gsm9k")
     message = str(err.value)
     for name in prompt_set_names():
         assert name in message
