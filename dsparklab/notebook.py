@@ -8,7 +8,8 @@
 - :func:`show` displays a figure so that it renders in JupyterLab (plotly mimetype) and in
   an exported HTML page opened offline (plotly.js embedded once by :func:`setup`), and
   saves its JSON under the notebook's ``OUT_DIR`` for the report.
-- :func:`resolve_runs`, :func:`load_runs`, :func:`load_published`, :func:`load_token_text`
+- :func:`resolve_runs`, :func:`load_runs`, :func:`load_any_runs` (runs of any
+  granularity: imported and live ones too), :func:`load_published`, :func:`load_token_text`
   find the inputs: an empty ``RUNS`` parameter means ``$DSPARKLAB_RUNS`` (set by
   ``dsparklab lab`` and ``dsparklab report``), else the demo runs.
 """
@@ -313,7 +314,19 @@ def load_runs(
             f"{table[['tier', 'method', 'n', 'dataset']].drop_duplicates().to_dict('records')}",
             path=roots[0],
         )
-    selected = table.loc[chosen | (keep & is_base & baseline)]
+    token = table["granularity"] == "token"
+    if (chosen & ~token).any():
+        other = table.loc[chosen & ~token]
+        message = (
+            f"{len(other)} selected runs hold no token-level rows (granularity "
+            f"{sorted(other['granularity'].unique())}: imported or live); the token-level views "
+            "leave them out: notebooks/06_imported_and_live shows them"
+        )
+        if not (chosen & token).any():
+            raise TraceSchemaError(message, path=roots[0])
+        logger.warning(message)
+        chosen &= token
+    selected = table.loc[chosen | (keep & is_base & baseline & token)]
 
     def read(name: str, rows: pd.DataFrame) -> pd.DataFrame:
         frames = [
@@ -332,6 +345,72 @@ def load_runs(
         for frame in frames:
             frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
     return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
+
+
+@dataclass(frozen=True)
+class AnyRuns:
+    """Every table of the selected runs, whatever each run holds (see ``granularity``).
+
+    Token-level runs fill ``positions`` and ``steps``; vLLM's per-step imports fill
+    ``steps``; imported and live runs fill ``counters`` / ``totals`` (and ``calibration``
+    when the source reported one). ``runs`` lists them all with their ``granularity``.
+    """
+
+    root: Path
+    runs: pd.DataFrame
+    positions: pd.DataFrame
+    steps: pd.DataFrame
+    counters: pd.DataFrame
+    totals: pd.DataFrame
+    calibration: pd.DataFrame
+
+
+def load_any_runs(
+    runs: str | Path,
+    *,
+    datasets: Sequence[str] = (),
+    methods: Sequence[str] = (),
+    n_values: Sequence[int] = (),
+    shipped: bool = False,
+    tiers: Sequence[str] = (),
+) -> AnyRuns:
+    """Read every table of the selected runs (empty selection = everything).
+
+    Unlike :func:`load_runs` it keeps runs without token-level rows (imported with
+    ``dsparklab import`` or recorded by ``dsparklab watch``) and never adds baselines.
+    """
+    from dsparklab.store import list_runs, read_trace
+
+    roots = [resolve_runs(runs)]
+    if shipped and SHIPPED_TRACES.is_dir() and not roots[0].is_relative_to(SHIPPED_TRACES):
+        roots.append(SHIPPED_TRACES.resolve())
+    table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
+    keep = table["method"] != BASELINE_METHOD
+    for column, wanted in (
+        ("dataset", datasets),
+        ("method", methods),
+        ("n", n_values),
+        ("tier", tiers),
+    ):
+        if wanted:
+            keep &= table[column].isin(list(wanted))
+    if not keep.any():
+        raise TraceSchemaError(
+            f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
+            f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}",
+            path=roots[0],
+        )
+    selected = table.loc[keep].reset_index(drop=True)
+
+    def read(name: str) -> pd.DataFrame:
+        frames = [
+            read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
+            for root, group in selected.groupby("root", sort=False)
+        ]
+        return pd.concat(frames, ignore_index=True)
+
+    names = ("positions", "steps", "counters", "totals", "calibration")
+    return AnyRuns(roots[0], selected, *(read(name) for name in names))
 
 
 def load_published(path: str | Path | None = None) -> pd.DataFrame:

@@ -117,13 +117,15 @@ def compute_rate_acceptance(
     pandas.DataFrame
         The columns of :func:`dsparklab.analysis.compute_acceptance_by_position` (counts,
         intervals and ``n_requests`` NA) with ``accept_rate`` and ``survival`` as reported;
-        a missing one is derived: :math:`a_i = s_i / s_{i-1}`, :math:`s_i = \\prod_{j\\le i}
-        a_j`.
+        a missing one is derived: :math:`a_i = s_i / s_{i-1}`, :math:`s_i = \\prod_{j\\le
+        i} a_j`; plus ``n_runs``.
 
     Notes
     -----
-    Rates of different runs cannot be pooled without their counts: every group must hold
-    one run (group by ``run_id`` or by columns that single runs out).
+    Rates of different runs cannot be weighted without their counts: a group holding
+    several rate-only runs gets the unweighted mean over runs of each run's
+    :math:`s_i` (and :math:`a_i = \\bar s_i / \\bar s_{i-1}`), with ``n_runs`` saying
+    how many were averaged. Group by ``run_id`` to see each run as reported.
     """
     by = as_columns(by)
     require_columns(counters, ("position", "accept_rate", "survival"), what="rate acceptance")
@@ -132,35 +134,51 @@ def compute_rate_acceptance(
         frame = frame.assign(run_id="run")
     if frame.empty:
         return _empty_rates(by)
-    pieces = []
-    for key, group in frame.groupby(list(by) if by else ["run_id"], sort=True, dropna=False):
-        if group["run_id"].nunique() > 1:
-            raise DSparkLabError(
-                f"runs {sorted(group['run_id'].unique())[:3]} reported rates only and fall in "
-                f"one group {key}: rates cannot be pooled without counts; group by run_id"
-            )
-        group = group.sort_values("position")
-        survival = group["survival"].to_numpy(dtype=np.float64, na_value=np.nan)
-        rate = group["accept_rate"].to_numpy(dtype=np.float64, na_value=np.nan)
+    per_run = []
+    for _, run in frame.groupby("run_id", sort=True):
+        run = run.sort_values("position")
+        survival = run["survival"].to_numpy(dtype=np.float64, na_value=np.nan)
+        rate = run["accept_rate"].to_numpy(dtype=np.float64, na_value=np.nan)
         if np.isnan(survival).all() and not np.isnan(rate).all():
             survival = np.cumprod(np.where(np.isnan(rate), 0.0, rate))
         if np.isnan(rate).all():
             rate = conditional_from_marginal(survival)
-        out = (
-            group[list(by)].reset_index(drop=True) if by else pd.DataFrame(index=range(len(group)))
+        keep = (
+            run[[*by, "run_id"]].reset_index(drop=True)
+            if "run_id" not in by
+            else run[list(by)].reset_index(drop=True)
         )
-        out = out.assign(
-            position=group["position"].to_numpy(dtype=np.int64),
-            accept_rate=rate,
-            survival=survival,
+        per_run.append(
+            keep.assign(
+                position=run["position"].to_numpy(dtype=np.int64),
+                accept_rate=rate,
+                survival=survival,
+            )
         )
-        pieces.append(out)
-    result = pd.concat(pieces, ignore_index=True)
+    rows = pd.concat(per_run, ignore_index=True)
+    keys = [*by, "position"]
+    grouped = rows.groupby(keys, sort=True, dropna=False)
+    result = grouped.agg(
+        survival=("survival", "mean"),
+        accept_rate=("accept_rate", "mean"),
+        n_runs=("run_id", "nunique") if "run_id" in rows else ("position", "size"),
+    ).reset_index()
+    several = result["n_runs"] > 1
+    if several.any():  # a_i of the mean survival, not the mean of a_i
+        for _, idx in (
+            result[several].groupby(list(by), dropna=False).groups.items()
+            if by
+            else [(None, result.index[several])]
+        ):
+            group = result.loc[idx].sort_values("position")
+            result.loc[group.index, "accept_rate"] = conditional_from_marginal(
+                group["survival"].to_numpy()
+            )
     for name in ("n_drafted", "n_reached", "n_accepted", "n_requests"):
         result[name] = pd.array([pd.NA] * len(result), dtype="Int64")
     for name in ("accept_rate_lo", "accept_rate_hi", "survival_lo", "survival_hi"):
         result[name] = np.nan
-    return result[list(_empty_rates(by).columns)]
+    return result[[*_empty_rates(by).columns, "n_runs"]]
 
 
 def _empty_rates(by: tuple[str, ...]) -> pd.DataFrame:
@@ -422,7 +440,8 @@ def compute_acceptance_over_time(
     -------
     pandas.DataFrame
         One row per group, interval and position: ``t_start``, ``t_end`` (unix seconds),
-        ``t_mid_s`` (seconds since the group's first interval began), ``num_drafts``,
+        ``t_mid_s`` (seconds since the group's first interval began; the interval index
+        + 0.5 when the scrapes carry no times, e.g. imported files), ``num_drafts``,
         ``n_reached``, ``n_accepted``, ``accept_rate``, ``survival`` and the interval's
         ``accept_len``.
 
@@ -474,7 +493,9 @@ def compute_acceptance_over_time(
         if by
         else joined["t_start"].min()
     )
-    joined["t_mid_s"] = (joined["t_start"] + joined["t_end"]) / 2.0 - first
+    mid = (joined["t_start"] + joined["t_end"]) / 2.0 - first
+    # scrapes imported from files carry no times: the interval index stands in
+    joined["t_mid_s"] = mid.fillna(joined["interval"].astype(float) + 0.5)
     cols = [
         *keys,
         "position",

@@ -16,6 +16,11 @@ from dsparklab.plots.calibration import (
     plot_calibration_metrics,
     plot_reliability,
 )
+from dsparklab.plots.live import (
+    plot_accept_len_over_time,
+    plot_acceptance_over_time,
+    plot_coverage,
+)
 from dsparklab.plots.markov import (
     plot_bias_distribution,
     plot_flip_rates,
@@ -45,10 +50,13 @@ __all__ = [
     "TEMPLATE_NAME",
     "PlotSettings",
     "method_color",
+    "plot_accept_len_over_time",
     "plot_acceptance_heatmap",
+    "plot_acceptance_over_time",
     "plot_adaptive_whatif",
     "plot_bias_distribution",
     "plot_calibration_metrics",
+    "plot_coverage",
     "plot_draft_costs",
     "plot_flip_rates",
     "plot_markov_counterfactual",

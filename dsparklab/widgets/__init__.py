@@ -6,5 +6,13 @@ from dsparklab.widgets.explorer import (
     make_explorer_widget,
     sync_figure,
 )
+from dsparklab.widgets.live import LiveView, latest_live_run
 
-__all__ = ["Explorer", "ExplorerState", "make_explorer_widget", "sync_figure"]
+__all__ = [
+    "Explorer",
+    "ExplorerState",
+    "LiveView",
+    "latest_live_run",
+    "make_explorer_widget",
+    "sync_figure",
+]

@@ -11,6 +11,10 @@ slider follows) and its draft position (outlined in the strip).
 
 Without a front end (papermill drops widget state) :meth:`Explorer.display` shows the same
 three figures statically, and no widget is ever created.
+
+Runs without token-level rows (imported, or a live ``dsparklab watch`` run) have no
+drafted tokens to strip: pass ``annotated=None`` and the strip says so. A live view calls
+:meth:`Explorer.refresh` with new acceptance each time its run grows.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dsparklab.plots import (
     plot_request_strip,
     plot_survival_curves,
 )
+from dsparklab.plots._common import empty_figure
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +147,7 @@ class Explorer:
     def __init__(
         self,
         by_position: pd.DataFrame,
-        annotated: pd.DataFrame,
+        annotated: pd.DataFrame | None,
         *,
         token_labels: TokenLabels | None = None,
         dataset: str | None = None,
@@ -167,9 +172,7 @@ class Explorer:
         self.by_position = by_position
         self.annotated = annotated
         self.token_labels = token_labels
-        self.datasets = sorted(by_position["dataset"].unique().tolist())
-        self.methods = sorted(by_position["method"].unique().tolist())
-        self.ns = sorted(int(v) for v in by_position["n"].unique())
+        self._set_options(by_position)
         self.state = ExplorerState(
             dataset=self._pick("dataset", dataset, self.datasets),
             method=self._pick("method", method, self.methods),
@@ -180,6 +183,11 @@ class Explorer:
         self._widget: Any = None
         self.figure_widgets: dict[str, go.FigureWidget] = {}
         self.updates: dict[str, int] = dict.fromkeys(FIGURES, 0)
+
+    def _set_options(self, by_position: pd.DataFrame) -> None:
+        self.datasets = sorted(by_position["dataset"].unique().tolist())
+        self.methods = sorted(by_position["method"].unique().tolist())
+        self.ns = sorted(int(v) for v in by_position["n"].unique())
 
     @staticmethod
     def _pick(name: str, value: Any, options: Sequence[Any]) -> Any:
@@ -194,6 +202,8 @@ class Explorer:
     # -- state -> figures -----------------------------------------------------------
     def _run_rows(self) -> pd.DataFrame:
         a, s = self.annotated, self.state
+        if a is None or a.empty:
+            return pd.DataFrame({"request_id": pd.Series(dtype=str)})
         return a.loc[(a["method"] == s.method) & (a["n"] == s.n) & (a["dataset"] == s.dataset)]
 
     def requests(self) -> list[str]:
@@ -221,6 +231,13 @@ class Explorer:
     def strip(self) -> go.Figure:
         s = self.state
         rows = self._run_rows()
+        if rows.empty:
+            return empty_figure(
+                "no drafted tokens for this selection: the run holds counters only "
+                "(imported or live); token strips need a token-level trace",
+                title=f"{s.method} · n={s.n} · token strip",
+                name="request_strip",
+            )
         return plot_request_strip(
             rows,
             request_ids=s.request or "",
@@ -239,6 +256,41 @@ class Explorer:
         s = self.state
         text = f"<b>{s.method}</b> · n = {s.n} · {s.dataset} · {s.view} · request {s.request}"
         return text + (f" · position {s.position}" if s.position is not None else "")
+
+    def refresh(self, by_position: pd.DataFrame, annotated: pd.DataFrame | None = None) -> None:
+        """New acceptance (and token rows) for the same dashboard: options, then figures.
+
+        The selection is kept where it still exists; the widgets (when built) get the new
+        options and every figure is redrawn in place.
+        """
+        if by_position.empty:
+            return
+        self.by_position = by_position
+        if annotated is not None:
+            self.annotated = annotated
+        self._set_options(by_position)
+        s = self.state
+        s.dataset = s.dataset if s.dataset in self.datasets else self.datasets[0]
+        s.method = s.method if s.method in self.methods else self.methods[0]
+        s.n = s.n if s.n in self.ns else self.ns[0]
+        s.request = self._default_request()
+        if self._widget is None:
+            return
+        controls = (self.dataset, self.method, self.n)
+        for control in controls:
+            control.unobserve(self._on_run_change, names="value")
+        try:
+            self.dataset.options, self.dataset.value = self.datasets, s.dataset
+            self.method.options, self.method.value = self.methods, s.method
+            self.n.min, self.n.max, self.n.value = self.ns[0], max(self.ns[-1], self.ns[0]), s.n
+            self.request.unobserve(self._on_request_change, names="value")
+            self.request.options = self.requests()
+            self.request.value = s.request
+            self.request.observe(self._on_request_change, names="value")
+        finally:
+            for control in controls:
+                control.observe(self._on_run_change, names="value")
+        self.redraw()
 
     # -- the interactive dashboard -------------------------------------------------
     @property
@@ -352,7 +404,7 @@ class Explorer:
 
 def make_explorer_widget(
     by_position: pd.DataFrame,
-    annotated: pd.DataFrame,
+    annotated: pd.DataFrame | None,
     *,
     token_labels: TokenLabels | None = None,
     dataset: str | None = None,
@@ -368,7 +420,8 @@ def make_explorer_widget(
         ``compute_acceptance_by_position(positions, steps=steps,
         by=("method", "n", "dataset"))``.
     annotated
-        ``annotate_positions(positions, steps=steps)`` (for the request strips).
+        ``annotate_positions(positions, steps=steps)`` (for the request strips); None for
+        runs without token-level rows (the strip says there are none).
     token_labels
         Token id -> text for the strips (``dsparklab.notebook.load_token_text``).
     dataset, method, n, view

@@ -25,6 +25,7 @@ EXPECTED_NOTEBOOKS = (
     "03_confidence_calibration",
     "04_markov_attribution",
     "05_regression_diagnosis",
+    "06_imported_and_live",
 )
 METHODS = ("dspark", "eagle3", "none")
 NS = (3, 4, 5, 6, 7)
