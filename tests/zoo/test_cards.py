@@ -15,10 +15,15 @@ from dsparklab.zoo.smol.config import DSPARK_NAME, SmolConfig
 from tests.conftest import make_run_json, write_run
 
 DATA = {
+    "distill_dir": "distill",
+    "chunks": 1,
     "prompts": 4,
-    "prompt_kinds": {"code": 2, "math": 2},
+    "prompts_by_source": {"sharegpt": 2, "builder-math": 2},
+    "pool": {"dropped": {"duplicate": 0, "evaluation_overlap": 0}},
     "answer_tokens": 96,
+    "prompt_tokens": 40,
     "answers_ending_in_eos": 3,
+    "max_new_tokens": 24,
     "answer_seconds": 1.0,
     "hidden_state_seconds": 1.0,
     "draft_vocab_size": 512,

@@ -152,3 +152,54 @@ def test_chat_targets_get_the_chat_template():
     tiny = AutoTokenizer.from_pretrained(ZOO_DIR / "tiny-target")
     assert encode_prompt(tiny, prompt) == tiny(prompt.text, add_special_tokens=False)["input_ids"]
     assert encode_prompt(tiny, prompt, max_len=5) == encode_prompt(tiny, prompt)[-5:]
+
+
+@pytest.mark.parametrize(
+    ("stem", "line", "want_id", "want_text"),
+    [
+        (
+            "math500",
+            {
+                "problem": "Convert the point $(0,3)$ to polar coordinates.",
+                "solution": "...",
+                "answer": "(3, \\frac{\\pi}{2})",
+                "subject": "Precalculus",
+                "level": 2,
+                "unique_id": "test/precalculus/807.json",
+            },
+            "test/precalculus/807.json",
+            "Convert the point $(0,3)$ to polar coordinates.",
+        ),
+        (
+            "livecodebench",
+            {
+                "question_title": "A. Short Sort",
+                "question_content": "There are three cards with letters a, b, c ...",
+                "platform": "codeforces",
+                "question_id": "1873_A",
+                "contest_id": "1873",
+                "contest_date": "2023-08-21T00:00:00",
+                "starter_code": "",
+                "difficulty": "easy",
+                "public_test_cases": "[]",
+            },
+            "1873_A",
+            "There are three cards with letters a, b, c ...",
+        ),
+        (
+            "speed_bench",
+            {
+                "question_id": "coding_0",
+                "category": "coding",
+                "turns": ["Write a function that merges two sorted lists.", "Now in C."],
+            },
+            "coding_0",
+            "Write a function that merges two sorted lists.",
+        ),
+    ],
+)
+def test_jsonl_formats_of_the_benchmarks_users_bring(tmp_path, stem, line, want_id, want_text):
+    """docs/prompt-sets.md: each benchmark's own line layout loads as documented."""
+    path = tmp_path / f"{stem}.jsonl"
+    path.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    assert load_prompts(f"jsonl:{path}") == [Prompt(want_id, stem, want_text)]
