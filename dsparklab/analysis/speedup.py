@@ -2,15 +2,20 @@
 
 .. math:: S(n) = \\frac{\\mathrm{AL}(n)}{1 + c_{\\mathrm{draft}}(n) + v(n)}
 
-with costs relative to one target-only decode step (DESIGN.md). A block drafter (DSpark,
-DFlash) drafts the whole window in one pass, :math:`c_{\\mathrm{draft}}(n) = c`; an
-autoregressive drafter (Eagle3) runs once per position, :math:`c_{\\mathrm{draft}}(n) = nc`.
-The verify overhead is fitted as a line, :math:`v(n) = v_0 + v_1 n`.
+with costs relative to one target-only decode step. The cost structure the fit assumes:
+
+- verify: one target forward over the n + 1 tokens of a block. It depends on the width
+  alone, not on which drafter proposed the tokens, and not smoothly (on CPU a GEMM kernel
+  changes at some widths: here 7 rows cost ~20 % more than 6), so :math:`v(n)` is one value
+  per n shared by every method;
+- draft: a block drafter (DSpark, DFlash) drafts the whole window in one pass,
+  :math:`c_{\\mathrm{draft}}(n) = c_0`; an autoregressive drafter (Eagle3) runs once per
+  position after taking in the accepted tokens, :math:`c_{\\mathrm{draft}}(n) = c_0 + c_1 n`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -26,11 +31,8 @@ DRAFTER_KINDS: dict[str, str] = {
     "eagle3": "autoregressive",
     "eagle": "autoregressive",
 }
-# drafter kind -> how the draft cost grows with n, as a regressor: c_draft(n) = c * x(n)
-DRAFT_COST_SHAPES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "block": lambda n: np.ones_like(n, dtype=np.float64),
-    "autoregressive": lambda n: np.asarray(n, dtype=np.float64),
-}
+# drafter kind -> does the draft cost grow with n (a slope is fitted) or not
+DRAFT_COST_SLOPE: dict[str, bool] = {"block": False, "autoregressive": True}
 
 
 def _kind(method: str, kinds: Mapping[str, str]) -> str:
@@ -40,10 +42,10 @@ def _kind(method: str, kinds: Mapping[str, str]) -> str:
             f"pass kinds={{{method!r}: 'block' or 'autoregressive'}}"
         )
     kind = kinds[method]
-    if kind not in DRAFT_COST_SHAPES:
+    if kind not in DRAFT_COST_SLOPE:
         raise UnknownMethodError(
             f"unknown drafter kind {kind!r} for method {method!r}; valid kinds are "
-            f"{sorted(DRAFT_COST_SHAPES)}"
+            f"{sorted(DRAFT_COST_SLOPE)}"
         )
     return kind
 
@@ -59,6 +61,11 @@ def _weighted_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, 
 
 def _fit(measured: pd.DataFrame, fit_by: list[str], kinds: Mapping[str, str]) -> pd.DataFrame:
     ok = measured.dropna(subset=["draft_cost", "verify_cost"]).reset_index(drop=True)
+    # verify: one value per (fit group without the method, n), pooled over the methods
+    shared = [k for k in fit_by if k != "method"]
+    weighted = ok.assign(_wv=ok["verify_cost"] * ok["n_steps"])
+    verify = weighted.groupby([*shared, "n"], sort=False, dropna=False)[["_wv", "n_steps"]].sum()
+    verify = (verify["_wv"] / verify["n_steps"]).rename("verify_cost_fit").reset_index()
     code, n_codes = combined_codes(ok, fit_by)
     rows_out = []
     for rows in split_by_code(code, n_codes):
@@ -66,21 +73,27 @@ def _fit(measured: pd.DataFrame, fit_by: list[str], kinds: Mapping[str, str]) ->
         kind = _kind(str(part["method"].iloc[0]), kinds)
         n = part["n"].to_numpy(float)
         w = part["n_steps"].to_numpy(float)
-        shape = DRAFT_COST_SHAPES[kind](n)  # [R]
-        c = float(np.sum(w * shape * part["draft_cost"]) / np.sum(w * shape * shape))
-        v0, v1 = _weighted_line(n, part["verify_cost"].to_numpy(float), w)
-        rows_out.append(
-            {
-                **{k: part[k].iloc[0] for k in fit_by},
-                "kind": kind,
-                "c": c,
-                "v0": v0,
-                "v1": v1,
-                "n_values": sorted(set(part["n"].tolist())),
-                "n_steps": int(w.sum()),
-            }
-        )
-    return pd.DataFrame(rows_out, columns=[*fit_by, "kind", "c", "v0", "v1", "n_values", "n_steps"])
+        cost = part["draft_cost"].to_numpy(float)
+        if DRAFT_COST_SLOPE[kind]:
+            c0, c1 = _weighted_line(n, cost, w)
+        else:
+            c0, c1 = float(np.average(cost, weights=w)), 0.0
+        # one row per n (a group may hold several datasets at the same n)
+        for value, steps in part.groupby("n", sort=True)["n_steps"].sum().items():
+            rows_out.append(
+                {
+                    **{k: part[k].iloc[0] for k in fit_by},
+                    "n": value,
+                    "kind": kind,
+                    "c0": c0,
+                    "c1": c1,
+                    "draft_cost_fit": c0 + c1 * float(value),
+                    "n_steps": int(steps),
+                }
+            )
+    columns = [*fit_by, "n", "kind", "c0", "c1", "draft_cost_fit", "n_steps"]
+    params = pd.DataFrame(rows_out, columns=columns)
+    return params.merge(verify, on=[*shared, "n"], how="left")
 
 
 def fit_speedup_model(
@@ -91,7 +104,7 @@ def fit_speedup_model(
     match: Iterable[str] = MATCH_COLUMNS,
     kinds: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Fit the draft cost c and the verify overhead v(n) = v0 + v1 n per group.
+    """Fit the draft cost per method and the verify cost per window, shared by the methods.
 
     Parameters
     ----------
@@ -107,21 +120,23 @@ def fit_speedup_model(
     Returns
     -------
     pandas.DataFrame
-        One row per group: ``kind``, ``c``, ``v0``, ``v1``, ``n_values`` and ``n_steps``.
+        One row per (group, n): ``kind``, ``c0``, ``c1``, ``draft_cost_fit``
+        (:math:`c_0 + c_1 n`), ``verify_cost_fit`` (:math:`\\hat v(n)`) and ``n_steps``.
 
     Notes
     -----
     From each (group, dataset, n) the measured costs relative to the matched baseline
     step time :math:`t_b` are :math:`c(n) = \\bar d / t_b` and
     :math:`v(n) = \\bar u / t_b - 1` (:math:`\\bar d`, :math:`\\bar u`: mean draft and
-    verify time per step). Then, weighting by steps,
+    verify time per step). With weights :math:`w` = steps,
 
     .. math::
 
-        \\hat c = \\arg\\min_c \\sum w\\,(c(n) - c\\,x(n))^2 = \\frac{\\sum w\\,x\\,c(n)}
-        {\\sum w\\,x^2}, \\qquad x(n) = 1 \\text{ (block)}, \\ n \\text{ (autoregressive)}
-
-    and :math:`(v_0, v_1)` by weighted least squares on :math:`v(n)`.
+        \\hat v(n) = \\frac{\\sum_{m} w_m\\, v_m(n)}{\\sum_m w_m} \\quad
+        \\text{(pooled over the methods } m\\text{)}, \\qquad
+        \\hat c_0 = \\frac{\\sum w\\, c(n)}{\\sum w} \\ \\text{(block)}, \\quad
+        (\\hat c_0, \\hat c_1) = \\arg\\min \\sum w\\,(c(n) - c_0 - c_1 n)^2
+        \\ \\text{(autoregressive)}.
     """
     fit_by = list(as_columns(fit_by))
     if "method" not in fit_by:
@@ -172,8 +187,8 @@ def compute_speedup_model(
 
     Notes
     -----
-    .. math:: S_{\\mathrm{model}}(n) = \\frac{\\mathrm{AL}(n)}{1 + \\hat c\\,x(n) + \\hat v_0
-              + \\hat v_1 n}
+    .. math:: S_{\\mathrm{model}}(n) = \\frac{\\mathrm{AL}(n)}{1 + \\hat c_0 + \\hat c_1 n
+              + \\hat v(n)}
 
     with :math:`\\mathrm{AL}(n)` the measured tokens per step (equal to
     :math:`1 + \\sum_i s_i` when every step drafts n positions). With the measured costs
@@ -198,16 +213,13 @@ def compute_speedup_model(
         ci=ci,
         seed=seed,
     )
-    out = measured.merge(params[[*fit_by, "kind", "c", "v0", "v1"]], on=fit_by, how="left")
-    n = out["n"].to_numpy(float)
-    shape = np.full(len(out), np.nan)  # [R] x(n) of each row's drafter kind
-    for kind, fn in DRAFT_COST_SHAPES.items():
-        mine = (out["kind"] == kind).to_numpy()
-        shape[mine] = fn(n[mine])
-    out["draft_cost_model"] = out["c"] * shape
-    out["verify_cost_model"] = out["v0"] + out["v1"] * n
+    cols = [*fit_by, "n", "kind", "draft_cost_fit", "verify_cost_fit"]
+    out = measured.merge(params[cols], on=[*fit_by, "n"], how="left")
+    out = out.rename(
+        columns={"draft_cost_fit": "draft_cost_model", "verify_cost_fit": "verify_cost_model"}
+    )
     out["speedup_model"] = out["tokens_per_step"] / (
         1.0 + out["draft_cost_model"] + out["verify_cost_model"]
     )
     out["model_error"] = out["speedup_model"] / out["speedup"] - 1.0
-    return out.drop(columns=["c", "v0", "v1"])
+    return out

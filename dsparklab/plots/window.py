@@ -158,7 +158,7 @@ def plot_draft_costs(
         rows=1,
         cols=2,
         subplot_titles=[
-            "draft cost c_draft(n): block = c, autoregressive = n·c",
+            "draft cost c_draft(n): block = c0, autoregressive = c0 + c1·n",
             "verify overhead v(n)",
         ],
     )

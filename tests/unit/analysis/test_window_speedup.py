@@ -94,17 +94,36 @@ def test_marginal_value_of_one_more_position():
 
 
 def test_speedup_model_recovers_block_and_autoregressive_costs():
-    params = fit_speedup_model(timed_steps()).set_index("method")
-    assert params.loc["dspark", "kind"] == "block"
-    assert params.loc["dspark", "c"] == pytest.approx(0.3)
-    assert params.loc["dspark", "v0"] == pytest.approx(0.2)
-    assert params.loc["dspark", "v1"] == pytest.approx(0.0, abs=1e-12)
-    assert params.loc["eagle3", "kind"] == "autoregressive"
-    assert params.loc["eagle3", "c"] == pytest.approx(0.1)  # per drafted position
-    assert params.loc["eagle3", "v0"] == pytest.approx(0.1)
+    params = fit_speedup_model(timed_steps()).set_index(["method", "n"])
+    assert params.loc[("dspark", 3), "kind"] == "block"
+    assert params.loc[("dspark", 3), "c0"] == pytest.approx(0.3)
+    assert params.loc[("dspark", 5), "c1"] == 0.0
+    assert params.loc[("dspark", 5), "verify_cost_fit"] == pytest.approx(0.2)
+    assert params.loc[("eagle3", 4), "kind"] == "autoregressive"
+    assert params.loc[("eagle3", 4), "c1"] == pytest.approx(0.1)  # per drafted position
+    assert params.loc[("eagle3", 4), "c0"] == pytest.approx(0.0, abs=1e-12)
+    assert params.loc[("eagle3", 2), "verify_cost_fit"] == pytest.approx(0.1)
     model = compute_speedup_model(timed_steps(), by="method", n_boot=0)
     np.testing.assert_allclose(model["model_error"], 0.0, atol=1e-12)
     np.testing.assert_allclose(model["speedup_model"], model["speedup"])
+
+
+def test_verify_cost_is_one_value_per_window_shared_by_the_methods():
+    """Two methods at the same n with different verify times: the model pools them, and
+    its error says by how much each one's measured speedup differs from the pooled cost."""
+    steps = pd.concat(
+        [
+            steps_of("base", "none", 0, [0] * 5, np.nan, 0.010),
+            steps_of("ds3", "dspark", 3, [3, 1, 2, 0], 0.003, 0.013),
+            steps_of("e3", "eagle3", 3, [3, 1, 2, 0], 0.003, 0.011),
+        ],
+        ignore_index=True,
+    )
+    params = fit_speedup_model(steps)
+    np.testing.assert_allclose(params["verify_cost_fit"], 0.2)  # (0.3 + 0.1) / 2
+    model = compute_speedup_model(steps, by="method", n_boot=0).set_index("method")
+    assert model.loc["dspark", "model_error"] == pytest.approx((1 + 0.3 + 0.3) / 1.5 - 1)
+    assert model.loc["eagle3", "model_error"] == pytest.approx((1 + 0.3 + 0.1) / 1.5 - 1)
 
 
 def test_model_against_noisy_timings():
@@ -129,9 +148,9 @@ def test_model_against_noisy_timings():
     assert (model["model_error"].abs() < 0.03).all()
     assert (model["speedup_lo"] <= model["speedup"]).all()
     assert (model["speedup"] <= model["speedup_hi"]).all()
-    params = fit_speedup_model(steps).set_index("method")
-    assert params.loc["dspark", "c"] == pytest.approx(0.3, rel=0.05)
-    assert params.loc["eagle3", "c"] == pytest.approx(0.1, rel=0.05)
+    params = fit_speedup_model(steps).set_index(["method", "n"])
+    assert params.loc[("dspark", 5), "c0"] == pytest.approx(0.3, rel=0.05)
+    assert params.loc[("eagle3", 5), "c1"] == pytest.approx(0.1, rel=0.05)
     scaling = compute_window_scaling(steps, positions=positions, n_boot=200)
     # with every step drafting n positions, AL from positions = tokens per step
     np.testing.assert_allclose(scaling["accept_len"], scaling["tokens_per_step"])
@@ -157,4 +176,4 @@ def test_unknown_drafter_kind_lists_the_known_methods():
     with pytest.raises(UnknownMethodError, match="known methods are"):
         fit_speedup_model(steps)
     params = fit_speedup_model(steps, kinds={"medusa": "block"})
-    assert params["c"].iloc[0] == pytest.approx(0.1)
+    assert params["c0"].iloc[0] == pytest.approx(0.1)
