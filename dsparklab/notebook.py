@@ -42,6 +42,7 @@ HEADLESS_ENV = "DSPARKLAB_HEADLESS"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS = REPO_ROOT / "runs" / "demo"
 PUBLISHED_CSV = REPO_ROOT / "data" / "published" / "published_kimi_dspark.csv"
+PUBLISHED_CURVES_CSV = REPO_ROOT / "data" / "published" / "published_position_curves.csv"
 SHIPPED_TRACES = REPO_ROOT / "data" / "traces"
 """Traces committed with the repository (``data/traces/smol``: the smol tier's runs)."""
 # published drafter label -> the lab's method name (same colour in every figure)
@@ -206,9 +207,20 @@ def show(fig: Any, name: str, *, out_dir: str | Path = "") -> None:
         raw=True,
     )
     if out_dir:
-        target = Path(out_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        pio.write_json(fig, target / f"{name}.json")
+        save_figure(fig, name, out_dir=out_dir)
+
+
+def save_figure(fig: Any, name: str, *, out_dir: str | Path) -> Path:
+    """Write ``fig`` as ``<out_dir>/<name>.json``, where the report collects figures."""
+    import plotly.io as pio
+
+    if not _NAME.match(name):
+        raise DSparkLabError(f"figure name {name!r} is not an identifier-like string")
+    fig.update_layout(meta={"dsparklab_figure": name})
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    pio.write_json(fig, target / f"{name}.json")
+    return target / f"{name}.json"
 
 
 # -- inputs -------------------------------------------------------------------------
@@ -434,6 +446,43 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
         )
     method = table["drafter"].map(PUBLISHED_METHODS).fillna(table["drafter"].str.lower())
     return table.assign(method=method, label="published")
+
+
+def load_published_curves(path: str | Path | None = None) -> pd.DataFrame:
+    """Published per-position acceptance curves, one row per (curve, position).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``target``, ``drafter``, ``method``, ``dataset``, ``n``, ``kind`` (``marginal`` =
+        survival :math:`s_i`; ``teacher-forced accuracy``, not decode-time), ``position``
+        (0-based, as the traces count), ``rate``, ``accept_len``, ``source``, ``curve``
+        (a display name) and ``label`` = ``"published"``.
+    """
+    csv = Path(path) if path is not None else PUBLISHED_CURVES_CSV
+    if not csv.is_file():
+        raise ProvenanceError(f"file {csv}: the published curves are missing")
+    table = pd.read_csv(csv)
+    expected = ["target", "drafter", "method", "dataset", "n", "kind", "rates", "source"]
+    missing = [c for c in expected if c not in table.columns]
+    if missing:
+        raise TraceSchemaError(
+            f"published curves lack columns {missing}; expected {expected}", path=csv
+        )
+    rows = []
+    for line, record in enumerate(table.to_dict("records"), start=2):
+        try:
+            rates = [float(x) for x in str(record["rates"]).split()]
+        except ValueError as err:
+            raise TraceSchemaError(
+                f"line {line}: rates must be space-separated numbers ({err})",
+                path=csv,
+                field="rates",
+            ) from err
+        curve = f"{record['target']} {record['drafter']} ({record['dataset']})"
+        for position, rate in enumerate(rates):
+            rows.append({**record, "position": position, "rate": rate, "curve": curve})
+    return pd.DataFrame(rows).drop(columns=["rates"]).assign(label="published")
 
 
 def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:

@@ -43,6 +43,9 @@ def report(
         typer.Option(help="NAME=VALUE papermill parameter for every notebook; repeatable."),
     ] = None,
     png: Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")] = True,
+    show_code: Annotated[
+        bool, typer.Option(help="Keep the code cells in the notebook pages.")
+    ] = False,
     notebooks: Annotated[
         Path | None,
         typer.Option(help="The notebooks directory [default: the repository's notebooks/]."),
@@ -63,6 +66,7 @@ def report(
         names=notebook or None,
         parameters=parse_params(param or []),
         png=png,
+        show_code=show_code,
     )
     typer.echo(
         f"report: {result.index} ({len(result.notebooks)} notebooks, "

@@ -31,6 +31,8 @@ from dsparklab.plots.settings import settings
 from dsparklab.plots.style import (
     ACCEPT_COLORS,
     ACCEPT_STATES,
+    PUBLISHED_COLOR,
+    PUBLISHED_DASH,
     SEQUENTIAL_SCALE,
     accept_colorscale,
     dash_for,
@@ -147,6 +149,7 @@ def plot_survival_curves(
     datasets: Sequence[str] | None = None,
     ci: bool = True,
     title: str | None = None,
+    published: pd.DataFrame | None = None,
 ) -> go.Figure:
     """Survival (or conditional acceptance) against draft position, one line per group.
 
@@ -166,6 +169,10 @@ def plot_survival_curves(
         Shade the bootstrap interval.
     title
         Figure title.
+    published
+        From :func:`dsparklab.notebook.load_published_curves`: the published curves of the
+        comparable kind (``marginal`` beside survival, ``teacher-forced accuracy`` beside
+        the conditional rate) are drawn in grey, dotted, named "published: ...".
     """
     axis_label = choose("acceptance value", value, ACCEPTANCE_VALUES)
     require(by_position, ["position", value], what="plot_survival_curves")
@@ -216,6 +223,23 @@ def plot_survival_curves(
                         "<extra></extra>",
                     )
                 )
+    if published is not None and not published.empty:
+        kind = "marginal" if value == "survival" else "teacher-forced accuracy"
+        shown = select(published, method=methods, kind=kind)
+        for curve in levels(shown, "curve"):
+            line = select(shown, curve=curve).sort_values("position")
+            fig.add_trace(
+                go.Scatter(
+                    x=line["position"],
+                    y=line["rate"],
+                    mode="lines",
+                    name=f"published: {curve}",
+                    legendgroup="published",
+                    line=dict(color=PUBLISHED_COLOR, dash=PUBLISHED_DASH, width=1.5),
+                    hovertemplate=f"published ({kind}): {curve}<br>position=%{{x}}"
+                    f"<br>{value}=%{{y:.3f}}<br>{line['source'].iloc[0]}<extra></extra>",
+                )
+            )
     fig.update_xaxes(title_text="draft position", dtick=1)
     fig.update_yaxes(title_text=value, range=[0, 1.02])
     return finish(fig, title=title, name="survival_curves")

@@ -56,6 +56,7 @@ DIVERGING_SCALE: list[list[float | str]] = [
 DASHES: tuple[str, ...] = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 # The published reference numbers are drawn with open markers and this dash.
 PUBLISHED_DASH = "dash"
+PUBLISHED_COLOR = "#868e96"  # published curves beside measured ones are grey
 
 
 def method_color(method: str) -> str:

@@ -179,6 +179,7 @@ def build_report(
     kernel_name: str = KERNEL_NAME,
     progress: bool = True,
     timeout: int = 600,
+    show_code: bool = False,
 ) -> ReportResult:
     """Execute the notebooks on ``runs`` and write the report to ``out``.
 
@@ -198,6 +199,8 @@ def build_report(
         The Jupyter kernel, and the per-cell timeout in seconds.
     progress
         Show a tqdm bar over the notebooks.
+    show_code
+        Keep the code cells in the notebook pages (hidden by default).
 
     Raises
     ------
@@ -230,10 +233,23 @@ def build_report(
             timeout=timeout,
         )
         if result.executed.is_file():
-            result.html = export_html(result.executed, out / f"{source.stem}.html")
+            result.html = export_html(
+                result.executed, out / f"{source.stem}.html", show_code=show_code
+            )
         if result.error:
             logger.error("%s failed: %s (see %s)", source.stem, result.error, result.executed)
         results.append(result)
+    from dsparklab.report.findings import FINDINGS_FIGURES, compute_findings
+    from dsparklab.report.index import run_roots
+
+    findings_dir = out / "figures" / FINDINGS_FIGURES
+    for stale in findings_dir.glob("*"):
+        stale.unlink()
+    findings = compute_findings(
+        run_roots(runs_path, dict(parameters or {})),
+        findings_dir,
+        n_boot=int((parameters or {}).get("N_BOOT", 400)),
+    )
     figures = render_figures(out / "figures", png=png)
     report = ReportResult(
         out=out,
@@ -244,7 +260,7 @@ def build_report(
         seconds=0.0,
     )
     report.seconds = time.perf_counter() - start
-    write_index(report, parameters=dict(parameters or {}))
+    write_index(report, parameters=dict(parameters or {}), findings=findings)
     _write_report_json(report, parameters=dict(parameters or {}))
     if report.failed:
         failed = "; ".join(f"{nb.name}: {nb.error} (see {nb.executed})" for nb in report.failed)

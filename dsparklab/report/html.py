@@ -39,8 +39,11 @@ def remote_resources(html: str) -> list[str]:
     return found
 
 
-def export_html(notebook: Path | str, target: Path | str) -> Path:
+def export_html(notebook: Path | str, target: Path | str, *, show_code: bool = False) -> Path:
     """Write ``notebook`` as an offline HTML page at ``target``; returns ``target``.
+
+    The page shows the notebook's text and outputs; its code cells only with ``show_code``
+    (the report is for reading results; the executed ``.ipynb`` beside it has the code).
 
     Raises
     ------
@@ -53,6 +56,7 @@ def export_html(notebook: Path | str, target: Path | str) -> Path:
         template_name=TEMPLATE_NAME,
         extra_template_basedirs=[str(TEMPLATES_DIR)],
         embed_images=True,
+        exclude_input=not show_code,
         exclude_input_prompt=True,
         exclude_output_prompt=True,
     )

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from dsparklab.report.findings import Findings
+
 if TYPE_CHECKING:
     from dsparklab.report.build import ReportResult
 
@@ -43,6 +45,65 @@ git {{ git_sha }}{% if git_dirty %} (dirty){% endif %}</p>
 {% if failed %}<p class="note">{{ failed }} notebook(s) failed: open them below for the
 traceback.</p>{% endif %}
 
+<h2 id="findings">Findings{% if f.tier %} ({{ f.tier }} tier){% endif %}</h2>
+{% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}
+{% if f.answer %}
+<p><b>The seeds' question</b>: Novita reports that from n = 3 to n = 7 DSpark's speedup
+rises while Eagle3's stays flat or falls. Measured here (a trend counts only when the 95 %
+intervals at the two windows do not overlap):</p>
+<table id="seeds-answer">
+<tr><th>dataset</th><th>DSpark</th><th>Eagle3</th><th>published shape?</th>
+<th>faster at the largest n</th></tr>
+{% for a in f.answer %}<tr><td>{{ a.dataset }}</td>
+<td>{{ a.dspark_trend }} ({{ "%+.2f"|format(a.dspark_change) }}x)</td>
+<td>{{ a.eagle3_trend }} ({{ "%+.2f"|format(a.eagle3_change) }}x)</td>
+<td>{{ "yes" if a.published_shape else "no" }}</td>
+<td>{{ "DSpark" if a.block_wins_at_high_n else "Eagle3" }}</td></tr>
+{% endfor %}</table>
+{% endif %}
+{% if f.window_table %}
+<p>Acceptance length AL(n) and speedup over target-only decoding, 95 % bootstrap intervals
+over requests:</p>
+<table id="window-table">
+<tr>{% for c in f.window_columns %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.window_table %}<tr>{% for c in f.window_columns %}<td>{{ row.get(c, "") }}</td>
+{% endfor %}</tr>{% endfor %}
+</table>
+{% endif %}
+{% if f.model_error %}<p>Speedup model (verify cost per window shared by the methods, block
+draft constant, autoregressive draft linear in n): at most
+{{ "%.3f"|format(f.model_error.max_abs_gap) }}x from the measured speedup
+({{ "%.1f"|format(100 * f.model_error.max_relative_error) }} %).</p>{% endif %}
+{% if f.curve %}
+<p>Learning curve (offline AL on held-out prompts after this many distinct answer tokens;
+the last point is the final drafter):</p>
+<table id="learning-curve">
+<tr><th>method</th><th>dataset</th><th>answer tokens</th><th>offline AL</th></tr>
+{% for r in f.curve %}<tr><td>{{ r.method }}</td><td>{{ r.dataset }}</td>
+<td>{{ "{:,}".format(r.answer_tokens) }}</td>
+<td>{{ "%.2f"|format(r.offline_al) }}</td></tr>
+{% endfor %}</table>
+{% endif %}
+{% if f.calibration %}
+<p>Confidence head calibration (10-bin ECE against acceptance given the position was
+reached), before and after sequential temperature scaling:</p>
+<table id="calibration">
+<tr><th>drafter</th><th>dataset</th><th>position</th><th>reached</th><th>accept rate</th>
+<th>ECE raw</th><th>ECE calibrated</th></tr>
+{% for r in f.calibration %}<tr><td>{{ r.drafter }}</td><td>{{ r.dataset }}</td>
+<td>{{ r.position }}</td><td>{{ r.reached }}</td><td>{{ "%.3f"|format(r["accept rate"]) }}</td>
+<td>{{ "%.3f"|format(r["ECE raw"]) }}</td>
+<td>{{ "%.3f"|format(r["ECE calibrated"]) if r["ECE calibrated"] is not none else "" }}</td></tr>
+{% endfor %}</table>
+{% endif %}
+<div class="gallery">
+{% for fig in figures if fig.notebook == "findings" %}
+<figure><a href="{{ fig.html }}">{% if fig.png -%}
+<img src="{{ fig.png }}" alt="{{ fig.name }}">{% else %}{{ fig.name }}{% endif %}</a>
+<figcaption><a href="{{ fig.html }}">{{ fig.name }}</a></figcaption></figure>
+{% endfor %}
+</div>
+
 <h2>Notebooks</h2>
 <table id="notebooks">
 <tr><th>notebook</th><th>status</th><th>time</th><th>figures</th><th>executed</th></tr>
@@ -58,7 +119,7 @@ traceback.</p>{% endif %}
 <h2>Figures</h2>
 {% if png_message %}<p class="note">{{ png_message }}</p>{% endif %}
 <div class="gallery">
-{% for fig in figures %}
+{% for fig in figures if fig.notebook != "findings" %}
 <figure><a href="{{ fig.html }}">{% if fig.png -%}
 <img src="{{ fig.png }}" alt="{{ fig.name }}">{% else %}{{ fig.name }}{% endif %}</a>
 <figcaption>{{ fig.notebook }} / <a href="{{ fig.html }}">{{ fig.name }}</a></figcaption>
@@ -142,7 +203,9 @@ def run_provenance(runs: Path) -> list[dict[str, str]]:
     return rows
 
 
-def write_index(report: ReportResult, *, parameters: dict[str, Any]) -> Path:
+def write_index(
+    report: ReportResult, *, parameters: dict[str, Any], findings: Findings | None = None
+) -> Path:
     """Write ``report.index`` (links relative to the report directory, so it can move)."""
     from dsparklab.provenance import git_state, package_versions
 
@@ -191,6 +254,7 @@ def write_index(report: ReportResult, *, parameters: dict[str, Any]) -> Path:
         figures=figures,
         png_message=report.figures.png_message,
         parameters=str(parameters) if parameters else "",
+        f=findings or Findings(),
     )
     report.index.write_text(text, encoding="utf-8")
     return report.index

@@ -1,0 +1,56 @@
+"""The seeds' question on known curves: rises, flat (overlapping intervals), falls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dsparklab.analysis.findings import seeds_answer, speedup_trend
+
+
+def _scaling(rows):
+    return pd.DataFrame(
+        rows, columns=["dataset", "method", "n", "speedup", "speedup_lo", "speedup_hi"]
+    )
+
+
+def test_trend_classes_follow_the_intervals():
+    scaling = _scaling(
+        [
+            ("gsm8k", "dspark", 3, 1.50, 1.45, 1.55),
+            ("gsm8k", "dspark", 5, 1.70, 1.60, 1.80),
+            ("gsm8k", "dspark", 7, 1.80, 1.70, 1.90),  # 1.70 > 1.55: rises
+            ("gsm8k", "eagle3", 3, 1.60, 1.50, 1.70),
+            ("gsm8k", "eagle3", 7, 1.55, 1.45, 1.65),  # overlap: flat
+            ("code", "dspark", 3, 1.40, 1.35, 1.45),
+            ("code", "dspark", 7, 1.45, 1.40, 1.50),  # overlap: flat
+            ("code", "eagle3", 3, 1.60, 1.55, 1.65),
+            ("code", "eagle3", 7, 1.30, 1.25, 1.35),  # 1.35 < 1.55: falls
+        ]
+    )
+    trend = speedup_trend(scaling).set_index(["dataset", "method"])
+    assert trend.loc[("gsm8k", "dspark"), "trend"] == "rises"
+    assert trend.loc[("gsm8k", "eagle3"), "trend"] == "flat"
+    assert trend.loc[("code", "dspark"), "trend"] == "flat"
+    assert trend.loc[("code", "eagle3"), "trend"] == "falls"
+    assert trend.loc[("gsm8k", "dspark"), "change"] == pytest.approx(0.30)
+    assert trend.loc[("gsm8k", "dspark"), "low_n"] == 3
+    answer = seeds_answer(speedup_trend(scaling)).set_index("dataset")
+    assert bool(answer.loc["gsm8k", "published_shape"]) is True
+    assert bool(answer.loc["code", "published_shape"]) is False
+    assert bool(answer.loc["gsm8k", "block_wins_at_high_n"]) is True
+    assert bool(answer.loc["code", "block_wins_at_high_n"]) is True  # 1.45 > 1.30
+
+
+def test_without_intervals_the_points_decide_and_single_windows_are_skipped():
+    scaling = _scaling(
+        [
+            ("d", "dspark", 3, 1.0, np.nan, np.nan),
+            ("d", "dspark", 7, 1.1, np.nan, np.nan),
+            ("d", "eagle3", 3, 1.0, np.nan, np.nan),  # only one window: no trend
+        ]
+    )
+    trend = speedup_trend(scaling)
+    assert trend[["method", "trend"]].values.tolist() == [["dspark", "rises"]]
+    assert seeds_answer(trend).empty  # eagle3 has no trend in this dataset
