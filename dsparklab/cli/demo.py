@@ -26,16 +26,16 @@ def demo(
         int | None,
         typer.Option(help="Tokens generated per prompt [default: DEMO_MAX_NEW_TOKENS]."),
     ] = None,
-    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "tiny-target",
+    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "smol-target",
     dspark: Annotated[
         str, typer.Option(help="DSpark drafter: zoo name or directory.")
-    ] = "tiny-dspark",
+    ] = "smol-dspark",
     eagle3: Annotated[
         str, typer.Option(help="Eagle3 drafter: zoo name or directory.")
-    ] = "tiny-eagle3",
+    ] = "smol-eagle3",
     png: Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")] = True,
 ) -> None:
-    """DSpark, Eagle3 and the baseline, n = 3..7, code and prose, then the report.
+    """Prepare the smol target, decode a live GSM8K/HumanEval subset, report with shipped traces.
 
     The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
     """

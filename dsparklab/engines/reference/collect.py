@@ -201,6 +201,7 @@ def collect(
     threads: int | None = 2,
     overwrite: bool = False,
     progress: bool = True,
+    tier: str | None = None,
 ) -> Path:
     """Collect every (dataset, method, n) run with the reference engine.
 
@@ -222,6 +223,10 @@ def collect(
         Redo runs that are already complete.
     progress : bool
         Show tqdm progress bars.
+    tier : str, optional
+        The tier recorded in run.json; default the target's zoo tier (``smol-target`` ->
+        ``smol``). The demo labels its live runs ``smol-live`` so that they stay apart
+        from the shipped ``smol`` traces made in another sitting.
 
     Returns
     -------
@@ -257,6 +262,7 @@ def collect(
                             temperature=temperature,
                             seed=seed,
                         ),
+                        tier=tier,
                         overwrite=True,
                     )
                 )

@@ -1,0 +1,50 @@
+"""`make demo`'s pipeline at a small size: the smol target prepared, a live subset
+collected (tier smol-live, apart from the shipped traces), the report built with the
+findings computed on the shipped smol traces."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dsparklab.report.demo import DEMO_TIER, run_demo
+from dsparklab.store import list_runs, validate_trace
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
+
+
+def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
+    result = run_demo(
+        runs=tmp_path / "runs",
+        out=tmp_path / "report",
+        limit=1,
+        max_new_tokens=16,
+        ns=(3,),
+        datasets=("gsm8k",),
+        parameters={"N_BOOT": 50},
+        png=False,
+        progress=False,
+    )
+    runs = list_runs(result.runs)
+    assert set(runs["tier"]) == {DEMO_TIER} and set(runs["status"]) == {"complete"}
+    assert set(runs["method"]) == {"dspark", "eagle3", "none"}
+    assert all(not r.violations for r in validate_trace(result.runs))
+    index = result.report.index.read_text(encoding="utf-8")
+    assert "Findings (smol tier)" in index
+    assert 'id="seeds-answer"' in index and 'id="window-table"' in index
+    # the live runs are listed with their tier beside the shipped ones
+    assert re.search(rf"<td>{DEMO_TIER}</td>", index)
+    again = run_demo(
+        runs=tmp_path / "runs",
+        out=tmp_path / "report",
+        limit=1,
+        max_new_tokens=16,
+        ns=(3,),
+        datasets=("gsm8k",),
+        parameters={"N_BOOT": 50},
+        png=False,
+        progress=False,
+    )
+    assert not again.collected  # the same checkpoints and limits: runs kept
