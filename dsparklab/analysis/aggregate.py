@@ -165,12 +165,10 @@ def compute_rate_acceptance(
     ).reset_index()
     several = result["n_runs"] > 1
     if several.any():  # a_i of the mean survival, not the mean of a_i
-        for _, idx in (
-            result[several].groupby(list(by), dropna=False).groups.items()
-            if by
-            else [(None, result.index[several])]
-        ):
-            group = result.loc[idx].sort_values("position")
+        pooled = result[several]
+        groups = [g for _, g in pooled.groupby(list(by), dropna=False)] if by else [pooled]
+        for group in groups:
+            group = group.sort_values("position")
             result.loc[group.index, "accept_rate"] = conditional_from_marginal(
                 group["survival"].to_numpy()
             )
