@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsparklab.analysis import compute_calibration, compute_window_scaling
+from dsparklab.analysis import calibrate_confidence, compute_calibration, compute_window_scaling
 from dsparklab.engines.reference.bench import markdown_table
-from dsparklab.notebook import load_runs
+from dsparklab.notebook import confidence_temperatures, load_runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,12 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     dspark = runs.positions[runs.positions["method"] == "dspark"]
     if not dspark.empty:
         top = dspark[dspark["n"] == dspark["n"].max()]
+        temperatures = confidence_temperatures(runs.runs)
+        scores = ("confidence", "confidence_calibrated") if temperatures else ("confidence",)
+        if temperatures:
+            top = calibrate_confidence(top, temperatures)
         calib = compute_calibration(
-            top, steps=runs.steps, by=("dataset",), scores=("confidence",), per_position=True
+            top, steps=runs.steps, by=("dataset",), scores=scores, per_position=True
         )
-        print(f"\nDSpark confidence head at n = {int(top['n'].max())}, per position")
-        cols = ["dataset", "position", "n_rows", "mean_score", "accept_rate", "ece", "auroc"]
-        print(markdown_table(pd.DataFrame(calib[cols]), digits=3))
+        print(
+            f"\nDSpark confidence head at n = {int(top['n'].max())}, per position "
+            f"(raw{' and calibrated' if temperatures else ''}; ECE against accepted given reached)"
+        )
+        cols = ["dataset", "score", "position", "n_rows", "mean_score", "accept_rate", "ece"]
+        print(markdown_table(pd.DataFrame(calib[cols + ["auroc"]]), digits=3))
     return 0
 
 

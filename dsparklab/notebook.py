@@ -448,6 +448,19 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
     return table.assign(method=method, label="published")
 
 
+def confidence_temperatures(runs: pd.DataFrame) -> dict[str, list[float]]:
+    """run_id -> the drafter's confidence temperatures recorded in run.json (calibrated
+    drafters only), for :func:`dsparklab.analysis.calibrate_confidence`."""
+    from dsparklab.store import read_run_json
+
+    out = {}
+    for record in runs[["run_id", "path"]].drop_duplicates().to_dict("records"):
+        drafter = read_run_json(record["path"]).get("drafter") or {}
+        if drafter.get("confidence_temperatures"):
+            out[str(record["run_id"])] = [float(t) for t in drafter["confidence_temperatures"]]
+    return out
+
+
 def load_published_curves(path: str | Path | None = None) -> pd.DataFrame:
     """Published per-position acceptance curves, one row per (curve, position).
 

@@ -29,6 +29,7 @@ from dsparklab.analysis.aggregate import (
 )
 from dsparklab.analysis.calibration import (
     SCORES,
+    calibrate_confidence,
     compute_auroc,
     compute_brier,
     compute_calibration,
@@ -68,6 +69,7 @@ __all__ = [
     "acceptance_stats",
     "aggregate_store",
     "annotate_positions",
+    "calibrate_confidence",
     "classify_token",
     "compute_acceptance_by_position",
     "compute_acceptance_by_position_any",

@@ -45,6 +45,11 @@ def _confidence_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return score, frame["reached"].to_numpy(dtype=bool) & ~np.isnan(score)
 
 
+def _calibrated_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    score = frame["confidence_calibrated"].to_numpy(dtype=np.float64, na_value=np.nan)
+    return score, frame["reached"].to_numpy(dtype=bool) & ~np.isnan(score)
+
+
 def _prefix_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     score = frame["prefix_confidence"].to_numpy(dtype=np.float64)
     keep = ~np.isnan(score)
@@ -58,8 +63,44 @@ def _prefix_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 # score name -> (score [N], rows kept [N]) from annotated positions
 SCORES: dict[str, Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]] = {
     "confidence": _confidence_rows,
+    "confidence_calibrated": _calibrated_rows,
     "prefix_confidence": _prefix_rows,
 }
+
+
+def calibrate_confidence(
+    positions: pd.DataFrame, temperatures: dict[str, list[float]]
+) -> pd.DataFrame:
+    """Add ``confidence_calibrated``: the head's score after per-position temperatures.
+
+    Parameters
+    ----------
+    positions
+        The positions table (``run_id``, ``position``, ``confidence``).
+    temperatures
+        run_id -> :math:`T_i` per position (the drafter's ``calibration.json``, recorded
+        in run.json as ``drafter.confidence_temperatures``); runs not in it get NaN.
+
+    Notes
+    -----
+    .. math:: \\hat c_i = \\sigma\\big(\\operatorname{logit}(c_i) / T_i\\big)
+
+    with :math:`c_i` clipped to :math:`[10^{-6}, 1 - 10^{-6}]` first; positions beyond the
+    fitted ones keep the last temperature.
+    """
+    require_columns(positions, ["run_id", "position", "confidence"], what="calibrate_confidence")
+    out = positions.copy()
+    calibrated = np.full(len(out), np.nan)
+    conf = np.clip(out["confidence"].to_numpy(np.float64, na_value=np.nan), CLIP, 1 - CLIP)
+    run_ids = out["run_id"].to_numpy()
+    pos = out["position"].to_numpy()
+    for run_id, temps in temperatures.items():
+        mine = run_ids == run_id
+        t = np.asarray(temps, dtype=np.float64)[np.minimum(pos[mine], len(temps) - 1)]
+        logit = np.log(conf[mine]) - np.log1p(-conf[mine])
+        calibrated[mine] = 1.0 / (1.0 + np.exp(-logit / t))
+    out["confidence_calibrated"] = calibrated
+    return out
 
 
 def _score_rows(name: str) -> Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]:

@@ -112,6 +112,14 @@ class ModelSet:
         return self._drafters[method]
 
 
+def _drafter_json(ref: ModelRef) -> dict[str, Any]:
+    """The drafter as run.json records it, with its confidence temperatures if calibrated."""
+    from dsparklab.zoo.calibrate import read_temperatures
+
+    temperatures = read_temperatures(ref.path)
+    return {**ref.to_json(), **({"confidence_temperatures": temperatures} if temperatures else {})}
+
+
 class RunRecorder:
     """One (method, n) run being written: its engine, its writer and its running tally."""
 
@@ -135,7 +143,7 @@ class RunRecorder:
             method=spec.method,
             num_speculative_tokens=spec.n,
             target=models.target_ref.to_json(),
-            drafter=None if drafter_ref is None else drafter_ref.to_json(),
+            drafter=None if drafter_ref is None else _drafter_json(drafter_ref),
             dataset=spec.dataset_dir,
             sampling={"temperature": config.temperature, "seed": config.seed},
             tier=tier or model_tier(models.target_ref.name),

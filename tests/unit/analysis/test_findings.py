@@ -54,3 +54,25 @@ def test_without_intervals_the_points_decide_and_single_windows_are_skipped():
     trend = speedup_trend(scaling)
     assert trend[["method", "trend"]].values.tolist() == [["dspark", "rises"]]
     assert seeds_answer(trend).empty  # eagle3 has no trend in this dataset
+
+
+def test_calibrated_confidence_divides_the_logit_by_each_positions_temperature():
+    from dsparklab.analysis import calibrate_confidence
+
+    positions = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "a", "b"],
+            "position": [0, 1, 5, 0],
+            "confidence": [0.8, 0.5, 0.9, 0.7],
+        }
+    )
+    out = calibrate_confidence(positions, {"a": [2.0, 0.5]})
+    logit = np.log(0.8 / 0.2) / 2.0
+    assert out["confidence_calibrated"].iloc[0] == pytest.approx(1 / (1 + np.exp(-logit)))
+    assert out["confidence_calibrated"].iloc[1] == pytest.approx(0.5)  # logit 0 stays 0
+    # beyond the fitted positions the last temperature holds
+    assert out["confidence_calibrated"].iloc[2] == pytest.approx(
+        1 / (1 + np.exp(-np.log(9.0) / 0.5))
+    )
+    assert np.isnan(out["confidence_calibrated"].iloc[3])  # run b: not calibrated
+    assert "confidence_calibrated" not in positions  # input untouched
