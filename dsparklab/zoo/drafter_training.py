@@ -353,23 +353,30 @@ def _ratio(metrics: dict[str, Any], key: str) -> float:
     return float(metrics[f"{key}_sum"]) / total if total else float("nan")
 
 
+@dataclass(frozen=True)
+class StageSettings:
+    """What one drafter's training run is given besides its model and loss."""
+
+    cfg: DSparkConfig | Eagle3Config
+    data: DraftData
+    plan: LoopPlan | None
+    autocast_bf16: bool
+    out: Path
+    snapshot_dir: Path | None
+
+
 def _run_stage(
     name: str,
     model: Any,
-    cfg: DSparkConfig | Eagle3Config,
-    data: DraftData,
-    plan: LoopPlan | None,
+    settings: StageSettings,
     step_fn: Callable[[list[int]], tuple[torch.Tensor, dict[str, Any]]],
     metric_fn: Callable[[dict[str, Any]], dict[str, float]],
-    autocast_bf16: bool,
-    report: StageReport,
-    *,
     save: Callable[[Path], None],
-    out: Path,
-    snapshot_dir: Path | None,
+    report: StageReport,
 ) -> None:
-    """Train by ``plan`` (snapshots at its milestones), save to ``out``, fill ``report``."""
-    plan = plan or LoopPlan(steps=cfg.steps)
+    """Train by the plan (snapshots at its milestones), save to ``out``, fill ``report``."""
+    cfg, snapshot_dir, out = settings.cfg, settings.snapshot_dir, settings.out
+    plan = settings.plan or LoopPlan(steps=cfg.steps)
     snapshots: dict[int, str] = {}
 
     def on_milestone(tokens: int) -> None:
@@ -378,7 +385,7 @@ def _run_stage(
             save(path)
             snapshots[tokens] = str(path)
 
-    stream = BatchStream(data, cfg.sequences_per_step, cfg.seed)
+    stream = BatchStream(settings.data, cfg.sequences_per_step, cfg.seed)
     losses, last, summary = _train_loop(
         name,
         model,
@@ -388,7 +395,7 @@ def _run_stage(
         stream,
         step_fn,
         metric_fn,
-        autocast_bf16,
+        settings.autocast_bf16,
         on_milestone,
     )
     save(out)
@@ -493,20 +500,8 @@ def train_dspark(
                 out / "model.safetensors", lambda t: _with_draft_vocabulary(model, t)
             )
 
-    _run_stage(
-        "dspark",
-        model,
-        cfg,
-        data,
-        plan,
-        step_fn,
-        metric_fn,
-        autocast_bf16,
-        report,
-        save=save,
-        out=out_dir / name,
-        snapshot_dir=snapshot_dir,
-    )
+    settings = StageSettings(cfg, data, plan, autocast_bf16, out_dir / name, snapshot_dir)
+    _run_stage("dspark", model, settings, step_fn, metric_fn, save, report)
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report
@@ -587,20 +582,8 @@ def train_eagle3(
         _save_drafter(model, out, target_dir, ["LlamaForCausalLMEagle3"])
         _rewrite_checkpoint(out / "model.safetensors", drop_shared_then_add_vocab)
 
-    _run_stage(
-        "eagle3",
-        model,
-        cfg,
-        data,
-        plan,
-        step_fn,
-        metric_fn,
-        autocast_bf16,
-        report,
-        save=save,
-        out=out_dir / name,
-        snapshot_dir=snapshot_dir,
-    )
+    settings = StageSettings(cfg, data, plan, autocast_bf16, out_dir / name, snapshot_dir)
+    _run_stage("eagle3", model, settings, step_fn, metric_fn, save, report)
     report.seconds = time.time() - start
     report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
     return model, report

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
 
 def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
-    result = run_demo(
+    small = dict(
         runs=tmp_path / "runs",
         out=tmp_path / "report",
         limit=1,
@@ -27,6 +27,7 @@ def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
         png=False,
         progress=False,
     )
+    result = run_demo(**small)
     runs = list_runs(result.runs)
     assert set(runs["tier"]) == {DEMO_TIER} and set(runs["status"]) == {"complete"}
     assert set(runs["method"]) == {"dspark", "eagle3", "none"}
@@ -36,15 +37,5 @@ def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
     assert 'id="seeds-answer"' in index and 'id="window-table"' in index
     # the live runs are listed with their tier beside the shipped ones
     assert re.search(rf"<td>{DEMO_TIER}</td>", index)
-    again = run_demo(
-        runs=tmp_path / "runs",
-        out=tmp_path / "report",
-        limit=1,
-        max_new_tokens=16,
-        ns=(3,),
-        datasets=("gsm8k",),
-        parameters={"N_BOOT": 50},
-        png=False,
-        progress=False,
-    )
+    again = run_demo(**small)
     assert not again.collected  # the same checkpoints and limits: runs kept
