@@ -119,7 +119,8 @@ def _complete_array_items(path: Path) -> list[dict[str, Any]]:
     start = text.find("[")
     if start < 0:
         raise ProvenanceError(f"{path}: expected a JSON array of conversations")
-    items, pos = [], start + 1
+    items: list[dict[str, Any]] = []
+    pos = start + 1
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1

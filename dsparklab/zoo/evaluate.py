@@ -139,6 +139,7 @@ def dspark_block_correct(
             f"sequence of {total} tokens leaves no anchor after a {prompt_len}-token prompt"
         )
     aux, last, target_logits = capture_hidden_states(target, x, drafter.target_layer_ids)
+    assert target_logits is not None  # with_logits defaults to True
     loss_mask = torch.zeros(1, total, dtype=torch.long)
     loss_mask[0, prompt_len:] = 1
     num_anchors = valid if max_anchors is None else min(valid, max_anchors)
@@ -198,6 +199,7 @@ def eagle3_start_correct(
     x = torch.tensor([list(ids)], dtype=torch.long)
     total = x.shape[1]
     aux, _, logits = capture_hidden_states(target, x, drafter.target_layer_ids)
+    assert logits is not None  # with_logits defaults to True
     # speculators' shift: pair token t+1 with hidden state t (positions start at 1).
     draft_tokens = drafter(
         hidden_states=aux[:, :-1],

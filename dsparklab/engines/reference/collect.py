@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tqdm.auto import tqdm
 
 import dsparklab
 from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
-from dsparklab.engines.reference.config import ReferenceConfig
+from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
 from dsparklab.engines.reference.metrics import DraftStats
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
@@ -264,7 +264,7 @@ def collect(
                         spec,
                         models,
                         config=ReferenceConfig(
-                            method=spec.method,
+                            method=cast(Method, spec.method),  # plan_runs checked it
                             num_speculative_tokens=spec.n,
                             max_new_tokens=max_new_tokens,
                             temperature=temperature,

@@ -155,7 +155,12 @@ def learning_curve(
             drafter = loaders[method](Path(path))
             for name, sequences in sets.items():
                 summary = evaluate_drafters(
-                    target, sequences, max_n=ec.max_n, seed=ec.seed, **{method: drafter}
+                    target,
+                    sequences,
+                    dspark=drafter if method == "dspark" else None,
+                    eagle3=drafter if method == "eagle3" else None,
+                    max_n=ec.max_n,
+                    seed=ec.seed,
                 )[method]
                 rows.append(
                     {

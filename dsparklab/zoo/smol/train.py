@@ -167,22 +167,36 @@ def train_stage(
         checkpoint_s=cfg.budget.checkpoint_minutes * 60.0,
         milestones=tuple(cfg.budget.curve_tokens),
     )
-    common = {
-        "autocast_bf16": cfg.autocast_bf16,
-        "vocab": vocab,
-        "plan": plan,
-        "snapshot_dir": cache / f"curve-{stage_key}",
-    }
+    snapshot_dir = cache / f"curve-{stage_key}"
     if stage == "dspark":
         from transformers import AutoTokenizer
 
         mask_id = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids(MASK_TOKEN)
         assert isinstance(mask_id, int), f"{MASK_TOKEN} is one token"
         _, report = train_dspark(
-            cfg.dspark, data, target_dir, zoo_dir, mask_id, name=DSPARK_NAME, **common
+            cfg.dspark,
+            data,
+            target_dir,
+            zoo_dir,
+            mask_id,
+            name=DSPARK_NAME,
+            autocast_bf16=cfg.autocast_bf16,
+            vocab=vocab,
+            plan=plan,
+            snapshot_dir=snapshot_dir,
         )
     elif stage == "eagle3":
-        _, report = train_eagle3(cfg.eagle3, data, target_dir, zoo_dir, name=EAGLE3_NAME, **common)
+        _, report = train_eagle3(
+            cfg.eagle3,
+            data,
+            target_dir,
+            zoo_dir,
+            name=EAGLE3_NAME,
+            autocast_bf16=cfg.autocast_bf16,
+            vocab=vocab,
+            plan=plan,
+            snapshot_dir=snapshot_dir,
+        )
     else:
         raise ValueError(f"unknown drafter stage {stage!r}; valid: {', '.join(DRAFTER_STAGES)}")
     record = {**stage_json(report), "config_key": stage_key, "threads": cfg.train_threads}
@@ -215,7 +229,11 @@ def calibrate_dspark(cfg: SmolConfig, zoo_dir: Path, cache: Path, distill_dir: P
         confs.append(conf)
     correct, conf = np.concatenate(corrects), np.concatenate(confs)
     temperatures = fit_sequential_temperatures(correct, conf)
-    fitted_on = {"training_sequences": len(picked), "blocks": int(len(correct)), "seed": cc.seed}
+    fitted_on: dict[str, object] = {
+        "training_sequences": len(picked),
+        "blocks": int(len(correct)),
+        "seed": cc.seed,
+    }
     write_temperatures(zoo_dir / DSPARK_NAME, temperatures, fitted_on=fitted_on)
     key = _stage_key(cfg, _data_key(cfg, distill_dir), "dspark")
     record = {"temperatures": temperatures, **fitted_on, "config_key": key}
