@@ -1,7 +1,7 @@
 """Greedy speculative decoding reproduces target-only greedy decoding, token for token.
 
-DSpark and Eagle3 at every n in 3..7, on held-out code and prose prompts. Per DESIGN.md
-"Losslessness in practice": outputs are compared exactly; where they part, the first
+DSpark and Eagle3 at every n in 3..7, on held-out code and prose prompts. As
+docs/method.md ("Verification") says: outputs are compared exactly; where they part, the first
 divergence must be a float near-tie of the target (the two contested tokens' logits
 within NEAR_TIE in float64), and such cases are counted. A clear gap is a bug.
 """
