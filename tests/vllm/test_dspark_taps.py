@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_step
-from dsparklab.engines.vllm import plugin
+from dsparklab.engines.vllm import dspark_taps, patching, plugin, runs, staging, v2
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.store import read_trace, validate_trace
 
@@ -64,12 +64,12 @@ def checkpoint(cpu_dspark: CpuDSpark) -> dict[str, Any]:
 @pytest.fixture()
 def taps(tmp_path: Path) -> Iterator[Path]:
     """The plugin's taps installed for one test (then removed)."""
-    plugin.install(TapConfig(trace_dir=tmp_path / "taps", run_name="test", flush_seconds=60))
+    patching.install(TapConfig(trace_dir=tmp_path / "taps", run_name="test", flush_seconds=60))
     try:
         yield tmp_path / "taps"
     finally:
-        plugin.close_worker()
-        plugin.uninstall()
+        runs.close_worker()
+        patching.uninstall()
 
 
 def _expected(spec: Any, ckpt: dict[str, Any], head_hidden: torch.Tensor, anchors: torch.Tensor):
@@ -189,7 +189,7 @@ def test_tracing_off_changes_nothing(
         name: DSparkSpeculator.__dict__[name] for name in ("_sample_sequential", "load_draft_model")
     }
     plugin.register()
-    assert not plugin.is_installed()
+    assert not patching.is_installed()
     assert {n: DSparkSpeculator.__dict__[n] for n in before} == before
     rows = 6
     plain = build_speculator(cpu_dspark)
@@ -201,7 +201,7 @@ def test_tracing_off_changes_nothing(
     plain_topk_tokens = _run(plain_topk, hidden, rows)
 
     # 2. taps installed: identical drafts
-    plugin.install(TapConfig(trace_dir=tmp_path / "taps", flush_seconds=60))
+    patching.install(TapConfig(trace_dir=tmp_path / "taps", flush_seconds=60))
     try:
         tapped = build_speculator(cpu_dspark)
         feed_speculator(tapped, rows, seed=3)
@@ -219,8 +219,8 @@ def test_tracing_off_changes_nothing(
         assert torch.isnan(bufs.confidence).all() and torch.isnan(bufs.markov_bias).all()
         assert (bufs.markov_flip == -1).all()
     finally:
-        plugin.close_worker()
-        plugin.uninstall()
+        runs.close_worker()
+        patching.uninstall()
     assert DSparkSpeculator.__dict__["_sample_sequential"] is before["_sample_sequential"]
 
 
@@ -244,9 +244,9 @@ def test_tap_error_fails_open(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("injected tap failure")
 
-    monkeypatch.setattr(plugin, "tap_dense_position", broken)
+    monkeypatch.setattr(dspark_taps, "tap_dense_position", broken)
     feed_speculator(spec, rows, seed=4)
-    with caplog.at_level("ERROR", logger="dsparklab.engines.vllm.plugin"):
+    with caplog.at_level("ERROR", logger="dsparklab.engines.vllm.staging"):
         assert torch.equal(_run(spec, hidden, rows), expected)
         assert torch.equal(_run(spec, hidden, rows), expected)  # second step: still quiet
     errors = [r for r in caplog.records if "tap error" in r.getMessage()]
@@ -285,9 +285,9 @@ def test_records_are_keyed_by_request_id(
         return self.draft_tokens[:rows]
 
     draft_step.__signature__ = inspect.signature(  # type: ignore[attr-defined]
-        plugin._unwrap(DFlashSpeculator.propose)
+        staging.unwrap(DFlashSpeculator.propose)
     )
-    propose = plugin._wrap_v2_propose(draft_step)
+    propose = v2.wrap_v2_propose(draft_step)
 
     def step(order: list[int], sampled: list[int], rejected: list[int], seq: list[int]) -> None:
         batch = SimpleNamespace(
@@ -332,9 +332,9 @@ def test_records_are_keyed_by_request_id(
         [rejected[names[i]] for i in order],
         [8 + n, 10 + n, 12 + n],
     )
-    plugin.flush_worker()
+    runs.flush_worker()
     run_dir = tap.recorder.run_dir
-    plugin.close_worker()
+    runs.close_worker()
 
     assert all(r.ok for r in validate_trace(run_dir))
     steps = read_trace(run_dir, "steps").set_index("request_id")

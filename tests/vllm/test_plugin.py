@@ -1,4 +1,4 @@
-"""The plugin's registration against the installed vLLM: switch, idempotence, version guard."""
+"""The plugin's registration against the installed vLLM: switch, idempotence, patch points."""
 
 from __future__ import annotations
 
@@ -10,21 +10,24 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsparklab.engines.vllm import plugin  # noqa: E402
+from dsparklab.engines.vllm import patching, plugin, runs  # noqa: E402
+from dsparklab.engines.vllm.config import TapConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
+PATCH_LOG = "dsparklab.engines.vllm.patching"
 
 
 @pytest.fixture()
 def fresh_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A plugin state as in a new process; patches removed afterwards."""
-    plugin.uninstall()
-    monkeypatch.setattr(plugin, "_STATE", plugin._PluginState())
+    patching.uninstall()
+    monkeypatch.setattr(patching, "STATE", patching.PatchState())
+    monkeypatch.setattr(runs, "STATE", runs.RunState())
     try:
         yield
     finally:
-        plugin.close_worker()
-        plugin.uninstall()
+        runs.close_worker()
+        patching.uninstall()
 
 
 def test_entry_point_is_declared() -> None:
@@ -47,16 +50,20 @@ def test_register_is_idempotent(
     patched = DSparkSpeculator.__dict__["_sample_sequential"]
     assert patched is not original and patched.__wrapped__ is original
     plugin.register()
-    plugin.install(plugin._STATE.config)  # type: ignore[arg-type]
+    patching.install(runs.STATE.config)  # type: ignore[arg-type]
     assert DSparkSpeculator.__dict__["_sample_sequential"] is patched
     assert GPUModelRunner.propose_draft_token_ids.__wrapped__.__name__ == "propose_draft_token_ids"
-    assert WorkerBase.dsparklab_flush is plugin.flush_worker
-    plugin.uninstall()
+    assert WorkerBase.dsparklab_flush is runs.flush_worker
+    patching.uninstall()
     assert DSparkSpeculator.__dict__["_sample_sequential"] is original
     assert not hasattr(WorkerBase, "dsparklab_flush")
 
 
-def test_unsupported_vllm_logs_one_error_naming_the_attribute(
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_missing_topk_point_disables_only_the_topk_taps(
     fresh_plugin: None,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -66,15 +73,44 @@ def test_unsupported_vllm_logs_one_error_naming_the_attribute(
 
     monkeypatch.delattr(DSparkSpeculator, "_sample_sequential_topk")
     monkeypatch.setenv("DSPARKLAB_TRACE_DIR", str(tmp_path))
-    with caplog.at_level(logging.ERROR, logger="dsparklab.engines.vllm.plugin"):
+    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
         plugin.register()
         plugin.register()
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1
+    errors = _errors(caplog)
+    assert len(errors) == 1, errors
     assert "DSparkSpeculator._sample_sequential_topk is missing" in errors[0]
-    assert not plugin.is_installed()
-    with pytest.raises(plugin.UnsupportedVLLMError, match="_sample_sequential_topk"):
-        plugin.check_vllm_compat()
+    assert "with a draft top-k" in errors[0]
+    # everything else is in place
+    assert patching.is_installed()
+    assert getattr(DSparkSpeculator.__dict__["_sample_sequential"], "__dsparklab_tap__", False)
+    with pytest.raises(patching.UnsupportedVLLMError, match="_sample_sequential_topk"):
+        patching.check_vllm_compat()
+
+
+def test_missing_sampler_point_disables_the_dspark_group_only(
+    fresh_plugin: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator import (
+        TargetDependentARSpeculator,
+    )
+
+    monkeypatch.delattr(DSparkSpeculator, "_sample_logits")
+    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
+        missing = patching.install(TapConfig(trace_dir=tmp_path))
+    errors = _errors(caplog)
+    assert len(errors) == 1 and "_sample_logits is missing" in errors[0], errors
+    assert "DSpark position fields" in errors[0]
+    assert missing == [f"{patching.DSPARK_LOGITS.name}"]
+    for name in ("load_draft_model", "_sample_sequential", "_sample_sequential_topk"):
+        assert not getattr(DSparkSpeculator.__dict__[name], "__dsparklab_tap__", False), name
+    # drafts and acceptance of DSpark (through DFlash's propose) and Eagle3 still recorded
+    assert getattr(DFlashSpeculator.__dict__["propose"], "__dsparklab_tap__", False)
+    assert getattr(TargetDependentARSpeculator.__dict__["propose"], "__dsparklab_tap__", False)
 
 
 def test_renamed_parameter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,8 +120,8 @@ def test_renamed_parameter_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("never called")
 
     monkeypatch.setattr(DFlashSpeculator, "propose", propose)
-    with pytest.raises(plugin.UnsupportedVLLMError, match="no parameter 'num_rejected'"):
-        plugin.check_vllm_compat()
+    with pytest.raises(patching.UnsupportedVLLMError, match="no parameter 'num_rejected'"):
+        patching.check_vllm_compat()
 
 
 def test_bad_setting_leaves_vllm_untouched(
@@ -96,7 +132,7 @@ def test_bad_setting_leaves_vllm_untouched(
 ) -> None:
     monkeypatch.setenv("DSPARKLAB_TRACE_DIR", str(tmp_path))
     monkeypatch.setenv("DSPARKLAB_TAP_LEVEL", "everything")
-    with caplog.at_level(logging.ERROR, logger="dsparklab.engines.vllm.plugin"):
+    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
         plugin.register()
-    assert not plugin.is_installed()
+    assert not patching.is_installed()
     assert any("DSPARKLAB_TAP_LEVEL" in r.getMessage() for r in caplog.records)

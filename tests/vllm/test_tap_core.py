@@ -354,6 +354,51 @@ def test_importing_the_engine_does_not_import_vllm() -> None:
     assert out.stdout.strip() == "False"
 
 
+_LIGHT_PROBE = """
+import sys
+before = set(sys.modules)
+import dsparklab.engines.vllm.plugin as plugin
+plugin.register()
+new = sorted(set(sys.modules) - before)
+print("\\n".join(new))
+"""
+
+
+def test_entry_point_without_tracing_imports_only_the_standard_library() -> None:
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "DSPARKLAB_TRACE_DIR"}
+    out = subprocess.run(
+        [sys.executable, "-c", _LIGHT_PROBE], capture_output=True, text=True, check=True, env=env
+    )
+    new = [m for m in out.stdout.split() if m]
+    ours = {m for m in new if m.split(".")[0] == "dsparklab"}
+    others = [m for m in new if m not in ours and m.split(".")[0] not in sys.stdlib_module_names]
+    assert others == [], others
+    # the package's __init__ is lazy: only the entry point's own module is loaded
+    assert ours == {
+        "dsparklab",
+        "dsparklab.engines",
+        "dsparklab.engines.vllm",
+        "dsparklab.engines.vllm.plugin",
+    }, ours
+
+
+def test_entry_point_with_tracing_loads_the_taps() -> None:
+    # the switch is read at call time: set, register() goes on to the patching module
+    import os
+    import subprocess
+
+    code = _LIGHT_PROBE.replace("print(", "print('torch' in new, ").replace(
+        '"\\n".join(new)', "'dsparklab.engines.vllm.patching' in new"
+    )
+    env = {**os.environ, "DSPARKLAB_TRACE_DIR": "/nonexistent-dsparklab-probe"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
 # -- the GPU benchmark's draft step, on CPU with tiny shapes -----------------------------
 def _benchmark_module():
     spec = importlib.util.spec_from_file_location(

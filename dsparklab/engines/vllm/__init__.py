@@ -1,45 +1,48 @@
 """The vLLM engine: plugin taps on vLLM's DSpark/Eagle3 speculators, and the collector.
 
-Importing this package never imports vLLM (the plugin imports it inside functions), so
-the tap math in :mod:`dsparklab.engines.vllm.core` also serves the GPU cost benchmark.
+Names are loaded on first use (PEP 562), so importing this package -- which vLLM does in
+every process through the plugin entry point -- costs nothing until a name is used, and
+never imports vLLM (the taps import it inside functions).
 """
 
-from dsparklab.engines.vllm.config import TapConfig, TapConfigError, VllmCollectConfig
-from dsparklab.engines.vllm.core import (
-    LEVEL_FIELDS,
-    TAP_FIELDS,
-    DraftStash,
-    StagingRing,
-    TapBuffers,
-    confidence_from_head,
-    draft_index,
-    tap_confidence,
-    tap_dense_position,
-    tap_topk_position,
-    target_to_draft_index,
-    topk_base_lse,
-)
-from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
-from dsparklab.engines.vllm.recorder import TraceRecorder, external_request_id
+from __future__ import annotations
 
-__all__ = [
-    "LEVEL_FIELDS",
-    "TAP_FIELDS",
-    "DraftStash",
-    "DraftStats",
-    "StagingRing",
-    "TapBuffers",
-    "TapConfig",
-    "TapConfigError",
-    "TraceRecorder",
-    "VllmCollectConfig",
-    "confidence_from_head",
-    "draft_index",
-    "external_request_id",
-    "stats_from_vllm_metrics",
-    "tap_confidence",
-    "tap_dense_position",
-    "tap_topk_position",
-    "target_to_draft_index",
-    "topk_base_lse",
-]
+from importlib import import_module
+from typing import Any
+
+_NAMES = {
+    "TapConfig": "config",
+    "TapConfigError": "config",
+    "VllmCollectConfig": "config",
+    "LEVEL_FIELDS": "core",
+    "TAP_FIELDS": "core",
+    "DraftStash": "core",
+    "StagingRing": "core",
+    "TapBuffers": "core",
+    "confidence_from_head": "core",
+    "draft_index": "core",
+    "tap_confidence": "core",
+    "tap_dense_position": "core",
+    "tap_topk_position": "core",
+    "target_to_draft_index": "core",
+    "topk_base_lse": "core",
+    "DraftStats": "metrics",
+    "stats_from_vllm_metrics": "metrics",
+    "TraceRecorder": "recorder",
+    "external_request_id": "recorder",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})

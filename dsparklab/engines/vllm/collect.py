@@ -621,10 +621,10 @@ def _collect_engine(
 ) -> list[RunReport]:
     """Start one ``vllm.LLM`` for (method, n), run every dataset, write the runs."""
     with _environ(tap_config.to_env()):
-        from dsparklab.engines.vllm import plugin
+        from dsparklab.engines.vllm import patching, plugin
 
         plugin.register()
-        plugin.configure(tap_config)
+        patching.configure(tap_config)
         import vllm
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt

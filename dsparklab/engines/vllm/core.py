@@ -80,11 +80,11 @@ class TapBuffers:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in TAP_FIELDS}
 
-    def reset_(self) -> None:
-        """Mark every entry "not computed" (outside graphs only)."""
+    def reset_(self, rows: int | None = None) -> None:
+        """Mark rows ``[:rows]`` (all when None) "not computed"; in place, graph-safe."""
         for name in FLOAT_FIELDS:
-            getattr(self, name).fill_(float("nan"))
-        self.markov_flip.fill_(FLIP_UNSET)
+            getattr(self, name)[:rows].fill_(float("nan"))
+        self.markov_flip[:rows].fill_(FLIP_UNSET)
 
 
 @dataclass

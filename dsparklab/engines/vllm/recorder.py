@@ -110,7 +110,8 @@ class TraceRecorder:
         self._pending: dict[str, PendingDraft] = {}
         self._step_count: dict[str, int] = {}
         self._seen: set[str] = set()
-        self._finished: list[tuple[int, set[str]]] = []  # (slot watermark, request ids)
+        # (slot watermark, request ids, forget the request entirely)
+        self._finished: list[tuple[int, set[str], bool]] = []
         self._seq_staged = 0
         self._seq_done = 0
         self._warned: set[str] = set()
@@ -163,16 +164,22 @@ class TraceRecorder:
                         release(slot)
                 self._seq_done = seq
                 done += 1
+                # at once: a preempted request that resumed in a later slot keeps its draft
+                self._retire_finished()
             self._retire_finished()
         return done
 
-    def finish_requests(self, request_ids: Iterable[str]) -> None:
-        """Requests vLLM finished: drop their pending drafts once queued slots are read."""
+    def finish_requests(self, request_ids: Iterable[str], *, forget: bool = True) -> None:
+        """Requests that left the batch: drop their pending drafts once queued slots are read.
+
+        ``forget=False`` (preempted: the request resumes later under the same id) keeps
+        its step count, so the resumed request's steps continue the numbering.
+        """
         ids = set(request_ids)
         if not ids:
             return
         with self._qlock:
-            self._finished.append((self._seq_staged, ids))
+            self._finished.append((self._seq_staged, ids, forget))
 
     # -- processing ------------------------------------------------------------------
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
@@ -314,14 +321,15 @@ class TraceRecorder:
         with self._qlock:
             finished, self._finished = self._finished, []
         keep = []
-        for watermark, ids in finished:
+        for watermark, ids, forget in finished:
             if watermark <= self._seq_done:
                 for req_id in ids:
                     self._pending.pop(req_id, None)
-                    self._step_count.pop(req_id, None)
-                    self._seen.discard(req_id)
+                    if forget:
+                        self._step_count.pop(req_id, None)
+                        self._seen.discard(req_id)
             else:
-                keep.append((watermark, ids))
+                keep.append((watermark, ids, forget))
         with self._qlock:
             self._finished = keep + self._finished
 

@@ -1,0 +1,374 @@
+"""In-graph DSpark taps: what runs inside vLLM's (FULL CUDA graph) DSpark draft step.
+
+``DSparkSpeculator.load_draft_model`` allocates the persistent tap buffers
+(``[max_num_reqs, n]``, before graph capture) and wraps four methods of the loaded draft
+model on the instance (any DSpark model class: Qwen3, DeepSeek-V4, Kimi, MuseSpark):
+``compute_draft_logits``, ``markov_embed``, ``markov_bias`` and, for the top-k path,
+``apply_markov_bias_gathered``; one wrapper serves them all and only keeps references
+to their tensors. The wrapped ``_sample_sequential`` / ``_sample_sequential_topk`` /
+``_sample_logits`` of the speculator run the tap math of
+:mod:`dsparklab.engines.vllm.core`: device ops writing in place into the buffers, so a
+graph captures them and replays them with the draft step.
+
+Per step, graph-safe: ``begin`` marks the batch rows "not computed" (NaN, flip -1), so a
+field whose hook a draft model skips (its own ``sample_sequential`` fast path, a fused
+Markov kernel) is null in the trace, never the previous step's value. Each position
+consumes the Markov bias it was given, so a skipped ``markov_bias`` is not reused.
+
+One footing for the log-probabilities: when the draft model has an output logit
+transform (``apply_output_logit_transform``, vLLM 0.33: multiplier and tanh soft-cap,
+applied to base + bias before sampling), ``draft_logprob``, ``base_logprob`` and
+``markov_flip`` are all taken on transformed logits (the sampler's distribution), while
+``markov_bias`` / ``markov_bias_norm`` stay the additive bias before the transform.
+
+Confidence: vLLM's own ``draft_token_confidence_probs`` whenever vLLM computes it (the
+confidence head under adaptive verification, or the online acceptance estimator when
+there is no head); otherwise the taps evaluate the loaded head once per step.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from dsparklab.engines.vllm.core import (
+    DraftStash,
+    TapBuffers,
+    draft_index,
+    tap_confidence,
+    tap_dense_position,
+    tap_topk_position,
+    target_to_draft_index,
+    topk_base_lse,
+)
+from dsparklab.engines.vllm.runs import make_tap
+from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
+from dsparklab.errors import DSparkLabError
+
+logger = logging.getLogger(__name__)
+
+# confidence_source values written into run.json
+CONFIDENCE_HEAD = "confidence_head"  # vLLM's head output (adaptive verification on)
+ACCEPTANCE_ESTIMATOR = "acceptance_estimator"  # vLLM's online estimator (no head)
+HEAD_BY_TAPS = "confidence_head_evaluated_by_taps"  # the loaded head, vLLM did not run it
+
+
+class DSparkTap(SpecTap):
+    """A V2 DSpark speculator's tap: host staging plus the in-graph buffers and stash."""
+
+    def __init__(self, *, t2d: torch.Tensor | None = None, **kwargs: Any) -> None:
+        buffers = TapBuffers.allocate(kwargs["max_num_reqs"], kwargs["n"], kwargs["device"])
+        super().__init__(buffers=buffers, **kwargs)
+        self.buffers: TapBuffers = buffers
+        self.t2d = t2d
+        self.spec: Any = None  # the speculator this tap belongs to (set at attach)
+        self.stash = DraftStash()
+        self.in_step = False
+        self.confidence_source: str | None = None
+        self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._skipped_warned = False
+
+    def on_fail(self) -> None:
+        self.in_step = False
+        self.stash.clear()
+
+    # -- one draft step ----------------------------------------------------------------
+    def begin(self, spec: Any, num_reqs: int, mode: str) -> None:
+        self.stash.clear()
+        self.stash.mode = mode
+        self.stash.num_reqs = num_reqs
+        self.in_step = self.active
+        if self.in_step:
+            self.buffers.reset_(num_reqs)
+            self._transform = getattr(spec.model, "apply_output_logit_transform", None)
+
+    def on_draft_logits(self, spec: Any, hidden: torch.Tensor, base: torch.Tensor) -> None:
+        # hidden [R*n, H], base [R*n, V]
+        rows = self.stash.num_reqs
+        self.stash.hidden = hidden
+        view = base.view(rows, self.n, -1)
+        self.stash.base = view
+        if self.stash.mode == "topk" and self.level == "full":
+            # the top-k path overwrites the base logits with -inf right after this
+            self.stash.base_lse = topk_base_lse(view, row_temperature(spec, rows, self.n))
+
+    def on_topk_bias(self, values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+        self.stash.topk_values = values
+        self.stash.topk_index = index
+        self.stash.topk_final = out.gather(1, index)
+
+    def _skipped(self, what: str) -> None:
+        if not self._skipped_warned:
+            self._skipped_warned = True
+            logger.warning(
+                "dsparklab: the draft model did not call %s for a draft step (its own "
+                "sampling path); those position fields are recorded as null",
+                what,
+            )
+
+    def on_sampled(
+        self,
+        logits: torch.Tensor,
+        step: int,
+        tokens: torch.Tensor,
+        temperature: torch.Tensor | None = None,
+    ) -> None:
+        idx = draft_index(tokens, self.t2d)
+        stash = self.stash
+        if stash.mode == "topk":
+            values, index, final = stash.topk_values, stash.topk_index, stash.topk_final
+            stash.topk_values = stash.topk_index = stash.topk_final = None
+            if values is None or index is None or final is None:
+                self._skipped("apply_markov_bias_gathered")
+                return
+            base_lse = stash.base_lse[:, step] if stash.base_lse is not None else None
+            tap_topk_position(
+                self.buffers,
+                step,
+                base_lse,
+                values,
+                index,
+                final,
+                idx,
+                level=self.level,
+                temperature=temperature,
+            )
+            return
+        bias, stash.bias = stash.bias, None
+        if stash.base is None or bias is None:
+            self._skipped("compute_draft_logits / markov_bias")
+            return
+        base_i = stash.base[:, step]
+        if self._transform is not None:
+            # ``logits`` already went through it (vLLM applies it to base + bias)
+            base_i = self._transform(base_i)
+        tap_dense_position(
+            self.buffers,
+            step,
+            base_i,
+            bias,
+            logits,
+            idx,
+            level=self.level,
+            temperature=temperature,
+        )
+
+    def end(self, spec: Any) -> None:
+        """After the sequential loop: take vLLM's confidence, or evaluate the head."""
+        try:
+            if not self.in_step:
+                return
+            rows = self.stash.num_reqs
+            source = vllm_confidence_source(spec)
+            if source is not None:
+                probs = spec.draft_token_confidence_probs
+                self.buffers.confidence[:rows].copy_(probs[:rows, : self.n].float())
+            else:
+                source = self._evaluate_head(spec, rows)
+            if source != self.confidence_source:
+                self.confidence_source = source
+                writer = self.recorder.writer
+                if writer is not None:
+                    writer.update_meta(confidence_source=source)
+        finally:
+            self.in_step = False
+            self.stash.clear()
+
+    def _evaluate_head(self, spec: Any, rows: int) -> str | None:
+        model = spec.model
+        head = getattr(getattr(model, "model", None), "confidence_head", None)
+        stash = self.stash
+        if head is None or stash.hidden is None or len(stash.embeds) != self.n:
+            return None
+        embeds = torch.stack(stash.embeds, dim=1).flatten(0, 1)
+        tap_confidence(self.buffers, model.compute_confidence(stash.hidden, embeds), rows)
+        return HEAD_BY_TAPS
+
+
+def vllm_confidence_source(spec: Any) -> str | None:
+    """Whether vLLM fills ``draft_token_confidence_probs`` this step, and from what."""
+    if not isinstance(getattr(spec, "draft_token_confidence_probs", None), torch.Tensor):
+        return None
+    if getattr(spec, "use_confidence_head", False):
+        return CONFIDENCE_HEAD
+    if getattr(spec, "acceptance_estimator", None) is not None:
+        return ACCEPTANCE_ESTIMATOR
+    return None
+
+
+def row_temperature(spec: Any, rows: int, n: int) -> torch.Tensor | None:
+    """``[R]`` sampling temperature of each row of the draft step (None if unknown)."""
+    temperature = getattr(spec, "temperature", None)
+    mapping = getattr(spec, "sample_idx_mapping", None)
+    if not isinstance(temperature, torch.Tensor) or not isinstance(mapping, torch.Tensor):
+        return None
+    # row r's sample slots are [r*n, (r+1)*n); all map to the row's request state
+    index = mapping[: rows * n].view(rows, n)[:, 0].clamp(min=0)
+    return temperature[index]
+
+
+def _dspark_tap(obj: Any) -> DSparkTap | None:
+    tap = tap_of(obj)
+    return tap if isinstance(tap, DSparkTap) else None
+
+
+def guarded(tap: DSparkTap, where: str, fn: Callable[[], None]) -> None:
+    """Run tap code of the current step; an exception stops tracing (fail open)."""
+    if not tap.in_step:
+        return
+    try:
+        fn()
+    except Exception as err:
+        tap.fail(where, err)
+
+
+# -- the draft model's methods (on the instance) ------------------------------------------
+# What the tap keeps of each call: (tap, bound arguments, output).
+_Record = Callable[[DSparkTap, Mapping[str, Any], Any], None]
+
+
+def _keep_logits(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+    tap.on_draft_logits(tap.spec, args["hidden_states"], out)
+
+
+def _keep_embed(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+    tap.stash.embeds.append(out)
+
+
+def _keep_bias(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+    tap.stash.bias = out
+
+
+def _keep_topk(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+    tap.on_topk_bias(args["values"], args["index"], out)
+
+
+MODEL_TAPS: dict[str, _Record] = {
+    "compute_draft_logits": _keep_logits,
+    "markov_embed": _keep_embed,
+    "markov_bias": _keep_bias,
+}
+MODEL_TAPS_OPTIONAL: dict[str, _Record] = {"apply_markov_bias_gathered": _keep_topk}
+
+
+def wrap_model_method(original: Callable[..., Any], tap: DSparkTap, name: str) -> Any:
+    """The one wrapper of the draft model's methods: call vLLM's, keep what the tap needs."""
+    record = {**MODEL_TAPS, **MODEL_TAPS_OPTIONAL}[name]
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if tap.in_step:
+            guarded(tap, name, lambda: record(tap, signature.bind(*args, **kwargs).arguments, out))
+        return out
+
+    return mark(method, original)
+
+
+def wrap_dspark_model(model: Any, tap: DSparkTap) -> None:
+    """Wrap the draft model's DSpark methods on the instance (any DSpark model class)."""
+    for name in (*MODEL_TAPS, *MODEL_TAPS_OPTIONAL):
+        original = getattr(model, name, None)
+        if original is None:
+            if name in MODEL_TAPS:
+                raise DSparkLabError(
+                    f"{type(model).__name__}.{name} is missing; cannot tap this DSpark model"
+                )
+            continue
+        if not getattr(original, "__dsparklab_tap__", False):
+            setattr(model, name, wrap_model_method(original, tap, name))
+
+
+def attach_dspark_tap(spec: Any, model: Any) -> DSparkTap | None:
+    """Create the DSpark tap of ``spec`` (buffers, model wrappers); None if not recording."""
+    t2d = target_to_draft_index(
+        getattr(model, "draft_id_to_target_id", None),
+        int(spec.vllm_config.model_config.get_vocab_size()),
+    )
+    tap = make_tap(spec, model_runner="v2", factory=DSparkTap, t2d=t2d)
+    spec.__dict__[TAP_ATTR] = tap
+    if isinstance(tap, DSparkTap):
+        tap.spec = spec
+        wrap_dspark_model(model, tap)
+    return tap if isinstance(tap, DSparkTap) else None
+
+
+# -- the speculator's methods (on the class) ----------------------------------------------
+def wrap_load_draft_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load_draft_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        model = original(self, *args, **kwargs)
+        try:
+            attach_dspark_tap(self, model)
+        except Exception as err:  # fail open: no tap, vLLM loads as usual
+            self.__dict__[TAP_ATTR] = None
+            logger.error(
+                "dsparklab: could not attach the DSpark taps (%s: %s); tracing is off for "
+                "this engine",
+                type(err).__name__,
+                err,
+                exc_info=err,
+            )
+        return model
+
+    return mark(load_draft_model, original)
+
+
+def _wrap_sequential(original: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def sample_sequential(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tap = _dspark_tap(self)
+        # dense: with a draft top-k the original delegates to the (wrapped) top-k method
+        if tap is None or (mode == "dense" and getattr(self, "_draft_topk", None) is not None):
+            return original(self, *args, **kwargs)
+        try:
+            num_reqs = int(signature.bind(self, *args, **kwargs).arguments["num_reqs"])
+            tap.begin(self, num_reqs, mode)
+        except Exception as err:
+            tap.fail(f"_sample_sequential ({mode})", err)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                tap.end(self)
+            except Exception as err:
+                tap.fail("confidence", err)
+
+    return mark(sample_sequential, original)
+
+
+def wrap_sample_sequential(original: Callable[..., Any]) -> Callable[..., Any]:
+    return _wrap_sequential(original, "dense")
+
+
+def wrap_sample_sequential_topk(original: Callable[..., Any]) -> Callable[..., Any]:
+    return _wrap_sequential(original, "topk")
+
+
+def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _sample_logits(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = original(self, *args, **kwargs)
+        tap = _dspark_tap(self)
+        if tap is not None and tap.in_step:
+
+            def record() -> None:
+                bound = signature.bind(self, *args, **kwargs).arguments
+                idx_map = bound["idx_map"]
+                temperature = self.temperature[idx_map.clamp(min=0)]
+                tap.on_sampled(bound["logits"], int(bound["step"]), out, temperature)
+
+            guarded(tap, "_sample_logits", record)
+        return out
+
+    return mark(_sample_logits, original)

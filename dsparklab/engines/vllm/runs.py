@@ -1,0 +1,284 @@
+"""Process state of the taps: the settings, one recorder (run directory) per tap.
+
+vLLM loads the plugin in every process it starts; each writing process keeps its
+recorders here, closes them at exit (``atexit`` for the main process, a multiprocessing
+finalizer for vLLM's engine core and workers, which leave through ``os._exit``), and
+forwards the requests vLLM finishes or preempts so their pending drafts are dropped.
+
+What a run.json written here records beside the common fields (``speculative``):
+vLLM's ``draft_sample_method``, ``rejection_sample_method`` (with the synthetic rates or
+FLy window where they apply), ``enable_adaptive_verification``, the DSpark draft top-k, and
+where the confidence values come from (``confidence_source``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import multiprocessing.util
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.engines.vllm.recorder import TraceRecorder
+from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
+from dsparklab.errors import DSparkLabError
+from dsparklab.store import TraceWriter, new_run_json
+
+logger = logging.getLogger(__name__)
+
+RECORDED_METHODS = ("dspark", "eagle3")
+# SpeculativeConfig fields that change what "accepted" means or what was drafted.
+SPECULATIVE_FIELDS = (
+    "draft_sample_method",
+    "rejection_sample_method",
+    "enable_adaptive_verification",
+    "dspark_draft_topk",
+    "synthetic_acceptance_rates",
+    "synthetic_acceptance_length",
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
+)
+
+
+@dataclass
+class RunState:
+    config: TapConfig | None = None
+    recorders: list[TraceRecorder] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    atexit_registered: bool = False
+    run_counter: int = 0
+
+
+STATE = RunState()
+
+
+def live_recorders() -> list[TraceRecorder]:
+    return [r for r in STATE.recorders if not r.closed]
+
+
+def flush_worker(worker: Any = None) -> list[str]:
+    """Process every staged draft step and write buffered rows; returns run dirs.
+
+    Added to vLLM's ``WorkerBase`` as ``dsparklab_flush`` for ``LLM.collective_rpc``.
+    """
+    out = []
+    for rec in live_recorders():
+        try:
+            rec.drain()
+        except Exception:
+            logger.exception("dsparklab: draining the tap trace failed")
+            rec.fail("drain failed")
+        if rec.run_dir is not None:
+            out.append(str(rec.run_dir))
+    return out
+
+
+def close_worker(worker: Any = None, *, status: str = "complete") -> list[str]:
+    """Drain and close every recorder of this process (runs marked ``status``)."""
+    out = []
+    for rec in list(STATE.recorders):
+        if not rec.closed:
+            try:
+                rec.close(status=status)
+            except Exception:
+                logger.exception("dsparklab: closing the tap trace failed")
+        if rec.run_dir is not None:
+            out.append(str(rec.run_dir))
+    return out
+
+
+def _close_all_at_exit() -> None:
+    for rec in live_recorders():
+        try:
+            rec.close()
+        except Exception:  # interpreter shutdown: nothing else to do
+            logger.exception("dsparklab: closing the tap trace at exit failed")
+
+
+def _parallel_ranks(vllm_config: Any) -> tuple[int, int]:
+    """(tensor-parallel rank, data-parallel rank) of this process; 0 where unknown."""
+    tp = 0
+    try:
+        from vllm.distributed import parallel_state
+
+        tp = int(parallel_state.get_tensor_model_parallel_rank())
+    except Exception:  # distributed not initialised (unit tests): a single rank
+        tp = 0
+    parallel = getattr(vllm_config, "parallel_config", None)
+    dp = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+    return tp, dp
+
+
+def _model_name(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {"name": "unknown", "path": None}
+    return {"name": Path(path).name or str(path), "path": str(path)}
+
+
+def speculative_settings(vllm_config: Any) -> dict[str, Any]:
+    """The SpeculativeConfig fields of :data:`SPECULATIVE_FIELDS` (None where absent).
+
+    The draft top-k falls back to the draft model's ``dspark_draft_topk`` (vLLM resolves
+    the checkpoint's value there).
+    """
+    spec_cfg = getattr(vllm_config, "speculative_config", None)
+    out: dict[str, Any] = {}
+    for name in SPECULATIVE_FIELDS:
+        value = getattr(spec_cfg, name, None)
+        out[name] = list(value) if isinstance(value, (list, tuple)) else value
+    if out["dspark_draft_topk"] is None:
+        draft_cfg = getattr(spec_cfg, "draft_model_config", None)
+        out["dspark_draft_topk"] = getattr(
+            getattr(draft_cfg, "hf_config", None), "dspark_draft_topk", None
+        )
+    return out
+
+
+def method_of(vllm_config: Any) -> tuple[str | None, int]:
+    spec_cfg = getattr(vllm_config, "speculative_config", None)
+    if spec_cfg is None:
+        return None, 0
+    return getattr(spec_cfg, "method", None), int(getattr(spec_cfg, "num_speculative_tokens", 0))
+
+
+def new_recorder(
+    vllm_config: Any, method: str, n: int, *, model_runner: str, tp: int, dp: int
+) -> TraceRecorder:
+    """A recorder writing one run directory below ``DSPARKLAB_TRACE_DIR``."""
+    import vllm
+
+    config = STATE.config
+    if config is None:
+        raise DSparkLabError("dsparklab taps are not installed (no TapConfig)")
+    with STATE.lock:
+        STATE.run_counter += 1
+        counter = STATE.run_counter
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
+    name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
+    run_dir = config.trace_dir / name
+    if (run_dir / "run.json").exists() or counter > 1 and run_dir.exists():
+        run_dir = config.trace_dir / f"{name}-{os.getpid()}-{counter}"
+    spec_cfg = getattr(vllm_config, "speculative_config", None)
+    model_cfg = getattr(vllm_config, "model_config", None)
+    parallel = getattr(vllm_config, "parallel_config", None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    run_json = new_run_json(
+        run_id=run_dir.name,
+        engine={
+            "name": "vllm",
+            "version": getattr(vllm, "__version__", "unknown"),
+            "model_runner": model_runner,
+            "plugin": "dsparklab.engines.vllm.plugin",
+        },
+        method=method,
+        num_speculative_tokens=int(n),
+        target=_model_name(getattr(model_cfg, "model", None)),
+        drafter=_model_name(getattr(spec_cfg, "model", None)),
+        dataset=config.dataset,
+        # Sampling is per request in a server; the collector's run records it.
+        sampling={"per_request": True},
+        tier="tap",
+        speculative=speculative_settings(vllm_config),
+        hardware={
+            "device": device,
+            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", 1),
+            "tensor_parallel_rank": tp,
+            "data_parallel_rank": dp,
+        },
+        config={"taps": config.as_dict(), "pid": os.getpid()},
+    )
+    writer = TraceWriter(run_dir, run_json, flush_seconds=config.flush_seconds)
+    rec = TraceRecorder(
+        n, dataset=config.dataset, writer=writer, flush_seconds=config.flush_seconds
+    )
+    with STATE.lock:
+        STATE.recorders.append(rec)
+        if not STATE.atexit_registered:
+            atexit.register(_close_all_at_exit)
+            multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
+            STATE.atexit_registered = True
+    logger.info("dsparklab: recording %s n=%d drafts into %s", method, n, run_dir)
+    return rec
+
+
+def make_tap(
+    owner: Any,
+    *,
+    model_runner: str,
+    factory: Callable[..., SpecTap] = SpecTap,
+    **extra: Any,
+) -> SpecTap | None:
+    """A tap for ``owner`` (speculator or runner), or None when this process does not record.
+
+    ``factory`` builds it (:class:`SpecTap` or the DSpark subclass) from the recorder and
+    the owner's ``max_num_reqs`` / ``device``, plus ``extra``.
+    """
+    config = STATE.config
+    vllm_config = owner.vllm_config
+    method, n = method_of(vllm_config)
+    if config is None or method not in RECORDED_METHODS or n <= 0:
+        return None
+    tp, dp = _parallel_ranks(vllm_config)
+    if config.writer_ranks != "all" and tp != 0:
+        return None
+    recorder = new_recorder(vllm_config, method, n, model_runner=model_runner, tp=tp, dp=dp)
+    return factory(
+        recorder=recorder,
+        n=n,
+        max_num_reqs=int(owner.max_num_reqs),
+        device=torch.device(owner.device),
+        level=config.level,
+        model_runner=model_runner,
+        **extra,
+    )
+
+
+def ended_request_ids(scheduler_output: Any) -> tuple[set[str], set[str]]:
+    """(finished, preempted) request ids of this step; a preempted request frees its
+    state and comes back later under the same id, its draft never verified."""
+    finished = set(getattr(scheduler_output, "finished_req_ids", None) or ())
+    preempted = set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+    return finished, preempted - finished
+
+
+def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Forward finished and preempted request ids to the recorders (both model runners)."""
+
+    @functools.wraps(original)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if STATE.recorders:
+            try:
+                finished, preempted = ended_request_ids(scheduler_output)
+                for rec in live_recorders() if finished or preempted else ():
+                    rec.finish_requests(finished)
+                    rec.finish_requests(preempted, forget=False)
+            except Exception:
+                logger.exception("dsparklab: reading finished requests failed (ignored)")
+        return original(self, scheduler_output, *args, **kwargs)
+
+    return mark(execute_model, original)
+
+
+def lazy_tap(owner: Any, model_runner: str, wanted: bool = True) -> SpecTap | None:
+    """The tap kept on ``owner``, made on first use (None, kept too, when not ``wanted``)."""
+    if TAP_ATTR not in owner.__dict__:
+        tap = None
+        try:
+            if wanted:
+                tap = make_tap(owner, model_runner=model_runner)
+        except Exception as err:
+            logger.error("dsparklab: could not attach the taps (%s); tracing is off", err)
+        owner.__dict__[TAP_ATTR] = tap
+    return tap_of(owner)

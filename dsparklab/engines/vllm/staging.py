@@ -1,0 +1,183 @@
+"""Host staging: one speculator's tap state outside the graph, and the propose wrapper.
+
+A :class:`SpecTap` belongs to one speculator (Model Runner V2) or model runner (V1). Around
+each ``propose`` it copies, before the draft step, what verification of the previous
+drafts produced (``num_sampled`` / ``num_rejected``, the emitted token, sequence lengths)
+and, after it, the new draft tokens and any in-graph tap buffers, with ``non_blocking``
+copies into a pinned :class:`~dsparklab.engines.vllm.core.StagingRing` slot. The recorder
+reads a slot once its CUDA event has completed, so the draft step never waits for the
+trace. Any exception is caught (:meth:`SpecTap.fail`): tracing stops for that engine and
+vLLM runs on unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dsparklab.engines.vllm.core import HostSlot, StagingRing, TapBuffers
+from dsparklab.engines.vllm.recorder import TraceRecorder
+from dsparklab.errors import DSparkLabError
+
+logger = logging.getLogger(__name__)
+
+# Marks our wrappers, so patching twice is a no-op and _unwrap finds vLLM's function.
+MARK = "__dsparklab_tap__"
+# Where a speculator / model runner keeps its tap (None, kept too, when not recording).
+TAP_ATTR = "_dsparklab_tap"
+# Enough slots for the flush thread's read interval at hundreds of steps/s.
+STAGING_SLOTS = 64
+
+
+def mark(wrapper: Any, original: Any) -> Any:
+    """Tag ``wrapper`` as ours, wrapping ``original``; returns ``wrapper``."""
+    setattr(wrapper, MARK, True)
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def unwrap(fn: Any) -> Any:
+    """vLLM's own function under any of our wrappers."""
+    while hasattr(fn, "__wrapped__") and getattr(fn, MARK, False):
+        fn = fn.__wrapped__
+    return fn
+
+
+class SpecTap:
+    """Host-side tap state of one speculator (V2) or model runner (V1) in this process."""
+
+    def __init__(
+        self,
+        *,
+        recorder: TraceRecorder,
+        n: int,
+        max_num_reqs: int,
+        device: torch.device,
+        level: str,
+        model_runner: str = "v2",
+        buffers: TapBuffers | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.n = n
+        self.max_num_reqs = max_num_reqs
+        self.device = device
+        self.level = level
+        self.model_runner = model_runner
+        self.buffers = buffers
+        self.active = True
+        specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+            "num_sampled": ((max_num_reqs,), torch.int32),
+            "num_rejected": ((max_num_reqs,), torch.int32),
+            "seq_lens": ((max_num_reqs,), torch.int64),
+            "last_token": ((max_num_reqs,), torch.int64),
+            "draft_tokens": ((max_num_reqs, n), torch.int64),
+        }
+        if buffers is not None:
+            for name, tensor in buffers.tensors().items():
+                specs[name] = ((max_num_reqs, n), tensor.dtype)
+        self.ring = StagingRing(specs, device, num_slots=STAGING_SLOTS)
+        self._t0: float | None = None
+
+    def fail(self, where: str, err: BaseException) -> None:
+        """Fail open: log once, stop tracing for this engine, mark the run failed."""
+        if not self.active:
+            return
+        self.active = False
+        self.on_fail()
+        logger.error(
+            "dsparklab: tap error in %s (%s: %s); tracing is disabled for this engine, "
+            "vLLM's drafts and outputs are unaffected",
+            where,
+            type(err).__name__,
+            err,
+            exc_info=err,
+        )
+        self.recorder.fail(f"tap error in {where}: {type(err).__name__}: {err}")
+
+    def on_fail(self) -> None:
+        """Drop per-step state (subclasses with in-graph state override)."""
+
+    # -- staging -----------------------------------------------------------------------
+    def acquire(self) -> HostSlot:
+        slot = self.ring.acquire()
+        if slot is None:  # every slot still queued: read the oldest (rare)
+            self.recorder.process_ready(block=True)
+            slot = self.ring.acquire()
+        if slot is None:
+            raise DSparkLabError("no free staging slot after draining the recorder")
+        return slot
+
+    def start_timer(self, slot: HostSlot) -> None:
+        if self.ring.is_cuda:
+            slot.start_event = self.ring.timing_event()
+        else:
+            self._t0 = time.perf_counter()
+
+    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        """Stage the new drafts (and tap buffers) of the rows in ``slot``; hand it on."""
+        rows = len(slot.meta["req_ids"])
+        if "num_drafted" not in slot.meta:
+            slot.meta["num_drafted"] = min(self.n, int(drafts.shape[1]))
+        if self.ring.is_cuda:
+            slot.end_event = self.ring.timing_event()
+        elif self._t0 is not None:
+            slot.meta["draft_time_s"] = time.perf_counter() - self._t0
+        self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
+        if self.buffers is not None:
+            for name, tensor in self.buffers.tensors().items():
+                self.ring.copy_in(slot, name, tensor[:rows])
+        self.ring.seal(slot)
+        self.recorder.stage(slot, release=self.ring.release)
+        if not self.recorder.background:
+            self.recorder.process_ready()
+
+
+def tap_of(obj: Any) -> SpecTap | None:
+    """The active tap kept on ``obj`` (a speculator or model runner), or None."""
+    tap = obj.__dict__.get(TAP_ATTR) if hasattr(obj, "__dict__") else None
+    return tap if isinstance(tap, SpecTap) and tap.active else None
+
+
+def wrap_propose(
+    original: Callable[..., Any],
+    where: str,
+    get_tap: Callable[[Any], SpecTap | None],
+    before: Callable[[SpecTap, Any, dict[str, Any]], HostSlot | None],
+    check: Callable[[Any], None] | None = None,
+) -> Callable[..., Any]:
+    """Wrap a propose method: stage what verification saw before it, the drafts after it.
+
+    Every argument, known or not, is passed on to vLLM unchanged.
+    """
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tap = get_tap(self)
+        if tap is None:
+            return original(self, *args, **kwargs)
+        slot = None
+        try:
+            bound = signature.bind_partial(self, *args, **kwargs)
+            with torch.inference_mode():
+                slot = before(tap, self, dict(bound.arguments))
+        except Exception as err:
+            tap.fail(f"{where} (verification copy)", err)
+        out = original(self, *args, **kwargs)
+        if slot is not None and tap.active:
+            try:
+                if check is not None:
+                    check(out)
+                with torch.inference_mode():
+                    tap.after(slot, out)
+            except Exception as err:
+                tap.fail(f"{where} (draft copy)", err)
+        return out
+
+    return mark(propose, original)
