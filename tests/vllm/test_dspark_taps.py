@@ -9,7 +9,6 @@ the taps record must equal the reference engine's standalone Markov step
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,9 +19,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch
-from safetensors import safe_open
 
-from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_step
 from dsparklab.engines.vllm import dspark_taps, patching, plugin, runs, staging, v2
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.store import read_trace, validate_trace
@@ -35,32 +32,6 @@ pytestmark = pytest.mark.vllm
 ATOL = 1e-5
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
-
-
-@pytest.fixture(scope="module")
-def checkpoint(cpu_dspark: CpuDSpark) -> dict[str, Any]:
-    """Markov/confidence weights and the LM head from the checkpoint files."""
-    draft = _tensors(cpu_dspark.dspark_dir)
-    target = _tensors(cpu_dspark.target_dir)
-    config = json.loads((cpu_dspark.dspark_dir / "config.json").read_text())
-    lm_head = draft.get("lm_head.weight")
-    if lm_head is None:
-        lm_head = target.get("lm_head.weight", target["model.embed_tokens.weight"])
-    head = MarkovHeadWeights(
-        w1=draft["markov_head.markov_w1.weight"],
-        w2=draft["markov_head.markov_w2.weight"],
-        confidence_weight=draft.get("confidence_head.proj.weight"),
-        confidence_bias=draft.get("confidence_head.proj.bias"),
-        confidence_with_markov=bool(config.get("confidence_head_with_markov", True)),
-        draft_to_target=None,
-    )
-    assert head.has_confidence, "the zoo DSpark drafter should have a confidence head"
-    return {"head": head, "lm_head": lm_head.float()}
-
-
 @pytest.fixture()
 def taps(tmp_path: Path) -> Iterator[Path]:
     """The plugin's taps installed for one test (then removed)."""
@@ -70,25 +41,6 @@ def taps(tmp_path: Path) -> Iterator[Path]:
     finally:
         runs.close_worker()
         patching.uninstall()
-
-
-def _expected(spec: Any, ckpt: dict[str, Any], head_hidden: torch.Tensor, anchors: torch.Tensor):
-    rows, n = anchors.shape[0], spec.num_speculative_steps
-    sample_hidden = head_hidden[spec.sample_indices[: rows * n]].float()
-    base = (sample_hidden @ ckpt["lm_head"].t()).view(rows, n, -1)
-    res = dspark_markov_step(base, anchors, ckpt["head"], hidden=sample_hidden.view(rows, n, -1))
-    ids = res.draft_ids.unsqueeze(-1)
-    return {
-        "tokens": res.tokens,
-        "markov_bias": res.bias_at_token,
-        "markov_bias_norm": res.bias_norm,
-        "markov_flip": res.flip(base).to(torch.int8),
-        "confidence": res.confidence,
-        "draft_logprob": torch.log_softmax(res.logits, -1).gather(-1, ids).squeeze(-1),
-        "base_logprob": torch.log_softmax(base, -1).gather(-1, ids).squeeze(-1),
-        "base": base,
-        "sample_hidden": sample_hidden,
-    }
 
 
 def _run(spec: Any, head_hidden: torch.Tensor, rows: int) -> torch.Tensor:
@@ -103,6 +55,7 @@ def test_dense_taps_equal_reference_markov_step(
     feed_speculator: Any,
     checkpoint: dict[str, Any],
     taps: Path,
+    expected_markov_fn: Any,
 ) -> None:
     spec = build_speculator(cpu_dspark)
     tap = spec.__dict__.get("_dsparklab_tap")
@@ -112,7 +65,7 @@ def test_dense_taps_equal_reference_markov_step(
     rows = 5
     head_hidden, anchors = feed_speculator(spec, rows, seed=1)
     drafted = _run(spec, head_hidden, rows)
-    exp = _expected(spec, checkpoint, head_hidden, anchors)
+    exp = expected_markov_fn(spec, checkpoint, head_hidden, anchors)
 
     assert torch.equal(drafted, exp["tokens"])
     buffers = tap.buffers
@@ -261,6 +214,7 @@ def test_records_are_keyed_by_request_id(
     feed_speculator: Any,
     checkpoint: dict[str, Any],
     taps: Path,
+    expected_markov_fn: Any,
 ) -> None:
     """Two draft steps through the plugin's propose wrapper, rows re-sorted in between.
 
@@ -318,7 +272,7 @@ def test_records_are_keyed_by_request_id(
     draft_inputs.update(rows=3, hidden=hidden_a)
     step([0, 1, 2], [1, 1, 1], [0, 0, 0], [7, 9, 11])
     drafts_a = spec.draft_tokens[:3].clone()
-    exp_a = _expected(spec, checkpoint, hidden_a, anchors_a)
+    exp_a = expected_markov_fn(spec, checkpoint, hidden_a, anchors_a)
     assert torch.equal(drafts_a, exp_a["tokens"])
     # step B: rows re-sorted (c, a, b); c accepted 2 of n, a accepted all, b none
     sampled = {"c": 3, "a": n + 1, "b": 1}

@@ -1,0 +1,252 @@
+"""Model Runner V2 path of the taps, driven by vLLM's own objects on CPU.
+
+vLLM's ``RequestState`` (``last_sampled_tokens`` is ``[max_num_reqs, 1]``, request-state
+order), ``InputBatch`` (real constructor, rows re-sorted every step), the real
+``DSparkSpeculator`` with vLLM's ``Qwen3DSparkForCausalLM`` loaded from the zoo, and the
+real ``_sample_sequential``. Requests are added and removed the way the runner does it
+(``RequestState.add_request`` / ``remove_request``), one finishes and one is preempted
+and resumes. What vLLM's ``propose`` does before the draft step is a Triton kernel
+(``prepare_dflash_inputs``) and an attention forward, neither of which runs on CPU; the
+harness writes that kernel's outputs (anchor = the request state's last sampled token,
+sample slots mapped to the request-state index) and fixed backbone outputs, then runs the
+draft step through the plugin's ``propose`` wrapper called exactly as the V2 runner
+calls it. The trace must equal the reference engine's Markov step on the same inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch
+
+from dsparklab.engines.vllm import patching, runs, staging, v2
+from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.store import read_run_json, read_trace, validate_trace
+
+if TYPE_CHECKING:
+    from conftest import CpuDSpark
+
+pytestmark = pytest.mark.vllm
+ATOL = 1e-5
+
+
+@dataclass
+class Harness:
+    spec: Any
+    req_states: Any
+    input_buffers: Any
+    propose: Any
+    execute_model: Any
+    n: int
+    gen: torch.Generator
+    draft_inputs: list[Any]  # (rows, backbone outputs) the draft step reads
+    # (request id, draft step of that request) -> expected values of its draft
+    drafts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, req_id: str, prompt: list[int]) -> None:
+        self.req_states.add_request(req_id, len(prompt), prompt, 0, 64)
+
+    def end(self, *, finished: set[str] = frozenset(), preempted: set[str] = frozenset()) -> None:
+        from vllm.v1.core.sched.output import SchedulerOutput
+
+        out = SchedulerOutput.make_empty()
+        out.finished_req_ids = set(finished)
+        out.preempted_req_ids = set(preempted)
+        self.execute_model(None, out)
+
+    def step(
+        self,
+        rows: list[tuple[str, int, int, int]],  # (request id, num_sampled, num_rejected, token)
+        expected_markov: Any,
+        checkpoint: dict[str, Any],
+    ) -> dict[str, torch.Tensor]:
+        """One verify + draft step over ``rows`` (batch order); returns the expectation."""
+        from vllm.v1.worker.gpu.input_batch import InputBatch
+
+        spec, n, num_reqs = self.spec, self.n, len(rows)
+        state = [self.req_states.req_id_to_index[r[0]] for r in rows]
+        for (_, sampled, _, token), idx in zip(rows, state, strict=True):
+            if sampled > 0:  # what the runner's postprocess writes after sampling
+                self.req_states.last_sampled_tokens[idx, 0] = token
+        seq_lens = [int(self.req_states.prefill_len.np[i]) + 3 * n for i in state]
+        q = spec.num_query_per_req
+        batch = InputBatch.make_dummy(num_reqs, num_reqs * q, self.input_buffers)
+        batch = replace(
+            batch,
+            req_ids=[r[0] for r in rows],
+            idx_mapping=torch.tensor(state, dtype=torch.int64),
+            idx_mapping_np=np.array(state, dtype=np.intp),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        )
+        # prepare_dflash_inputs' outputs (sample_from_anchor layout), in torch
+        last = self.req_states.last_sampled_tokens
+        offset = 0 if spec.sample_from_anchor else 1
+        for r, idx in enumerate(state):
+            slots = slice(r * n, (r + 1) * n)
+            spec.sample_indices[slots] = torch.arange(n) + r * q + offset
+            spec.sample_pos[slots] = torch.arange(n) + seq_lens[r] + 1
+            spec.sample_idx_mapping[slots] = idx
+            spec.temperature[idx] = 0.0
+            spec.input_buffers.input_ids[spec._anchor_idx[r]] = last[idx, 0]
+        hidden = torch.randn(num_reqs * q, spec.model.config.hidden_size, generator=self.gen) * 2
+        anchors = last[torch.tensor(state), 0].clone()
+        self.draft_inputs[:] = [num_reqs, hidden]
+        with torch.inference_mode():
+            self.propose(
+                spec,
+                batch,  # input_batch
+                {},  # attn_metadata
+                {},  # slot_mappings
+                None,  # last_hidden_states
+                None,  # aux_hidden_states
+                torch.tensor([r[1] for r in rows], dtype=torch.int32),  # num_sampled
+                torch.tensor([r[2] for r in rows], dtype=torch.int32),  # num_rejected
+                self.req_states.last_sampled_tokens,  # [max_num_reqs, 1]
+                self.req_states.next_prefill_tokens,
+                torch.zeros(spec.max_num_reqs),  # temperature
+                torch.zeros(spec.max_num_reqs, dtype=torch.int64),  # seeds
+                num_speculative_tokens=n,
+                is_profile=False,  # a keyword the wrapper does not read is passed on
+            )
+        exp = expected_markov(spec, checkpoint, hidden, anchors)
+        for r, (req_id, *_rest) in enumerate(rows):
+            self.drafts.setdefault(req_id, []).append(
+                {k: v[r].clone() for k, v in exp.items() if k not in ("base", "sample_hidden")}
+                | {"seq_len": seq_lens[r]}
+            )
+        assert torch.equal(spec.draft_tokens[:num_reqs], exp["tokens"])
+        return exp
+
+
+@pytest.fixture()
+def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any:
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    from vllm.v1.worker.gpu.states import RequestState
+
+    patching.install(TapConfig(trace_dir=tmp_path / "taps", run_name="v2", flush_seconds=60))
+    try:
+        spec = build_speculator(cpu_dspark)
+        n = spec.num_speculative_steps
+        vocab = cpu_dspark.vllm_config.model_config.get_vocab_size()
+        req_states = RequestState(spec.max_num_reqs, 256, 256, n, vocab, torch.device("cpu"))
+
+        draft_inputs: list[Any] = []
+
+        def draft_step(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+            rows, hidden = draft_inputs
+            self._sample_sequential(rows, hidden)
+            return self.draft_tokens[:rows]
+
+        # called with vLLM's propose signature, as the V2 runner calls it
+        draft_step.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+            staging.unwrap(DFlashSpeculator.propose)
+        )
+
+        def finish_requests(self: Any, scheduler_output: Any) -> None:
+            # the runner's own bookkeeping: finished and preempted states are freed
+            for req_id in scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids:
+                req_states.remove_request(req_id)
+
+        wrapped_exec = GPUModelRunner.__dict__["execute_model"]
+        assert getattr(wrapped_exec, "__dsparklab_tap__", False)
+        yield Harness(
+            spec=spec,
+            req_states=req_states,
+            input_buffers=InputBuffers(spec.max_num_reqs, 256, torch.device("cpu")),
+            propose=v2.wrap_v2_propose(draft_step),
+            execute_model=runs.wrap_execute_model(finish_requests),
+            n=n,
+            gen=torch.Generator().manual_seed(11),
+            draft_inputs=draft_inputs,
+        )
+    finally:
+        runs.close_worker()
+        patching.uninstall()
+
+
+def test_v2_trace_equals_reference_over_resorted_finished_and_preempted_requests(
+    harness: Harness, checkpoint: dict[str, Any], expected_markov_fn: Any
+) -> None:
+    h, n = harness, harness.n
+    step = lambda rows: h.step(rows, expected_markov_fn, checkpoint)  # noqa: E731
+    for req_id, prompt in (("a-00000001", [5, 6, 7]), ("b-00000002", [8, 9]), ("c-00000003", [4])):
+        h.add(req_id, prompt)
+    a, b, c, d = "a-00000001", "b-00000002", "c-00000003", "d-00000004"
+    # 1: prefill done for a, b, c (one token each, nothing verified)
+    step([(a, 1, 0, 101), (b, 1, 0, 102), (c, 1, 0, 103)])
+    # 2: re-sorted; c accepts 2, a all n, b none; d's prefill completes
+    h.add(d, [3, 3, 3, 3])
+    step([(c, 3, n - 2, 201), (a, n + 1, 0, 202), (b, 1, n, 203), (d, 1, 0, 204)])
+    # a finishes, b is preempted (both states freed; b's draft is never verified)
+    h.end(finished={a}, preempted={b})
+    step([(d, 2, n - 1, 301), (c, 1, n, 302)])
+    recorder = h.spec.__dict__["_dsparklab_tap"].recorder
+    runs.flush_worker()
+    assert set(recorder._pending) == {c, d}  # a's and b's drafts dropped, not left pending
+    # b resumes under the same id (a new state slot), prefilled again
+    h.add(b, [8, 9, 203])
+    step([(b, 1, 0, 401), (c, n + 1, 0, 402), (d, 1, n, 403)])
+    step([(b, 4, n - 3, 501)])
+
+    tap = h.spec.__dict__["_dsparklab_tap"]
+    run_dir = tap.recorder.run_dir
+    runs.close_worker()
+    assert all(r.ok for r in validate_trace(run_dir))
+    steps = read_trace(run_dir, "steps")
+    positions = read_trace(run_dir, "positions")
+    # (request, its draft index in h.drafts, accepted, verified, emitted token)
+    verified = [
+        (a, 0, n, n, 202),
+        (b, 0, 0, n, 203),
+        (c, 0, 2, n, 201),
+        (c, 1, 0, n, 302),
+        (c, 2, n, n, 402),
+        (d, 0, 1, n, 301),
+        (d, 1, 0, n, 403),
+        (b, 2, 3, n, 501),  # after the resume: its draft index 1 was preempted away
+    ]
+    got = {(r.request_id, int(r.step)): r for r in steps.itertuples()}
+    assert len(got) == len(verified) == len(steps)
+    step_no: dict[str, int] = {}
+    for req_id, k, accepted, num_verified, emitted in verified:
+        s = step_no.get(req_id, 0)
+        step_no[req_id] = s + 1
+        row = got[(req_id, s)]  # numbering continues across the preemption
+        exp = h.drafts[req_id][k]
+        assert (row.accepted_len, row.num_verified, row.num_drafted) == (accepted, num_verified, n)
+        assert row.prompt_id == req_id.split("-")[0]
+        pos = positions[(positions.request_id == req_id) & (positions.step == s)]
+        pos = pos.sort_values("position")
+        assert pos.draft_token.tolist() == exp["tokens"].tolist()
+        assert pos.accepted.tolist() == [p < accepted for p in range(n)]
+        if accepted < n:
+            assert pos.target_token.iloc[accepted] == emitted  # from last_sampled_tokens
+        for name in ("markov_bias", "markov_bias_norm", "confidence"):
+            torch.testing.assert_close(
+                torch.tensor(pos[name].tolist()), exp[name].float(), atol=ATOL, rtol=0, msg=name
+            )
+        for name in ("draft_logprob", "base_logprob"):
+            torch.testing.assert_close(
+                torch.tensor(pos[name].tolist()), exp[name].float(), atol=1e-4, rtol=0, msg=name
+            )
+        assert pos.markov_flip.tolist() == exp["markov_flip"].bool().tolist()
+    meta = read_run_json(run_dir)
+    assert meta["status"] == "complete"
+    assert meta["engine"]["model_runner"] == "v2"
+    spec_cfg = h.spec.vllm_config.speculative_config
+    assert meta["speculative"]["draft_sample_method"] == spec_cfg.draft_sample_method
+    assert meta["speculative"]["rejection_sample_method"] == spec_cfg.rejection_sample_method
+    assert meta["speculative"]["enable_adaptive_verification"] is False
+    assert "dspark_draft_topk" in meta["speculative"]
+    # adaptive verification off: vLLM skips the head, the taps evaluate it
+    assert meta["confidence_source"] == "confidence_head_evaluated_by_taps"
