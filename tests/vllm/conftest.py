@@ -34,6 +34,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _ensure_single_rank_groups() -> None:
+    """A single-process gloo group; again after an in-process vllm.LLM tore it down."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+    )
+    initialize_model_parallel(1, 1)
+
+
 @dataclass
 class CpuDSpark:
     """vLLM objects for running DSparkSpeculator's sampling on CPU."""
@@ -52,7 +69,6 @@ def cpu_dspark() -> Iterator[CpuDSpark]:
     pytest.importorskip("vllm")
     import vllm.v1.worker.cpu.shm  # noqa: F401  (first: stubs torch.cuda.Event & co.)
     from vllm.config import SpeculativeConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model
 
@@ -82,14 +98,7 @@ def cpu_dspark() -> Iterator[CpuDSpark]:
     VllmConfig._get_v1_model_runner_unsupported_features = without_dspark_refusal  # type: ignore[method-assign]
     try:
         with set_current_vllm_config(vllm_config):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                backend="gloo",
-                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-            )
-            initialize_model_parallel(1, 1)
+            _ensure_single_rank_groups()
             target = get_model(vllm_config=vllm_config)
             yield CpuDSpark(
                 vllm_config=vllm_config,
@@ -177,6 +186,7 @@ def _build_speculator(env: CpuDSpark, *, topk: int | None = None) -> Any:
     for name in [k for k in context if k not in env.target_layers]:
         del context[name]
     with set_current_vllm_config(env.vllm_config):
+        _ensure_single_rank_groups()
         spec = DSparkSpeculator(env.vllm_config, torch.device("cpu"))
         spec.model = spec.load_draft_model(env.target_model, set())
     spec._draft_topk = topk
