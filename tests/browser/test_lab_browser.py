@@ -71,12 +71,19 @@ def test_report_renders_offline(browser, report: ReportResult, screenshots: Path
             assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == (
                 expected
             ), nb.name
-            # every figure drew something: traces in its plot area
+            # every figure drew something: traces in its plot area; the imported/live views
+            # of notebook 06 may instead say why they are empty (the test runs are all
+            # token-level, so its interval views have nothing to draw)
             drawn = page.evaluate(
                 """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
-                .map(gd => gd.querySelectorAll('.trace, .hm, image, .bars .point').length)"""
+                .map(gd => [gd.querySelectorAll('.trace, .hm, image, .bars .point').length,
+                            gd.querySelectorAll('.annotation-text').length])"""
             )
-            assert all(count > 0 for count in drawn), (nb.name, drawn)
+            says_why = nb.name.startswith("06_")
+            assert all(traces > 0 or (says_why and notes > 0) for traces, notes in drawn), (
+                nb.name,
+                drawn,
+            )
             page.screenshot(path=str(screenshots / f"{nb.name}.png"), full_page=True)
         # one interactive figure page (plotly.js from ../plotly.min.js) and the index
         figure = report.figures.html[0]

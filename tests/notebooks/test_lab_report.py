@@ -125,7 +125,9 @@ def test_cli_report_one_notebook(runs_dir: Path, tmp_path: Path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "report: " in result.output and "1 notebooks, 3 figures, 0 PNG" in result.output
+    # the notebook's three figures, and the index's findings figure beside them
+    assert "report: " in result.output and "1 notebooks, 4 figures, 0 PNG" in result.output
+    assert len(list((tmp_path / "r" / "figures" / "04_markov_attribution").glob("*.html"))) == 3
     assert (tmp_path / "r" / "04_markov_attribution.html").is_file()
     unknown = CliRunner().invoke(
         app,
@@ -145,17 +147,17 @@ def test_lab_command_is_loopback_with_a_token():
 
 
 def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportResult):
-    """The findings table's speedups are compute_window_scaling's on the shipped tier."""
+    """The findings table's speedups are compute_window_scaling's on the report's runs (the
+    test report reads only its tiny runs: SHIPPED is off)."""
     from dsparklab.analysis import compute_window_scaling
-    from dsparklab.notebook import SHIPPED_TRACES, load_runs
+    from dsparklab.notebook import load_runs
 
     index = report.index.read_text(encoding="utf-8")
     assert index.index('id="findings"') < index.index("<h2>Notebooks</h2>")
-    runs = load_runs(SHIPPED_TRACES)
+    assert "Findings (tiny tier)" in index and 'id="seeds-answer"' in index
+    runs = load_runs(report.runs)
     scaling = compute_window_scaling(runs.steps, by=("method", "dataset"), n_boot=0)
-    row = scaling[(scaling["method"] == "dspark")].sort_values(["dataset", "n"]).iloc[-1]
-    assert f"{row['speedup']:.2f}x [" in index
-    assert (
-        "published"
-        in (report.out / "figures" / "findings" / "survival_vs_published.html").read_text()
-    )
+    for row in scaling[scaling["method"] != "none"].to_dict("records"):
+        assert f"<td>{row['speedup']:.2f}x [" in index, row
+    page = report.out / "figures" / "findings" / "survival_vs_published.html"
+    assert "published: " in page.read_text(encoding="utf-8")
