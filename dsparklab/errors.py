@@ -8,6 +8,10 @@ from pathlib import Path
 class DSparkLabError(Exception):
     """Base class of every error dsparklab raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (a notebook cell) shows instead of a traceback: the one line."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 class TraceSchemaError(DSparkLabError, ValueError):
     """A trace file breaks the trace contract (see dsparklab/store/schema.py)."""

@@ -36,6 +36,9 @@ from dsparklab.report.html import export_html
 logger = logging.getLogger(__name__)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+# A notebook whose metadata holds {"dsparklab": {"granularity": "any"}} reads runs of any
+# granularity; the others need token-level runs (per drafted position).
+ANY_GRANULARITY = "any"
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 KERNEL_NAME = "python3"
 
@@ -56,6 +59,7 @@ class NotebookResult:
     error: str | None = None
     figures: list[str] = field(default_factory=list)
     n_plotly_outputs: int = 0
+    skipped: str | None = None  # why the notebook was not run (not a failure)
 
     @property
     def ok(self) -> bool:
@@ -216,10 +220,24 @@ def build_report(
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sources = discover_notebooks(notebooks_dir, names)
+    from dsparklab.report.index import run_roots
+
+    token_runs = _has_token_runs(run_roots(runs_path, dict(parameters or {})))
     results = []
     bar = tqdm(sources, desc="notebooks", unit="nb", disable=not progress)
     for source in bar:
         bar.set_postfix_str(source.stem)
+        if not token_runs and _granularity(source) != ANY_GRANULARITY:
+            results.append(
+                NotebookResult(
+                    name=source.stem,
+                    source=source,
+                    executed=out / "notebooks" / source.name,
+                    skipped="the runs hold no token-level rows (imported or live runs); "
+                    "the notebooks marked for any granularity show them",
+                )
+            )
+            continue
         figures_dir = out / "figures" / source.stem
         for stale in figures_dir.glob("*"):
             stale.unlink()
@@ -240,7 +258,6 @@ def build_report(
             logger.error("%s failed: %s (see %s)", source.stem, result.error, result.executed)
         results.append(result)
     from dsparklab.report.findings import FINDINGS_FIGURES, compute_findings
-    from dsparklab.report.index import run_roots
 
     findings_dir = out / "figures" / FINDINGS_FIGURES
     for stale in findings_dir.glob("*"):
@@ -271,6 +288,25 @@ def build_report(
     return report
 
 
+def _granularity(notebook: Path) -> str:
+    """The run granularity a notebook reads (its metadata), ``"token"`` by default."""
+    meta = json.loads(notebook.read_text(encoding="utf-8")).get("metadata", {})
+    return str((meta.get("dsparklab") or {}).get("granularity", "token"))
+
+
+def _has_token_runs(roots: Sequence[Path]) -> bool:
+    from dsparklab.store import list_runs
+
+    for root in roots:
+        try:
+            table = list_runs(root)
+        except DSparkLabError:
+            continue
+        if "granularity" not in table or (table["granularity"] == "token").any():
+            return True
+    return False
+
+
 def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> None:
     from dsparklab.provenance import hash_path, provenance
     from dsparklab.store import write_json_atomic
@@ -287,6 +323,7 @@ def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> N
                 "name": nb.name,
                 "ok": nb.ok,
                 "error": nb.error,
+                "skipped": nb.skipped,
                 "seconds": round(nb.seconds, 2),
                 "figures": nb.figures,
                 "html": nb.html.name if nb.html else None,

@@ -39,8 +39,9 @@ DEMO_TIER = "smol-live"
 DEMO_LIMIT = 4
 DEMO_MAX_NEW_TOKENS = 64
 # papermill parameters: fewer bootstrap replicates than a notebook's default keeps the
-# report within the demo's minutes; the point estimates do not depend on them
-DEMO_PARAMETERS: dict[str, Any] = {"N_BOOT": 200}
+# report within the demo's minutes (the point estimates do not depend on them); the live
+# runs' tier beside the shipped one (same target and tokenizer, so token views can mix them)
+DEMO_PARAMETERS: dict[str, Any] = {"N_BOOT": 200, "TIERS": ["smol", DEMO_TIER]}
 DEMO_MODELS: dict[str, str] = {
     "target": "smol-target",
     "dspark": "smol-dspark",

@@ -110,9 +110,11 @@ reached), before and after sequential temperature scaling:</p>
 {% for nb in notebooks %}
 <tr><td>{% if nb.html %}<a href="{{ nb.html }}">{{ nb.name }}</a>{% else %}{{ nb.name }}
 {% endif %}</td>
+{% if nb.skipped %}<td>skipped: {{ nb.skipped }}</td>{% else %}
 <td class="{{ 'ok' if nb.ok else 'failed' }}">{{ 'ok' if nb.ok else 'failed: ' ~ nb.error }}</td>
+{% endif %}
 <td>{{ "%.1f"|format(nb.seconds) }} s</td><td>{{ nb.n_figures }}</td>
-<td><a href="{{ nb.executed }}">.ipynb</a></td></tr>
+<td>{% if nb.executed %}<a href="{{ nb.executed }}">.ipynb</a>{% endif %}</td></tr>
 {% endfor %}
 </table>
 
@@ -233,7 +235,8 @@ def write_index(
             "error": nb.error,
             "seconds": nb.seconds,
             "html": rel(nb.html) if nb.html else None,
-            "executed": rel(nb.executed),
+            "executed": rel(nb.executed) if nb.executed.is_file() else None,
+            "skipped": nb.skipped,
             "n_figures": nb.n_plotly_outputs,
         }
         for nb in report.notebooks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparklab.report.demo import DEMO_TIER, run_demo
+from dsparklab.report.demo import DEMO_PARAMETERS, DEMO_TIER, run_demo
 from dsparklab.store import list_runs, validate_trace
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
@@ -23,7 +23,7 @@ def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
         max_new_tokens=16,
         ns=(3,),
         datasets=("gsm8k",),
-        parameters={"N_BOOT": 50},
+        parameters={**DEMO_PARAMETERS, "N_BOOT": 50},
         png=False,
         progress=False,
     )

@@ -161,3 +161,32 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
         assert f"<td>{row['speedup']:.2f}x [" in index, row
     page = report.out / "figures" / "findings" / "survival_vs_published.html"
     assert "published: " in page.read_text(encoding="utf-8")
+
+
+def test_report_on_imported_runs_only_skips_the_token_notebooks(tmp_path: Path):
+    """`dsparklab import` output alone: the token-level notebooks are skipped with the
+    reason, the imported/live notebook runs, nothing fails."""
+    from dsparklab.errors import DSparkLabError
+
+    fixtures = Path(__file__).resolve().parents[1] / "unit" / "importers" / "fixtures"
+    runs = tmp_path / "runs"
+    before, after = fixtures / "vllm_metrics_before.prom", fixtures / "vllm_metrics_after.prom"
+    made = CliRunner().invoke(
+        app, ["import", "vllm-metrics", str(before), str(after), "--out", str(runs)]
+    )
+    assert made.exit_code == 0, made.output
+    report = build_report(
+        runs, tmp_path / "r", parameters={"SHIPPED": False}, png=False, progress=False
+    )
+    status = {
+        nb.name: ("skipped" if nb.skipped else "ok" if nb.ok else "failed")
+        for nb in report.notebooks
+    }
+    assert status.pop("06_imported_and_live") == "ok"
+    assert set(status.values()) == {"skipped"}
+    index = report.index.read_text(encoding="utf-8")
+    assert "skipped: the runs hold no token-level rows" in index
+    # in a notebook cell a dsparklab error shows as its one line, not a traceback
+    assert DSparkLabError("file x: field y: bad")._render_traceback_() == [
+        "DSparkLabError: file x: field y: bad"
+    ]
