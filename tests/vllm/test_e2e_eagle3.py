@@ -11,7 +11,7 @@ with per-request spec-decode metrics on. Checked:
 - per-position acceptance counts equal the CPU reference engine's Eagle3 run on the same
   prompts (differing steps are logged and listed in the failure message). Outputs must be
   identical too; where they are not, the first divergence must be a float near-tie of the
-  target (top-2 logit gap < 1e-3 in float64, DESIGN.md "Losslessness in practice"), and
+  target (top-2 logit gap < 1e-3 in float64, docs/method.md "Verification"), and
   only requests with identical outputs enter the acceptance comparison.
 """
 
