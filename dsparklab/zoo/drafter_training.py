@@ -377,13 +377,14 @@ def _run_stage(
     """Train by the plan (snapshots at its milestones), save to ``out``, fill ``report``."""
     cfg, snapshot_dir, out = settings.cfg, settings.snapshot_dir, settings.out
     plan = settings.plan or LoopPlan(steps=cfg.steps)
-    snapshots: dict[int, str] = {}
+
+    def snapshot(tokens: int) -> Path | None:
+        return None if snapshot_dir is None else snapshot_dir / f"{out.name}-{tokens}"
 
     def on_milestone(tokens: int) -> None:
-        if snapshot_dir is not None:
-            path = snapshot_dir / f"{out.name}-{tokens}"
+        path = snapshot(tokens)
+        if path is not None:
             save(path)
-            snapshots[tokens] = str(path)
 
     stream = BatchStream(settings.data, cfg.sequences_per_step, cfg.seed)
     losses, last, summary = _train_loop(
@@ -403,6 +404,12 @@ def _run_stage(
     report.loss_first, report.loss_last = losses[0], _smoothed(losses)
     report.extra["last_step_metrics"] = {k: round(v, 4) for k, v in last.items()}
     report.extra.update(summary)
+    # from disk: a resumed run took its earlier snapshots in another process
+    snapshots = {
+        tokens: str(path)
+        for tokens in plan.milestones
+        if (path := snapshot(tokens)) is not None and (path / "config.json").is_file()
+    }
     if snapshots:
         report.extra["snapshots"] = snapshots
 
