@@ -23,6 +23,7 @@ import pandas as pd
 
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
 from dsparklab.analysis.acceptance import (
+    _empty_by_position,
     compute_acceptance_by_position,
     compute_acceptance_length,
     count_acceptance,
@@ -133,7 +134,7 @@ def compute_rate_acceptance(
     if "run_id" not in frame.columns:
         frame = frame.assign(run_id="run")
     if frame.empty:
-        return _empty_rates(by)
+        return _empty_by_position(by)
     per_run = []
     for _, run in frame.groupby("run_id", sort=True):
         run = run.sort_values("position")
@@ -176,25 +177,7 @@ def compute_rate_acceptance(
         result[name] = pd.array([pd.NA] * len(result), dtype="Int64")
     for name in ("accept_rate_lo", "accept_rate_hi", "survival_lo", "survival_hi"):
         result[name] = np.nan
-    return result[[*_empty_rates(by).columns, "n_runs"]]
-
-
-def _empty_rates(by: tuple[str, ...]) -> pd.DataFrame:
-    cols = [
-        *by,
-        "position",
-        "n_drafted",
-        "n_reached",
-        "n_accepted",
-        "accept_rate",
-        "accept_rate_lo",
-        "accept_rate_hi",
-        "survival",
-        "survival_lo",
-        "survival_hi",
-        "n_requests",
-    ]
-    return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
+    return result[[*_empty_by_position(by).columns, "n_runs"]]
 
 
 def _count_pieces(
