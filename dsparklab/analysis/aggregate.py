@@ -437,20 +437,20 @@ def compute_acceptance_over_time(
     keys = [*by, "interval"]
     rows = counters[(counters["scope"] == "interval") & counters["n_accepted"].notna()]
     times = totals[totals["scope"] == "interval"]
+    cols = [
+        *keys,
+        "position",
+        "t_start",
+        "t_end",
+        "t_mid_s",
+        "num_drafts",
+        "n_reached",
+        "n_accepted",
+        "accept_rate",
+        "survival",
+        "accept_len",
+    ]
     if rows.empty or times.empty:
-        cols = [
-            *keys,
-            "position",
-            "t_start",
-            "t_end",
-            "t_mid_s",
-            "num_drafts",
-            "n_reached",
-            "n_accepted",
-            "accept_rate",
-            "survival",
-            "accept_len",
-        ]
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
     joined = rows.merge(
         times[[*keys, "t_start", "t_end", "num_drafts"]], on=keys, how="left", sort=True
@@ -477,19 +477,6 @@ def compute_acceptance_over_time(
     mid = (joined["t_start"] + joined["t_end"]) / 2.0 - first
     # scrapes imported from files carry no times: the interval index stands in
     joined["t_mid_s"] = mid.fillna(joined["interval"].astype(float) + 0.5)
-    cols = [
-        *keys,
-        "position",
-        "t_start",
-        "t_end",
-        "t_mid_s",
-        "num_drafts",
-        "n_reached",
-        "n_accepted",
-        "accept_rate",
-        "survival",
-        "accept_len",
-    ]
     return joined[cols].sort_values([*keys, "position"]).reset_index(drop=True)
 
 
