@@ -30,10 +30,10 @@ AUX_LAYERS = (3, 16, 28)
 class TrainBudgetConfig(_Frozen):
     """What both drafters get alike: data, wall time, learning-curve snapshots."""
 
-    # 60 minutes: both drafters train at once (one core each), so the recipe, the card
+    # 45 minutes: both drafters train at once (one core each), so the recipe, the card
     # evaluation and the decode-time traces fit one working session on this machine.
     minutes: float | None = Field(
-        default=60.0,
+        default=45.0,
         description="training wall minutes per drafter (same for both); None: fixed steps",
     )
     draft_vocab_size: int = Field(
