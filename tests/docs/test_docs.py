@@ -1,0 +1,148 @@
+"""The project's own docs: links resolve, the trace contract matches the schema, every
+metric is documented, the how-tos' code runs, and nothing cites a file outside the
+repository."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsparklab import analysis
+from dsparklab.store.schema import ALL_TABLES
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#+\s+(.*)$", re.M)
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(h) for h in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8")))}
+
+
+def _markdown_sources() -> list[tuple[Path, str]]:
+    sources = [(p, p.read_text(encoding="utf-8")) for p in [ROOT / "README.md", *PAGES]]
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        sources.append((notebook, text))
+    return sources
+
+
+def test_docs_exist() -> None:
+    names = {p.name for p in PAGES}
+    assert {
+        "index.md",
+        "method.md",
+        "trace-contract.md",
+        "acceptance-definitions.md",
+        "metrics.md",
+        "vllm-plugin.md",
+        "howto-trace-vllm-serve.md",
+        "howto-report.md",
+        "howto-compare-runs.md",
+    } <= names
+    indexed = set(LINK.findall((DOCS / "index.md").read_text(encoding="utf-8")))
+    assert {p.name for p in PAGES} - {"index.md"} <= indexed, "a page missing from index.md"
+
+
+@pytest.mark.parametrize("source", _markdown_sources(), ids=lambda s: s[0].name)
+def test_relative_links_resolve(source: tuple[Path, str]) -> None:
+    path, text = source
+    broken = []
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked offline
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: no heading #{anchor}")
+        elif not linked.is_relative_to(ROOT):
+            broken.append(f"{target}: outside the repository")
+    assert not broken, f"{path.name}: {broken}"
+
+
+def _documented_columns() -> dict[str, list[str]]:
+    """Column names per table, from the contract's '## name' / '### name' tables."""
+    text = (DOCS / "trace-contract.md").read_text(encoding="utf-8")
+    columns: dict[str, list[str]] = {}
+    table = None
+    for line in text.splitlines():
+        heading = re.match(r"^#{2,3}\s+(\w+)\s*$", line)
+        if heading:
+            table = heading.group(1) if heading.group(1) in ALL_TABLES else None
+        elif table and (row := re.match(r"^\| `(\w+)` \| ([\w<>]+) \|", line)):
+            columns.setdefault(table, []).append(row.group(1))
+    return columns
+
+
+def test_trace_contract_matches_schema() -> None:
+    documented = _documented_columns()
+    assert set(documented) == set(ALL_TABLES)
+    for table, schema in ALL_TABLES.items():
+        assert documented[table] == schema.names, table
+
+
+def test_trace_contract_types_and_nulls_match_schema() -> None:
+    text = (DOCS / "trace-contract.md").read_text(encoding="utf-8")
+    for table, schema in ALL_TABLES.items():
+        section = re.search(rf"^#{{2,3}} {table}\n(.*?)(?=^#)", text + "\n#", re.M | re.S)
+        assert section, table
+        rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| (yes|no) \|", section.group(1), re.M)
+        for name, type_name, nullable in rows:
+            field = schema.field(name)
+            expected = str(field.type).replace("list<item: int32>", "list<int32>")
+            expected = {"float": "float32", "double": "float64"}.get(expected, expected)
+            assert type_name.strip() == expected, (table, name)
+            assert (nullable == "yes") == field.nullable, (table, name)
+
+
+def test_every_public_metric_is_documented() -> None:
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    public = [name for name in analysis.__all__ if name.startswith("compute_")]
+    assert public
+    missing = [name for name in public if f"`{name}" not in text]
+    assert not missing, f"docs/metrics.md does not document {missing}"
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("howto-*.md")), ids=lambda p: p.name)
+def test_howto_python_runs(page: Path, tmp_path: Path) -> None:
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
+    for code in blocks:
+        script = tmp_path / "snippet.py"
+        script.write_text(code, encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, f"{page.name}: {done.stderr[-2000:]}"
+        assert done.stdout.strip(), f"{page.name}: the snippet printed nothing"
+
+
+def test_nothing_shipped_cites_outside_the_repository() -> None:
+    outside = ("DESIGN" + ".md", "../" + "shared")
+    shipped = [ROOT / "README.md", *PAGES]
+    for folder, pattern in (("dsparklab", "*.py"), ("notebooks", "*.ipynb"), ("tests", "*.py")):
+        shipped += sorted((ROOT / folder).rglob(pattern))
+    offenders = [
+        f"{p.relative_to(ROOT)}: {word}"
+        for p in shipped
+        for word in outside
+        if word in p.read_text(encoding="utf-8")
+    ]
+    assert not offenders, offenders
