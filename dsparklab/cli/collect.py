@@ -17,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 
-from dsparklab.cli.app import app
 from dsparklab.errors import UnknownMethodError
 
 ENGINES: dict[str, str] = {
@@ -38,7 +37,6 @@ def engine_collector(name: str) -> Callable[..., Path]:
     return getattr(importlib.import_module(module), function)
 
 
-@app.command()
 def collect(
     engine: Annotated[str, typer.Option(help=f"Engine: {', '.join(sorted(ENGINES))}.")] = (
         "reference"

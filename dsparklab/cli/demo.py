@@ -8,10 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dsparklab.cli.app import app
 
-
-@app.command()
 def demo(
     runs: Annotated[
         Path | None, typer.Option(help="Where the demo runs go [default: <repo>/runs/demo].")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dsparklab.cli.app import app, fail
+from dsparklab.cli.common import fail
 
 
 def _formats() -> str:
@@ -16,7 +16,6 @@ def _formats() -> str:
     return ", ".join(FORMATS)
 
 
-@app.command(name="import")
 def import_command(
     fmt: Annotated[
         str,
@@ -62,7 +61,6 @@ def import_command(
         )
     except DSparkLabError as err:  # bad input: one line, exit 2, nothing written
         fail(str(err))
-        return
     written = {str(p) for p in result.written}
     for run in runs:
         path = out / run.name
@@ -78,7 +76,6 @@ def import_command(
     typer.echo(f"{len(result.written)} runs written, {len(result.skipped)} already there")
 
 
-@app.command()
 def watch(
     metrics_url: Annotated[
         str,

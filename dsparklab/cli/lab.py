@@ -7,10 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dsparklab.cli.app import app
 
-
-@app.command()
 def lab(
     runs: Annotated[
         Path | None,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsparklab.cli.app import app, fail
+from dsparklab.cli.common import fail
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -28,7 +28,6 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     return params
 
 
-@app.command()
 def report(
     runs: Annotated[
         Path, typer.Option(help="A directory of run directories (e.g. runs/demo).")

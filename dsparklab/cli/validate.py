@@ -1,0 +1,24 @@
+"""`dsparklab validate`: check runs against the trace contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def validate(
+    path: Path = typer.Argument(..., help="A run directory or a directory of runs."),
+) -> None:
+    """Check runs against the trace contract; exit 2 on any violation."""
+    from dsparklab.store import validate_trace
+
+    reports = validate_trace(path)
+    for report in reports:
+        typer.echo(report.summary())
+        for violation in report.violations:
+            typer.echo(f"  {violation}")
+    bad = sum(not r.ok for r in reports)
+    typer.echo(f"{len(reports)} runs: {len(reports) - bad} valid, {bad} invalid")
+    if bad:
+        raise typer.Exit(code=2)
