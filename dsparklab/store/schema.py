@@ -39,7 +39,7 @@ PART_PREFIX = "part-"
 PART_SUFFIX = ".parquet"
 TEMP_SUFFIX = ".tmp"
 
-STATUSES = ("running", "complete", "failed")
+STATUSES = ("running", "complete", "incomplete", "failed")
 METHODS = ("dspark", "eagle3", "none")
 
 STEPS_SCHEMA = pa.schema(

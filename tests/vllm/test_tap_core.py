@@ -430,3 +430,91 @@ def test_benchmark_refuses_without_cuda(capsys) -> None:
         pytest.skip("CUDA present: the refusal path does not apply")
     assert _benchmark_module().main([]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+# A writer that stops at SIGKILL, the way `vllm serve` ends its engine process at shutdown:
+# it records request "a" (two draft steps) with the flush thread on, then, by mode,
+#   inflight: is killed once a part is on disk, "a" still running;
+#   settled:  is told "a" finished, waits for the settled marker, is killed;
+#   busy:     settles, then gets a new request "b" (the marker must go), is killed.
+_KILLED_WRITER = """
+import os, signal, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from test_tap_core import N, _ring, _slot
+from dsparklab.engines.vllm import runs
+from dsparklab.engines.vllm.recorder import SETTLED_MARKER, TraceRecorder
+from dsparklab.store import TraceWriter, new_run_json
+
+run, mode = Path(sys.argv[1]), sys.argv[2]
+meta = new_run_json(
+    run_id="t", engine={"name": "vllm"}, method="eagle3", num_speculative_tokens=N,
+    target={"name": "t"}, drafter=None, dataset="d", sampling={},
+    config={"pid": os.getpid(), "ancestor_pids": runs.ancestor_pids()},
+)
+rec = TraceRecorder(
+    N, dataset="d", writer=TraceWriter(run, meta, flush_seconds=0.2), flush_seconds=0.2
+)
+ring = _ring()
+rec.start_requests(["a"])
+rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
+rec.stage(_slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7]))
+rec.stage(_slot(ring, ["a"], [[7, 8, 9]], sampled=[2], rejected=[2], seq=[11], last=[5]))
+
+
+def wait_for(done):
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+if mode == "inflight":
+    wait_for(lambda: any((run / "steps").glob("part-*.parquet")))
+else:
+    rec.finish_requests(["a"])
+    wait_for((run / SETTLED_MARKER).is_file)
+    if mode == "busy":
+        rec.start_requests(["b"])
+        assert not (run / SETTLED_MARKER).exists()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"),
+    [("inflight", "incomplete"), ("settled", "complete"), ("busy", "incomplete")],
+)
+def test_killed_writer_is_closed_from_its_settled_state(
+    tmp_path: Path, mode: str, status: str
+) -> None:
+    """A SIGKILLed writer's run is closed by an ancestor: complete only if it had settled."""
+    import subprocess
+
+    from dsparklab.engines.vllm import runs
+    from dsparklab.engines.vllm.recorder import SETTLED_MARKER
+    from dsparklab.store import read_run_json
+
+    run = tmp_path / "taps" / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(run), mode, str(Path(__file__).parent)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -9, stderr[-3000:]
+    assert read_run_json(run)["status"] == "running"
+    closed = runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0)
+    assert closed == {str(run): status}
+    meta = read_run_json(run)
+    assert meta["status"] == status and meta["ended"]["writer_pid"] == proc.pid
+    assert not (run / SETTLED_MARKER).exists()
+    # every step recorded before the kill was written and stays readable
+    steps = read_trace(run, "steps")
+    assert steps["accepted_len"].tolist() == [2, 1], steps
+    assert meta["rows"]["steps"] == 2 and meta["parts"]["steps"] >= 1
+    (report,) = validate_trace(run)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.complete == (status == "complete")
+    # closing again changes nothing
+    assert runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}

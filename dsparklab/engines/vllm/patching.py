@@ -218,6 +218,7 @@ def install(config: TapConfig) -> list[str]:
     other patches go in. Raises :class:`UnsupportedVLLMError` when nothing can be patched.
     """
     runs.STATE.config = config
+    runs.watch_trace_dir(config.trace_dir)
     if STATE.originals:
         return sorted(STATE.missing)
     version = vllm_version()

@@ -17,12 +17,23 @@ bonus/correction token at position ``accepted``, null after it.
 Slots are read only when their device event has completed (never blocking the draft
 step); a background thread does that every ``flush_seconds`` and writes parquet parts
 through :class:`dsparklab.store.TraceWriter`, the only way rows reach the disk.
+
+How a run ends (``run.json`` status): a recorder whose every request has finished, with
+every slot processed, writes its rows and run.json at once and leaves an empty marker
+file (:data:`SETTLED_MARKER`) in the run directory; the first request scheduled after
+that removes the marker (one ``unlink``) before anything of it is recorded. A run closed
+while settled is ``complete``; with requests in flight, queued slots or unwritten rows
+it is ``incomplete`` (every row already recorded is written first). vLLM's server
+force-kills its engine process at shutdown, so a process that outlives the writer closes
+the run from the marker instead (:func:`close_run_of_dead_writer`): settled means
+``complete``, anything else ``incomplete``, never the other way round.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -34,10 +45,15 @@ from typing import Any
 
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
 from dsparklab.engines.vllm.metrics import DraftStats
-from dsparklab.store import TraceWriter
+from dsparklab.store import TraceWriter, read_run_json
+from dsparklab.store.schema import PART_PREFIX, PART_SUFFIX, RUN_JSON, TABLES
+from dsparklab.store.writer import utc_now, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
+# In a run directory while its recorder is settled: every request finished, every row
+# and run.json written.
+SETTLED_MARKER = ".settled"
 # vLLM appends "-" + 8 random hex characters to the caller's request id.
 _INTERNAL_SUFFIX = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 
@@ -110,6 +126,9 @@ class TraceRecorder:
         self._pending: dict[str, PendingDraft] = {}
         self._step_count: dict[str, int] = {}
         self._seen: set[str] = set()
+        # requests vLLM scheduled and has not yet reported finished (internal ids)
+        self._active: set[str] = set()
+        self._settled = False  # the marker is on disk (changed under _qlock)
         # (slot watermark, request ids, forget the request entirely)
         self._finished: list[tuple[int, set[str], bool]] = []
         self._seq_staged = 0
@@ -134,6 +153,8 @@ class TraceRecorder:
                 if release is not None:
                     release(slot)
                 return
+            if self._settled:
+                self._unsettle()
             self._seq_staged += 1
             slot.meta["seq"] = self._seq_staged
             self._queue.append((slot, release))
@@ -168,6 +189,28 @@ class TraceRecorder:
                 self._retire_finished()
             self._retire_finished()
         return done
+
+    def start_requests(self, request_ids: Iterable[str]) -> None:
+        """Requests vLLM scheduled for the first time: in flight until finished."""
+        ids = set(request_ids)
+        if not ids:
+            return
+        with self._qlock:
+            if self._settled:
+                self._unsettle()
+            self._active |= ids
+
+    def _unsettle(self) -> None:
+        """Remove the settled marker (called under ``_qlock``, before recording more)."""
+        self._settled = False
+        if self.run_dir is not None:
+            (self.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
+
+    def in_flight(self) -> set[str]:
+        """Requests scheduled or recorded and not yet reported finished."""
+        with self._qlock:
+            active = set(self._active)
+        return active | set(self._pending) | set(self._step_count)
 
     def finish_requests(self, request_ids: Iterable[str], *, forget: bool = True) -> None:
         """Requests that left the batch: drop their pending drafts once queued slots are read.
@@ -328,6 +371,8 @@ class TraceRecorder:
                     if forget:
                         self._step_count.pop(req_id, None)
                         self._seen.discard(req_id)
+                        with self._qlock:
+                            self._active.discard(req_id)
             else:
                 keep.append((watermark, ids, forget))
         with self._qlock:
@@ -356,10 +401,30 @@ class TraceRecorder:
                         assert self.writer is not None
                         self.writer.flush()
                         self._last_write = now
+                    self._settle()
             except Exception:  # fail open: the engine keeps running, tracing stops
                 logger.exception("dsparklab: trace flush failed; tracing disabled")
                 self.fail("flush failed")
                 return
+
+    def _settle(self) -> None:
+        """Write everything and leave the marker once no request is in flight (under _lock)."""
+        if self._settled or not self._writer_open or self.writer is None:
+            return
+        with self._qlock:
+            if self._queue or self._finished:
+                return
+            seq = self._seq_staged
+        if self.in_flight():
+            return
+        self.writer.update_meta(tap_stats=self.stats.as_dict())
+        self.writer.checkpoint()
+        self._last_write = time.monotonic()
+        with self._qlock:
+            # nothing staged or scheduled meanwhile: start_requests/stage wait for this
+            if seq == self._seq_staged and not self._active and not self._queue:
+                (self.writer.run_dir / SETTLED_MARKER).touch()
+                self._settled = True
 
     def drain(self) -> None:
         """Wait for and process every queued slot, then write buffered rows."""
@@ -370,24 +435,55 @@ class TraceRecorder:
                 self.writer.flush()
 
     def close(self, *, status: str = "complete") -> None:
-        """Drain, write run.json with the final status and stop the flush thread."""
+        """Drain, write run.json with the final status and stop the flush thread.
+
+        A status other than ``complete`` still writes every row already recorded.
+        """
         with self._lock:
             if self.closed:
                 return
             try:
                 if status == "complete":
                     self.process_ready(block=True)
+            except BaseException:
+                status = "incomplete"  # slots left unprocessed: never complete
+                raise
             finally:
                 self.closed = True
                 self._stop.set()
                 if self.writer is not None:
-                    self.writer.update_meta(tap_stats=self.stats.as_dict())
-                    if self.failed:
-                        self.writer.update_meta(error=self.failed)
-                    if not self._writer_open:
-                        self.writer.__enter__()
-                        self._writer_open = True
-                    self.writer.close(status=status)
+                    self._close_writer(status)
+
+    def end(self) -> str:
+        """Close at the end of the process: ``complete`` when every request finished and
+        every slot was processed, else ``incomplete``; returns the status."""
+        with self._lock:
+            if self.closed:
+                return "closed"
+            status = "incomplete"
+            try:
+                self.process_ready(block=True)
+                if not self.queued() and not self.in_flight():
+                    status = "complete"
+            finally:
+                self.close(status=status)
+        return status
+
+    def _close_writer(self, status: str) -> None:
+        assert self.writer is not None
+        self.writer.update_meta(tap_stats=self.stats.as_dict())
+        if self.failed:
+            self.writer.update_meta(error=self.failed)
+        if not self._writer_open:
+            self.writer.__enter__()
+            self._writer_open = True
+        if status != "complete":
+            try:  # keep what was recorded (a failing flush is why it failed: give up)
+                self.writer.flush()
+            except Exception:
+                logger.exception("dsparklab: writing the last rows of %s failed", self.run_dir)
+        self.writer.close(status=status)
+        (self.writer.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
 
     def fail(self, reason: str) -> None:
         """Stop recording and mark the run failed (rows already written are kept)."""
@@ -419,9 +515,71 @@ class TraceRecorder:
         }
 
 
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs: kill(0) is all we know
+        return True
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _table_files(run_dir: Path) -> dict[str, list[Path]]:
+    return {
+        table: sorted((run_dir / table).glob(f"{PART_PREFIX}*{PART_SUFFIX}")) for table in TABLES
+    }
+
+
+def close_run_of_dead_writer(run_dir: Path, *, closed_by: str) -> str | None:
+    """Close a ``running`` tap run whose writing process has exited without closing it.
+
+    ``complete`` when the writer had settled (:data:`SETTLED_MARKER`: every request
+    finished, every row written), ``incomplete`` otherwise. Returns the status set, or
+    None when the run is not ``running`` or its writer is still alive. Rows are left as
+    they are; run.json's part and row counts are taken from the finished parts.
+    """
+    import pyarrow.parquet as pq
+
+    meta = read_run_json(run_dir)
+    pid = (meta.get("config") or {}).get("pid")
+    if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
+        return None
+    marker = run_dir / SETTLED_MARKER
+    settled = marker.is_file()
+    status = "complete" if settled else "incomplete"
+    files = _table_files(run_dir)
+    meta.update(
+        status=status,
+        finished_at=utc_now(),
+        parts={table: len(parts) for table, parts in files.items()},
+        rows={
+            table: sum(pq.read_metadata(p).num_rows for p in parts)
+            for table, parts in files.items()
+        },
+        ended={
+            "closed_by": closed_by,
+            "writer_pid": pid,
+            "reason": "the writer had settled: every request finished, every row written"
+            if settled
+            else "the writer ended with requests in flight or rows not yet written",
+        },
+    )
+    write_json_atomic(run_dir / RUN_JSON, meta)
+    marker.unlink(missing_ok=True)
+    return status
+
+
 __all__ = [
+    "SETTLED_MARKER",
     "PendingDraft",
     "StepRows",
     "TraceRecorder",
+    "close_run_of_dead_writer",
     "external_request_id",
 ]

@@ -3,7 +3,16 @@
 vLLM loads the plugin in every process it starts; each writing process keeps its
 recorders here, closes them at exit (``atexit`` for the main process, a multiprocessing
 finalizer for vLLM's engine core and workers, which leave through ``os._exit``), and
-forwards the requests vLLM finishes or preempts so their pending drafts are dropped.
+forwards the requests vLLM schedules, finishes or preempts (a run is in flight until
+every scheduled request finished; finished or preempted requests drop their pending
+drafts). At exit a run is ``complete`` when nothing was in flight, else ``incomplete``.
+
+``vllm serve`` force-kills its engine process right after SIGTERM on Ctrl-C or a
+supervisor's stop (``--shutdown-timeout 0``, the default), before any exit hook there
+runs. So every process that installed the taps also watches its trace directory: at its
+own exit it closes the ``running`` runs written by its descendants that have exited
+(:func:`close_runs_of_dead_descendants`), ``complete`` only if the writer had settled
+(see :mod:`~dsparklab.engines.vllm.recorder`).
 
 What a run.json written here records beside the common fields (``speculative``):
 vLLM's ``draft_sample_method``, ``rejection_sample_method`` (with the synthetic rates or
@@ -19,6 +28,7 @@ import logging
 import multiprocessing.util
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,10 +38,11 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.config import TapConfig
-from dsparklab.engines.vllm.recorder import TraceRecorder
+from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_writer
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
-from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.schema import RUN_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +68,9 @@ class RunState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     atexit_registered: bool = False
     run_counter: int = 0
+    # trace directories whose runs this process closes for exited descendants, at exit
+    watched: set[Path] = field(default_factory=set)
+    watcher_pid: int | None = None
 
 
 STATE = RunState()
@@ -100,9 +114,81 @@ def close_worker(worker: Any = None, *, status: str = "complete") -> list[str]:
 def _close_all_at_exit() -> None:
     for rec in live_recorders():
         try:
-            rec.close()
+            rec.end()
         except Exception:  # interpreter shutdown: nothing else to do
             logger.exception("dsparklab: closing the tap trace at exit failed")
+
+
+def ancestor_pids(pid: int | None = None, *, depth: int = 8) -> list[int]:
+    """Parent, grandparent, ... of ``pid`` (this process) up to ``depth`` levels.
+
+    Read from ``/proc``; where there is none, just the parent of this process.
+    """
+    pid = os.getpid() if pid is None else pid
+    out: list[int] = []
+    for _ in range(depth):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return out or ([os.getppid()] if pid == os.getpid() else [])
+        pid = int(stat.rpartition(")")[2].split()[1])
+        if pid <= 1:
+            break
+        out.append(pid)
+    return out
+
+
+def close_runs_of_dead_descendants(
+    trace_dir: Path, *, ancestor: int | None = None, wait_s: float = 10.0
+) -> dict[str, str]:
+    """Close the ``running`` runs below ``trace_dir`` whose writers descend from ``ancestor``
+    (this process) and have exited; returns ``{run_dir: status}``.
+
+    A writer still alive gets up to ``wait_s`` seconds to exit (and close its run itself).
+    """
+    ancestor = os.getpid() if ancestor is None else ancestor
+    mine = []
+    for run_json in sorted(trace_dir.glob(f"*/{RUN_JSON}")) if trace_dir.is_dir() else []:
+        try:
+            meta = read_run_json(run_json.parent)
+        except DSparkLabError:
+            continue
+        config = meta.get("config") or {}
+        if meta["status"] == "running" and ancestor in (config.get("ancestor_pids") or ()):
+            mine.append(run_json.parent)
+    closed: dict[str, str] = {}
+    deadline = time.monotonic() + wait_s
+    while mine:
+        for run_dir in list(mine):
+            status = close_run_of_dead_writer(run_dir, closed_by=f"dsparklab in pid {ancestor}")
+            if status is not None or read_run_json(run_dir)["status"] != "running":
+                mine.remove(run_dir)
+            if status is not None:
+                closed[str(run_dir)] = status
+                logger.info("dsparklab: %s closed as %s (its writer had exited)", run_dir, status)
+        if not mine or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return closed
+
+
+def watch_trace_dir(trace_dir: Path) -> None:
+    """At this process's exit, close the runs its exited descendants left below ``trace_dir``."""
+    with STATE.lock:
+        STATE.watched.add(trace_dir)
+        if STATE.watcher_pid != os.getpid():
+            STATE.watcher_pid = os.getpid()
+            atexit.register(_close_watched_at_exit)
+
+
+def _close_watched_at_exit() -> None:
+    if STATE.watcher_pid != os.getpid():  # a forked child inherited the hook
+        return
+    for trace_dir in sorted(STATE.watched):
+        try:
+            close_runs_of_dead_descendants(trace_dir)
+        except Exception:  # interpreter shutdown: nothing else to do
+            logger.exception("dsparklab: closing the runs below %s failed", trace_dir)
 
 
 def _parallel_ranks(vllm_config: Any) -> tuple[int, int]:
@@ -197,7 +283,7 @@ def new_recorder(
             "tensor_parallel_rank": tp,
             "data_parallel_rank": dp,
         },
-        config={"taps": config.as_dict(), "pid": os.getpid()},
+        config={"taps": config.as_dict(), "pid": os.getpid(), "ancestor_pids": ancestor_pids()},
     )
     writer = TraceWriter(run_dir, run_json, flush_seconds=config.flush_seconds)
     rec = TraceRecorder(
@@ -254,14 +340,18 @@ def ended_request_ids(scheduler_output: Any) -> tuple[set[str], set[str]]:
 
 
 def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Forward finished and preempted request ids to the recorders (both model runners)."""
+    """Forward new, finished and preempted request ids to the recorders (both runners)."""
 
     @functools.wraps(original)
     def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         if STATE.recorders:
             try:
                 finished, preempted = ended_request_ids(scheduler_output)
-                for rec in live_recorders() if finished or preempted else ():
+                started = {
+                    str(r.req_id) for r in getattr(scheduler_output, "scheduled_new_reqs", ())
+                }
+                for rec in live_recorders() if finished or preempted or started else ():
+                    rec.start_requests(started)
                     rec.finish_requests(finished)
                     rec.finish_requests(preempted, forget=False)
             except Exception:
