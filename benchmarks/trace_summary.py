@@ -22,7 +22,7 @@ import pandas as pd
 
 from dsparklab.analysis import calibrate_confidence, compute_calibration, compute_window_scaling
 from dsparklab.engines.reference.bench import markdown_table
-from dsparklab.notebook import confidence_temperatures, load_runs
+from dsparklab.lab.notebook import confidence_temperatures, load_runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

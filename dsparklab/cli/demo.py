@@ -11,10 +11,10 @@ import typer
 
 def demo(
     runs: Annotated[
-        Path | None, typer.Option(help="Where the demo runs go [default: <repo>/runs/demo].")
+        Path | None, typer.Option(help="Where the demo runs go [default: runs/demo].")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Where the report goes [default: <repo>/reports/demo].")
+        Path | None, typer.Option(help="Where the report goes [default: reports/demo].")
     ] = None,
     limit: Annotated[
         int | None, typer.Option(help="Prompts per set [default: DEMO_LIMIT].")
@@ -36,7 +36,7 @@ def demo(
 
     The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
     """
-    from dsparklab.notebook import DEFAULT_RUNS
+    from dsparklab.lab.notebook import DEFAULT_RUNS
     from dsparklab.report.demo import (
         DEMO_LIMIT,
         DEMO_MAX_NEW_TOKENS,

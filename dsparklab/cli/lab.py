@@ -1,4 +1,4 @@
-"""`dsparklab lab`: JupyterLab on notebooks/, loopback only, with a token, runs selected."""
+"""`dsparklab lab`: JupyterLab on the notebooks, loopback only, with a token, runs selected."""
 
 from __future__ import annotations
 
@@ -7,21 +7,41 @@ from typing import Annotated
 
 import typer
 
+from dsparklab.cli.common import fail
+
 
 def lab(
     runs: Annotated[
         Path | None,
         typer.Option(help="Runs the notebooks read ($DSPARKLAB_RUNS); default runs/demo."),
     ] = None,
+    shipped: Annotated[
+        Path | None,
+        typer.Option(help="Shipped traces read beside them [default: data/traces if present]."),
+    ] = None,
+    notebooks: Annotated[
+        Path | None,
+        typer.Option(help="The notebooks directory [default: the notebooks dsparklab ships]."),
+    ] = None,
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
     open_browser: Annotated[bool, typer.Option(help="Open a web browser.")] = False,
 ) -> None:
     """Open JupyterLab on the notebooks; Ctrl-C stops it and its kernels."""
-    from dsparklab.notebook import resolve_runs
-    from dsparklab.report.lab import start_lab
+    from dsparklab.lab.notebook import resolve_runs, shipped_traces
+    from dsparklab.lab.server import start_lab
 
     runs_dir = resolve_runs(runs or "")
-    server = start_lab(runs_dir, port=port or None, open_browser=open_browser)
+    if shipped is not None and not shipped.is_dir():
+        fail(f"no shipped traces at {shipped}: no such directory")
+    if notebooks is not None and not notebooks.is_dir():
+        fail(f"no notebooks directory at {notebooks}")
+    server = start_lab(
+        runs_dir,
+        port=port or None,
+        root_dir=notebooks,
+        shipped=shipped if shipped is not None else shipped_traces(),
+        open_browser=open_browser,
+    )
     typer.echo(f"JupyterLab on the runs in {runs_dir}:\n  {server.url('lab')}")
     typer.echo(f"(log: {server.log}; Ctrl-C to stop)")
     try:

@@ -47,7 +47,18 @@ def report(
     ] = False,
     notebooks: Annotated[
         Path | None,
-        typer.Option(help="The notebooks directory [default: the repository's notebooks/]."),
+        typer.Option(help="The notebooks directory [default: the notebooks dsparklab ships]."),
+    ] = None,
+    shipped: Annotated[
+        Path | None,
+        typer.Option(
+            help="Shipped traces read beside the runs [default: data/traces if present; "
+            "--param SHIPPED=false leaves them out]."
+        ),
+    ] = None,
+    zoo: Annotated[
+        Path | None,
+        typer.Option(help="The zoo whose cards the findings read [default: data/zoo]."),
     ] = None,
 ) -> None:
     """Execute the notebooks with papermill, export offline HTML, figures and an index.
@@ -56,13 +67,14 @@ def report(
     so the report directory is self-contained (relative links, one shared plotly.min.js).
     """
     from dsparklab.report import build_report
-    from dsparklab.report.build import NOTEBOOKS_DIR
 
     result = build_report(
         runs,
         out,
-        notebooks_dir=notebooks or NOTEBOOKS_DIR,
+        notebooks_dir=notebooks,
         names=notebook or None,
+        shipped=shipped,
+        zoo_dir=zoo,
         parameters=parse_params(param or []),
         png=png,
         show_code=show_code,

@@ -11,7 +11,9 @@
 - :func:`resolve_runs`, :func:`load_runs`, :func:`load_any_runs` (runs of any
   granularity: imported and live ones too), :func:`load_published`, :func:`load_token_text`
   find the inputs: an empty ``RUNS`` parameter means ``$DSPARKLAB_RUNS`` (set by
-  ``dsparklab lab`` and ``dsparklab report``), else the demo runs.
+  ``dsparklab lab`` and ``dsparklab report``), else ``runs/demo``; the shipped traces are
+  ``$DSPARKLAB_SHIPPED``, else ``data/traces``. Relative paths are taken from the working
+  directory, never from where the package is installed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.errors import DSparkLabError, ProvenanceError, TraceSchemaError
+from dsparklab.lab.resources import PUBLISHED_CURVES, PUBLISHED_SPEEDUPS, published_file
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +42,11 @@ MIMETYPE = "application/vnd.dsparklab.record+json"
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
 RUNS_ENV = "DSPARKLAB_RUNS"
 HEADLESS_ENV = "DSPARKLAB_HEADLESS"
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_RUNS = REPO_ROOT / "runs" / "demo"
-PUBLISHED_CSV = REPO_ROOT / "data" / "published" / "published_kimi_dspark.csv"
-PUBLISHED_CURVES_CSV = REPO_ROOT / "data" / "published" / "published_position_curves.csv"
-SHIPPED_TRACES = REPO_ROOT / "data" / "traces"
-"""Traces committed with the repository (``data/traces/smol``: the smol tier's runs)."""
+SHIPPED_ENV = "DSPARKLAB_SHIPPED"
+DEFAULT_RUNS = Path("runs/demo")
+SHIPPED_TRACES = Path("data/traces")
+"""Traces committed with the repository (``data/traces/smol``: the smol tier's runs), from
+the working directory; ``$DSPARKLAB_SHIPPED`` names them elsewhere."""
 # published drafter label -> the lab's method name (same colour in every figure)
 PUBLISHED_METHODS: dict[str, str] = {"DSpark": "dspark", "Eagle3-MLA": "eagle3"}
 BASELINE_METHOD = "none"
@@ -227,13 +229,11 @@ def save_figure(fig: Any, name: str, *, out_dir: str | Path) -> Path:
 def resolve_runs(runs: str | Path = "") -> Path:
     """The runs directory: ``runs`` if given, else ``$DSPARKLAB_RUNS``, else ``runs/demo``.
 
-    A relative path is taken from the working directory when it exists there, else from
-    the repository root (notebooks run in ``notebooks/``).
+    A relative path is taken from the working directory (``dsparklab lab`` and
+    ``dsparklab report`` hand the notebooks absolute paths).
     """
     text = str(runs) or os.environ.get(RUNS_ENV, "")
     path = Path(text) if text else DEFAULT_RUNS
-    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-        path = REPO_ROOT / path
     if not path.exists():
         raise TraceSchemaError(
             f"no runs at {path}: pass RUNS (a directory of run directories), set "
@@ -241,6 +241,33 @@ def resolve_runs(runs: str | Path = "") -> Path:
             path=path,
         )
     return path.resolve()
+
+
+def shipped_traces() -> Path | None:
+    """The shipped traces: ``$DSPARKLAB_SHIPPED`` when set (empty: none), else
+    :data:`SHIPPED_TRACES` when that directory exists; None when there are none."""
+    text = os.environ.get(SHIPPED_ENV)
+    if text is not None:
+        if not text:
+            return None
+        path = Path(text)
+        if not path.is_dir():
+            raise TraceSchemaError(
+                f"no shipped traces at {path} (${SHIPPED_ENV}); unset it or name a directory "
+                "of runs",
+                path=path,
+            )
+        return path.resolve()
+    return SHIPPED_TRACES.resolve() if SHIPPED_TRACES.is_dir() else None
+
+
+def _roots(runs: str | Path, shipped: bool) -> list[Path]:
+    """``runs`` resolved, then the shipped traces when ``shipped`` (and not already in)."""
+    roots = [resolve_runs(runs)]
+    traces = shipped_traces() if shipped else None
+    if traces is not None and not roots[0].is_relative_to(traces):
+        roots.append(traces)
+    return roots
 
 
 @dataclass(frozen=True)
@@ -294,7 +321,7 @@ def load_runs(
     baseline
         Include the baseline runs' steps.
     shipped
-        Also read the traces shipped in the repository (:data:`SHIPPED_TRACES`, the
+        Also read the traces shipped in the repository (:func:`shipped_traces`, the
         smol tier's). When the runs then span more than one tier, every ``dataset``
         becomes ``<tier>/<dataset>`` (``smol/humaneval``, ``tiny/humaneval``) in all
         three tables, so every grouping by dataset keeps the tiers apart.
@@ -304,9 +331,7 @@ def load_runs(
     """
     from dsparklab.store import list_runs, read_trace
 
-    roots = [resolve_runs(runs)]
-    if shipped and SHIPPED_TRACES.is_dir() and not roots[0].is_relative_to(SHIPPED_TRACES):
-        roots.append(SHIPPED_TRACES.resolve())
+    roots = _roots(runs, shipped)
     table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
     keep = pd.Series(True, index=table.index)
     if datasets:
@@ -393,9 +418,7 @@ def load_any_runs(
     """
     from dsparklab.store import list_runs, read_trace
 
-    roots = [resolve_runs(runs)]
-    if shipped and SHIPPED_TRACES.is_dir() and not roots[0].is_relative_to(SHIPPED_TRACES):
-        roots.append(SHIPPED_TRACES.resolve())
+    roots = _roots(runs, shipped)
     table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
     keep = table["method"] != BASELINE_METHOD
     for column, wanted in (
@@ -434,7 +457,7 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
         ``target``, ``drafter`` (as published), ``method`` (``dspark``/``eagle3``),
         ``benchmark``, ``n``, ``speedup``, ``source``, ``label`` = ``"published"``.
     """
-    csv = Path(path) if path is not None else PUBLISHED_CSV
+    csv = Path(path) if path is not None else published_file(PUBLISHED_SPEEDUPS)
     if not csv.is_file():
         raise ProvenanceError(f"file {csv}: the published table is missing")
     table = pd.read_csv(csv)
@@ -472,7 +495,7 @@ def load_published_curves(path: str | Path | None = None) -> pd.DataFrame:
         (0-based, as the traces count), ``rate``, ``accept_len``, ``source``, ``curve``
         (a display name) and ``label`` = ``"published"``.
     """
-    csv = Path(path) if path is not None else PUBLISHED_CURVES_CSV
+    csv = Path(path) if path is not None else published_file(PUBLISHED_CURVES)
     if not csv.is_file():
         raise ProvenanceError(f"file {csv}: the published curves are missing")
     table = pd.read_csv(csv)

@@ -1,7 +1,11 @@
-"""``dsparklab lab``: JupyterLab on ``notebooks/``, on loopback, behind a token.
+"""``dsparklab lab``: JupyterLab on the notebooks, on loopback, behind a token.
 
-The runs directory reaches the notebooks through ``$DSPARKLAB_RUNS``, which their
-parameters cell reads when ``RUNS`` is empty (see :func:`dsparklab.notebook.resolve_runs`).
+JupyterLab serves the notebooks shipped with the package (in a checkout, ``notebooks/``;
+see :mod:`dsparklab.lab.resources`). The runs directory reaches them through
+``$DSPARKLAB_RUNS``, which their parameters cell reads when ``RUNS`` is empty (see
+:func:`dsparklab.lab.notebook.resolve_runs`), the shipped traces through
+``$DSPARKLAB_SHIPPED`` (:func:`dsparklab.lab.notebook.shipped_traces`); both absolute, as
+the kernels run in the notebooks' directory.
 :func:`start_lab` is what the CLI and the browser tests use; the caller owns the process
 and must stop it (:meth:`LabServer.stop`).
 """
@@ -22,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.notebook import HEADLESS_ENV, RUNS_ENV
-from dsparklab.report.build import NOTEBOOKS_DIR
+from dsparklab.lab.notebook import HEADLESS_ENV, RUNS_ENV, SHIPPED_ENV
+from dsparklab.lab.resources import notebooks_dir
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ def lab_command(
     *,
     port: int,
     token: str,
-    root_dir: Path = NOTEBOOKS_DIR,
+    root_dir: Path,
     open_browser: bool = False,
     expose_app: bool = False,
 ) -> list[str]:
@@ -122,7 +126,8 @@ def start_lab(
     *,
     port: int | None = None,
     token: str | None = None,
-    root_dir: Path = NOTEBOOKS_DIR,
+    root_dir: Path | None = None,
+    shipped: Path | None = None,
     log: Path | None = None,
     open_browser: bool = False,
     expose_app: bool = False,
@@ -138,7 +143,10 @@ def start_lab(
     port, token
         Default: a free port, a random token.
     root_dir
-        The directory JupyterLab serves (``notebooks/``).
+        The directory JupyterLab serves (default: the shipped notebooks).
+    shipped
+        The shipped traces for the notebooks (``$DSPARKLAB_SHIPPED``); None keeps the
+        environment's (or ``data/traces`` from the notebooks' directory).
     log
         Where the server's output goes (default: a file in the system temp dir).
     open_browser, expose_app
@@ -154,11 +162,13 @@ def start_lab(
     env.pop(HEADLESS_ENV, None)  # the lab's kernels have a front end
     if runs is not None:
         env[RUNS_ENV] = str(Path(runs).resolve())
+    if shipped is not None:
+        env[SHIPPED_ENV] = str(Path(shipped).resolve())
     log = log or Path(tempfile.mkstemp(prefix="dsparklab-lab-", suffix=".log")[1])
     command = lab_command(
         port=port,
         token=token,
-        root_dir=root_dir,
+        root_dir=notebooks_dir() if root_dir is None else root_dir,
         open_browser=open_browser,
         expose_app=expose_app,
     )

@@ -170,7 +170,7 @@ def plot_survival_curves(
     title
         Figure title.
     published
-        From :func:`dsparklab.notebook.load_published_curves`: the published curves of the
+        From :func:`dsparklab.lab.notebook.load_published_curves`: the published curves of the
         comparable kind (``marginal`` beside survival, ``teacher-forced accuracy`` beside
         the conditional rate) are drawn in grey, dotted, named "published: ...".
     """
@@ -383,7 +383,7 @@ def plot_request_strip(
         Select runs (request ids are unique only within a run).
     token_labels
         ``token id -> text`` (a mapping or a callable, e.g.
-        ``dsparklab.notebook.load_token_text``) for the cell labels; default: the ids.
+        ``dsparklab.lab.notebook.load_token_text``) for the cell labels; default: the ids.
     max_text_steps
         Cell labels are drawn when a strip has at most this many steps.
     highlight_position

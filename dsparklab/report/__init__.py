@@ -1,17 +1,10 @@
-"""The report builder (papermill + nbconvert + kaleido) and the JupyterLab launcher."""
+"""The report builder (papermill, nbconvert, kaleido): notebooks -> offline HTML and an index."""
 
-from dsparklab.report.build import (
-    NotebookResult,
-    ReportError,
-    ReportResult,
-    build_report,
-    discover_notebooks,
-)
+from dsparklab.report.build import ReportError, build_report, discover_notebooks
 from dsparklab.report.html import export_html, remote_resources
-from dsparklab.report.lab import LabServer, start_lab
+from dsparklab.report.results import NotebookResult, ReportResult
 
 __all__ = [
-    "LabServer",
     "NotebookResult",
     "ReportError",
     "ReportResult",
@@ -19,5 +12,4 @@ __all__ = [
     "discover_notebooks",
     "export_html",
     "remote_resources",
-    "start_lab",
 ]

@@ -2,8 +2,11 @@
 
 ``dsparklab report --runs DIR --out reports/`` calls :func:`build_report`:
 
-1. each ``notebooks/NN_*.ipynb`` runs under papermill (headless: ``DSPARKLAB_HEADLESS=1``,
-   so widgets fall back to static figures) with ``RUNS`` and ``OUT_DIR`` injected, into
+1. each ``NN_*.ipynb`` of the notebooks shipped with the package
+   (:func:`dsparklab.lab.resources.notebooks_dir`; in a checkout, ``notebooks/``) runs under
+   papermill in the working directory (headless: ``DSPARKLAB_HEADLESS=1``, so widgets fall
+   back to static figures) with ``RUNS`` and ``OUT_DIR`` injected and the shipped traces and
+   the zoo named by absolute paths (``$DSPARKLAB_SHIPPED``, ``$DSPARKLAB_ZOO_DIR``), into
    ``<out>/notebooks/``;
 2. each executed notebook is exported to ``<out>/<name>.html`` (offline: plotly.js
    embedded, nothing fetched from the network);
@@ -24,18 +27,26 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.notebook import HEADLESS_ENV, PLOTLY_MIMETYPE, REPO_ROOT, resolve_runs
-from dsparklab.report.figures import FigureSet, render_figures
+from dsparklab.lab.notebook import (
+    HEADLESS_ENV,
+    PLOTLY_MIMETYPE,
+    SHIPPED_ENV,
+    resolve_runs,
+    shipped_traces,
+)
+from dsparklab.lab.resources import notebooks_dir as shipped_notebooks
+from dsparklab.report.figures import render_figures
 from dsparklab.report.html import export_html
+from dsparklab.report.index import write_index
+from dsparklab.report.results import NotebookResult, ReportResult
 
 logger = logging.getLogger(__name__)
 
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+ZOO_ENV = "DSPARKLAB_ZOO_DIR"
 # A notebook whose metadata holds {"dsparklab": {"granularity": "any"}} reads runs of any
 # granularity; the others need token-level runs (per drafted position).
 ANY_GRANULARITY = "any"
@@ -47,51 +58,16 @@ class ReportError(DSparkLabError):
     """One or more notebooks failed; the report was still written around them."""
 
 
-@dataclass
-class NotebookResult:
-    """One notebook of the report."""
-
-    name: str
-    source: Path
-    executed: Path
-    html: Path | None = None
-    seconds: float = 0.0
-    error: str | None = None
-    figures: list[str] = field(default_factory=list)
-    n_plotly_outputs: int = 0
-    skipped: str | None = None  # why the notebook was not run (not a failure)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass
-class ReportResult:
-    """Where everything went."""
-
-    out: Path
-    runs: Path
-    index: Path
-    notebooks: list[NotebookResult]
-    figures: FigureSet
-    seconds: float
-
-    @property
-    def failed(self) -> list[NotebookResult]:
-        return [nb for nb in self.notebooks if not nb.ok]
-
-
 def discover_notebooks(
-    notebooks_dir: Path = NOTEBOOKS_DIR, names: Sequence[str] | None = None
+    notebooks_dir: Path | None = None, names: Sequence[str] | None = None
 ) -> list[Path]:
-    """The report's notebooks (``NN_*.ipynb``, sorted); ``names`` picks some by stem."""
-    if not Path(notebooks_dir).is_dir():
-        raise DSparkLabError(
-            f"no notebooks directory at {notebooks_dir}: the notebooks ship with the "
-            "repository, not the package; run from a checkout or pass its notebooks/ "
-            "(dsparklab report --notebooks DIR)"
-        )
+    """The report's notebooks (``NN_*.ipynb``, sorted); ``names`` picks some by stem.
+
+    ``notebooks_dir`` defaults to the notebooks shipped with the package.
+    """
+    notebooks_dir = shipped_notebooks() if notebooks_dir is None else Path(notebooks_dir)
+    if not notebooks_dir.is_dir():
+        raise DSparkLabError(f"no notebooks directory at {notebooks_dir}")
     found = sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
     if names:
         by_stem = {p.stem: p for p in found}
@@ -138,10 +114,12 @@ def execute_notebook(
     runs: Path,
     figures_dir: Path,
     parameters: Mapping[str, Any] | None = None,
+    environment: Mapping[str, str] | None = None,
     kernel_name: str = KERNEL_NAME,
     timeout: int = 600,
 ) -> NotebookResult:
-    """Run one notebook headlessly with papermill; a failure is recorded, not raised."""
+    """Run one notebook headlessly with papermill in the working directory; a failure is
+    recorded, not raised. ``environment`` is added to the kernel's environment."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -150,12 +128,12 @@ def execute_notebook(
     params = {"RUNS": str(runs), "OUT_DIR": str(figures_dir), **dict(parameters or {})}
     start = time.perf_counter()
     try:
-        with _environ(**{HEADLESS_ENV: "1"}):
+        with _environ(**{HEADLESS_ENV: "1", **dict(environment or {})}):
             pm.execute_notebook(
                 str(source),
                 str(executed),
                 parameters=params,
-                cwd=str(source.parent),
+                cwd=os.getcwd(),
                 kernel_name=kernel_name,
                 progress_bar=False,
                 log_output=False,
@@ -176,8 +154,10 @@ def build_report(
     runs: str | Path,
     out: str | Path,
     *,
-    notebooks_dir: Path = NOTEBOOKS_DIR,
+    notebooks_dir: Path | None = None,
     names: Sequence[str] | None = None,
+    shipped: str | Path | None = None,
+    zoo_dir: str | Path | None = None,
     parameters: Mapping[str, Any] | None = None,
     png: bool = True,
     kernel_name: str = KERNEL_NAME,
@@ -190,11 +170,19 @@ def build_report(
     Parameters
     ----------
     runs
-        A directory of run directories (see :func:`dsparklab.notebook.resolve_runs`).
+        A directory of run directories (see :func:`dsparklab.lab.notebook.resolve_runs`).
     out
         The report directory (created; files of a previous report are replaced).
     notebooks_dir, names
-        Where the notebooks are, and which ones (stems; default every ``NN_*.ipynb``).
+        Where the notebooks are (default: the ones shipped with the package), and which
+        ones (stems; default every ``NN_*.ipynb``).
+    shipped
+        The shipped traces read beside ``runs`` (default: :func:`dsparklab.lab.notebook.
+        shipped_traces`, ``data/traces`` when it exists); the ``SHIPPED`` parameter set to
+        false leaves them out.
+    zoo_dir
+        The zoo whose cards give the findings' learning curves and calibration (default:
+        :data:`dsparklab.zoo.ZOO_DIR`).
     parameters
         Extra papermill parameters for every notebook (e.g. ``{"N_BOOT": 200}``).
     png
@@ -210,19 +198,27 @@ def build_report(
     ------
     ReportError
         After writing everything, when a notebook failed.
+    DSparkLabError
+        Before running anything, when ``runs``, ``shipped`` or ``zoo_dir`` is missing.
     """
     from tqdm.auto import tqdm
 
-    from dsparklab.report.index import write_index
+    from dsparklab.zoo import ZOO_DIR
 
     start = time.perf_counter()
     runs_path = resolve_runs(runs)
+    traces = _directory(shipped, "shipped traces") if shipped is not None else shipped_traces()
+    if not dict(parameters or {}).get("SHIPPED", True):
+        traces = None
+    roots = [runs_path]
+    if traces is not None and not runs_path.is_relative_to(traces):
+        roots.append(traces)
+    zoo = _directory(zoo_dir, "zoo") if zoo_dir is not None else Path(ZOO_DIR).resolve()
+    environment = {SHIPPED_ENV: str(traces or ""), ZOO_ENV: str(zoo)}
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sources = discover_notebooks(notebooks_dir, names)
-    from dsparklab.report.index import run_roots
-
-    token_runs = _has_token_runs(run_roots(runs_path, dict(parameters or {})))
+    token_runs = _has_token_runs(roots)
     results = []
     bar = tqdm(sources, desc="notebooks", unit="nb", disable=not progress)
     for source in bar:
@@ -247,6 +243,7 @@ def build_report(
             runs=runs_path,
             figures_dir=figures_dir,
             parameters=parameters,
+            environment=environment,
             kernel_name=kernel_name,
             timeout=timeout,
         )
@@ -263,14 +260,16 @@ def build_report(
     for stale in findings_dir.glob("*"):
         stale.unlink()
     findings = compute_findings(
-        run_roots(runs_path, dict(parameters or {})),
+        roots,
         findings_dir,
         n_boot=int((parameters or {}).get("N_BOOT", 400)),
+        zoo_dir=zoo,
     )
     figures = render_figures(out / "figures", png=png)
     report = ReportResult(
         out=out,
         runs=runs_path,
+        roots=roots,
         index=out / "index.html",
         notebooks=results,
         figures=figures,
@@ -286,6 +285,14 @@ def build_report(
             f"the rest of the report is at {report.index}"
         )
     return report
+
+
+def _directory(path: str | Path, what: str) -> Path:
+    """``path`` resolved; a one-line error when it is not a directory."""
+    found = Path(path)
+    if not found.is_dir():
+        raise DSparkLabError(f"no {what} at {found}: no such directory")
+    return found.resolve()
 
 
 def _granularity(notebook: Path) -> str:

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparklab.notebook import DEFAULT_RUNS, REPO_ROOT
-from dsparklab.report.build import ReportResult, build_report
+from dsparklab.lab.notebook import DEFAULT_RUNS
+from dsparklab.report.build import build_report
+from dsparklab.report.results import ReportResult
 
 logger = logging.getLogger(__name__)
 
-DEMO_REPORT = REPO_ROOT / "reports" / "demo"
+DEMO_REPORT = Path("reports/demo")
 DEMO_METHODS = ("dspark", "eagle3", "none")
 DEMO_NS = (3, 7)
 DEMO_DATASETS = ("gsm8k", "humaneval")
@@ -120,7 +121,8 @@ def run_demo(
     Parameters
     ----------
     runs, out
-        Where the runs and the report go (``runs/demo``, ``reports/demo``).
+        Where the runs and the report go (``runs/demo``, ``reports/demo``, from the
+        working directory).
     limit, max_new_tokens
         Prompts per dataset and tokens per prompt (small: the demo must fit in minutes).
     ns, datasets

@@ -69,7 +69,7 @@ def compute_findings(
     """
     from dsparklab.analysis import compute_speedup_model, compute_window_scaling
     from dsparklab.analysis.findings import seeds_answer, speedup_trend
-    from dsparklab.notebook import TIER_ORDER, load_published_curves, load_runs, save_figure
+    from dsparklab.lab.notebook import TIER_ORDER, load_published_curves, load_runs, save_figure
     from dsparklab.plots import plot_survival_curves
     from dsparklab.plots.training import plot_learning_curve
     from dsparklab.zoo import ZOO_DIR

@@ -2,13 +2,14 @@
 
 nbconvert's ``lab`` template, less the scripts it would load from a CDN (see
 ``templates/dsparklab_offline``); plotly.js is already embedded in the notebook by
-:func:`dsparklab.notebook.setup`, and images are inlined.
+:func:`dsparklab.lab.notebook.setup`, and images are inlined.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from importlib.resources import files
 from pathlib import Path
 
 import nbformat
@@ -17,7 +18,7 @@ from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES_DIR = Path(str(files("dsparklab.report").joinpath("templates")))
 TEMPLATE_NAME = "dsparklab_offline"
 _SCRIPT_SRC = re.compile(r"<script\b[^>]*\bsrc\s*=\s*[\"']?\s*(?P<src>[^\"'\s>]+)", re.I)
 _LINK_HREF = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?\s*(?P<src>[^\"'\s>]+)", re.I)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 
 from dsparklab.report.findings import Findings
-
-if TYPE_CHECKING:
-    from dsparklab.report.build import ReportResult
+from dsparklab.report.results import ReportResult
 
 INDEX_TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -162,15 +160,6 @@ def _short_hash(value: Any) -> str:
     return text.split(":", 1)[-1][:12] if text else ""
 
 
-def run_roots(runs: Path, parameters: dict[str, Any]) -> list[Path]:
-    """The run directories the notebooks read: ``runs``, plus the shipped traces unless
-    the ``SHIPPED`` parameter turned them off (the notebooks' default is on)."""
-    from dsparklab.notebook import SHIPPED_TRACES
-
-    shipped = parameters.get("SHIPPED", True) and SHIPPED_TRACES.is_dir()
-    return [runs, SHIPPED_TRACES.resolve()] if shipped else [runs]
-
-
 def run_provenance(runs: Path) -> list[dict[str, str]]:
     """One row per run: what it is, which models (name @ content hash), when, which commit."""
     from dsparklab.store import list_runs, read_run_json
@@ -244,8 +233,8 @@ def write_index(
     git = git_state()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     text = env.from_string(INDEX_TEMPLATE).render(
-        runs=", ".join(str(r) for r in run_roots(report.runs, parameters)),
-        run_rows=[row for r in run_roots(report.runs, parameters) for row in run_provenance(r)],
+        runs=", ".join(str(r) for r in report.roots),
+        run_rows=[row for r in report.roots for row in run_provenance(r)],
         run_header=RUN_HEADER,
         built=time.strftime("%Y-%m-%d %H:%M:%S"),
         seconds=report.seconds,

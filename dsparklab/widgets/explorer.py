@@ -396,7 +396,7 @@ class Explorer:
         if interactive:
             display(self.widget)
             return
-        from dsparklab.notebook import show
+        from dsparklab.lab.notebook import show
 
         for name, fig in self.figures().items():
             show(fig, f"explorer_{name}", out_dir=out_dir)
@@ -423,7 +423,7 @@ def make_explorer_widget(
         ``annotate_positions(positions, steps=steps)`` (for the request strips); None for
         runs without token-level rows (the strip says there are none).
     token_labels
-        Token id -> text for the strips (``dsparklab.notebook.load_token_text``).
+        Token id -> text for the strips (``dsparklab.lab.notebook.load_token_text``).
     dataset, method, n, view
         Initial control values (default: the first of each; ``view`` is
         ``"conditional"`` or ``"survival"``).

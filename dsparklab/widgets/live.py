@@ -130,7 +130,7 @@ class LiveView:
             display(self.widget)
             self.start()
             return
-        from dsparklab.notebook import show
+        from dsparklab.lab.notebook import show
 
         for name, fig in self.figures().items():
             show(fig, f"live_{name}", out_dir=out_dir)

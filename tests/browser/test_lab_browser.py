@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dsparklab.lab.resources import notebooks_dir
+from dsparklab.lab.server import LOOPBACK, start_lab
 from dsparklab.report import ReportResult
-from dsparklab.report.build import NOTEBOOKS_DIR
-from dsparklab.report.lab import LOOPBACK, start_lab
 from dsparklab.widgets.explorer import FIGURE_CLASSES, FIGURES
 
 pytestmark = pytest.mark.browser
@@ -149,7 +149,7 @@ def test_jupyterlab_explorer_follows_the_n_slider(
     browser, runs_dir: Path, tmp_path: Path, screenshots: Path, monkeypatch: pytest.MonkeyPatch
 ):
     root = tmp_path / "notebooks"  # a copy: autosave never touches the repository's notebooks
-    shutil.copytree(NOTEBOOKS_DIR, root)
+    shutil.copytree(notebooks_dir(), root)
     _only_the_test_runs(root / "00_explorer.ipynb")
     _isolate_lab_settings(tmp_path, monkeypatch)
     server = start_lab(runs_dir, root_dir=root, expose_app=True, log=tmp_path / "lab.log")

@@ -8,13 +8,13 @@ import pytest
 from lab_support import built_report, lab_runs
 
 from dsparklab.report import ReportResult
-from dsparklab.report.build import NOTEBOOKS_DIR, discover_notebooks
+from dsparklab.report.build import discover_notebooks
 
 
 @pytest.fixture(scope="session")
 def notebooks() -> dict[str, Path]:
-    """Short name (``"02_window_scaling"``) -> path of the notebook in notebooks/."""
-    return {path.stem: path for path in discover_notebooks(NOTEBOOKS_DIR)}
+    """Short name (``"02_window_scaling"``) -> path of the shipped notebook (notebooks/)."""
+    return {path.stem: path for path in discover_notebooks()}
 
 
 @pytest.fixture(scope="session")

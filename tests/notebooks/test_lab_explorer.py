@@ -14,7 +14,7 @@ from plotly.callbacks import Points
 
 from dsparklab import analysis as A
 from dsparklab.errors import UnknownMethodError
-from dsparklab.notebook import load_runs
+from dsparklab.lab.notebook import load_runs
 from dsparklab.widgets import Explorer, make_explorer_widget, sync_figure
 from dsparklab.widgets.explorer import FIGURE_CLASSES
 

@@ -20,7 +20,7 @@ from lab_synth import write_synthetic_runs
 
 import dsparklab.analysis as A
 from dsparklab.importers import import_files
-from dsparklab.notebook import HEADLESS_ENV, PLOTLY_MIMETYPE, load_any_runs, read_records
+from dsparklab.lab.notebook import HEADLESS_ENV, PLOTLY_MIMETYPE, load_any_runs, read_records
 from dsparklab.widgets import LiveView, latest_live_run
 
 FIXTURES = Path(__file__).parents[1] / "unit" / "importers" / "fixtures"

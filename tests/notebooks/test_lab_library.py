@@ -16,9 +16,10 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from dsparklab import analysis as A
 from dsparklab import plots as P
 from dsparklab.errors import ConfigError, DSparkLabError, TraceSchemaError, UnknownMethodError
-from dsparklab.notebook import (
+from dsparklab.lab.notebook import (
     MIMETYPE,
     RUNS_ENV,
+    SHIPPED_ENV,
     _plain,
     figure_json,
     front_end_attached,
@@ -27,6 +28,7 @@ from dsparklab.notebook import (
     load_token_text,
     read_records,
     resolve_runs,
+    shipped_traces,
 )
 from dsparklab.plots.style import (
     FALLBACK_COLORS,
@@ -188,7 +190,28 @@ def test_resolve_runs_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(RUNS_ENV)
     with pytest.raises(TraceSchemaError, match="make demo"):
         resolve_runs(tmp_path / "nope")
+    # The default and relative paths are the working directory's, not the checkout's.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceSchemaError, match="no runs at runs/demo"):
+        resolve_runs("")
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    assert resolve_runs("") == (tmp_path / "runs" / "demo").resolve()
+    assert resolve_runs("a") == (tmp_path / "a").resolve()
     assert front_end_attached() is False, "not inside a kernel"
+
+
+def test_shipped_traces_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """$DSPARKLAB_SHIPPED names them (empty: none); else data/traces in the working dir."""
+    monkeypatch.delenv(SHIPPED_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert shipped_traces() is None
+    (tmp_path / "data" / "traces").mkdir(parents=True)
+    assert shipped_traces() == (tmp_path / "data" / "traces").resolve()
+    monkeypatch.setenv(SHIPPED_ENV, "")
+    assert shipped_traces() is None
+    monkeypatch.setenv(SHIPPED_ENV, str(tmp_path / "elsewhere"))
+    with pytest.raises(TraceSchemaError, match="no shipped traces at"):
+        shipped_traces()
 
 
 def test_load_runs_errors_and_token_text(tmp_path: Path):
@@ -203,15 +226,13 @@ def test_load_runs_errors_and_token_text(tmp_path: Path):
 
 
 def test_shipped_runs_join_labelled_by_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """shipped=True adds data/traces; two tiers -> dataset labels '<tier>/<dataset>'."""
-    import dsparklab.notebook as nb
-
+    """shipped=True adds the shipped traces; two tiers -> dataset labels '<tier>/<dataset>'."""
     demo, shipped = tmp_path / "demo", tmp_path / "traces"
     for method, n in (("dspark", 3), ("none", 0)):
         write_synthetic_run(demo, method=method, n=n, dataset="humaneval", tier="tiny")
         write_synthetic_run(shipped / "smol", method=method, n=n, dataset="humaneval", tier="smol")
     write_synthetic_run(shipped / "smol", method="dspark", n=3, dataset="instruct", tier="smol")
-    monkeypatch.setattr(nb, "SHIPPED_TRACES", shipped)
+    monkeypatch.setenv(SHIPPED_ENV, str(shipped))
 
     alone = load_runs(demo, shipped=False)
     assert set(alone.positions["dataset"]) == {"humaneval"}

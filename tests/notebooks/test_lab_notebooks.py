@@ -21,13 +21,13 @@ import pytest
 from lab_support import EXPECTED_NOTEBOOKS, TEST_PARAMETERS
 
 from dsparklab import analysis as A
-from dsparklab.notebook import (
+from dsparklab.lab.notebook import (
     HEADLESS_ENV,
     PLOTLY_MIMETYPE,
-    PUBLISHED_CSV,
     load_runs,
     read_records,
 )
+from dsparklab.lab.resources import PUBLISHED_SPEEDUPS, published_file
 from dsparklab.report import ReportResult
 
 pytestmark = pytest.mark.notebooks
@@ -179,7 +179,7 @@ def test_window_scaling_records(report: ReportResult, tables):
     model = A.compute_speedup_model(tables.steps, by=("method", "dataset"), n_boot=0)
     assert_frame_matches(records["speedup"], model, keys, "speedup")
     assert_frame_matches(records["speedup_model"], model, keys, "speedup_model")
-    assert records["n_published_rows"] == len(pd.read_csv(PUBLISHED_CSV)) == 20
+    assert records["n_published_rows"] == len(pd.read_csv(published_file(PUBLISHED_SPEEDUPS))) == 20
 
 
 def test_confidence_calibration_records(report: ReportResult, tables):

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from dsparklab.cli.app import app
 from dsparklab.report import ReportError, ReportResult, build_report, remote_resources
 from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
-from dsparklab.report.lab import LOOPBACK, lab_command
+from dsparklab.lab.resources import notebooks_dir
+from dsparklab.lab.server import LOOPBACK, lab_command
 from dsparklab.store import list_runs, read_run_json
 
 pytestmark = pytest.mark.notebooks
@@ -76,7 +77,7 @@ def test_report_json(report: ReportResult):
 def _tiny_notebook(body: str) -> nbformat.NotebookNode:
     cells = [
         new_markdown_cell("# tiny"),
-        new_code_cell("import dsparklab.notebook as nb\nFRONT_END = nb.setup()"),
+        new_code_cell("import dsparklab.lab.notebook as nb\nFRONT_END = nb.setup()"),
         new_code_cell('RUNS = ""\nOUT_DIR = ""'),
         new_code_cell(body),
     ]
@@ -137,7 +138,7 @@ def test_cli_report_one_notebook(runs_dir: Path, tmp_path: Path):
 
 
 def test_lab_command_is_loopback_with_a_token():
-    command = lab_command(port=8899, token="abc123")
+    command = lab_command(port=8899, token="abc123", root_dir=notebooks_dir())
     assert f"--ServerApp.ip={LOOPBACK}" in command
     assert "--IdentityProvider.token=abc123" in command
     assert "--ServerApp.open_browser=False" in command
@@ -150,7 +151,7 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
     """The findings table's speedups are compute_window_scaling's on the report's runs (the
     test report reads only its tiny runs: SHIPPED is off)."""
     from dsparklab.analysis import compute_window_scaling
-    from dsparklab.notebook import load_runs
+    from dsparklab.lab.notebook import load_runs
 
     index = report.index.read_text(encoding="utf-8")
     assert index.index('id="findings"') < index.index("<h2>Notebooks</h2>")

@@ -192,7 +192,7 @@ def test_recipe_smoke(smol_target, tmp_path):
 def test_shipped_traces_validate_and_cover_the_tier():
     """data/traces/smol: complete, valid runs of the committed smol drafters, >= 40
     prompts per dataset, the baseline beside every method run, provenance recorded."""
-    from dsparklab.notebook import SHIPPED_TRACES
+    from dsparklab.lab.notebook import SHIPPED_TRACES
     from dsparklab.provenance import checkpoint_hash
     from dsparklab.store import list_runs, read_run_json, read_trace, validate_trace
 

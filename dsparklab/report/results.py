@@ -1,0 +1,45 @@
+"""What a report build returns: one result per notebook, and where everything went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsparklab.report.figures import FigureSet
+
+
+@dataclass
+class NotebookResult:
+    """One notebook of the report."""
+
+    name: str
+    source: Path
+    executed: Path
+    html: Path | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    figures: list[str] = field(default_factory=list)
+    n_plotly_outputs: int = 0
+    skipped: str | None = None  # why the notebook was not run (not a failure)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class ReportResult:
+    """Where everything went. ``roots``: the run directories read (``runs``, then the
+    shipped traces unless they were left out)."""
+
+    out: Path
+    runs: Path
+    roots: list[Path]
+    index: Path
+    notebooks: list[NotebookResult]
+    figures: FigureSet
+    seconds: float
+
+    @property
+    def failed(self) -> list[NotebookResult]:
+        return [nb for nb in self.notebooks if not nb.ok]
