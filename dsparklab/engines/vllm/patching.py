@@ -67,6 +67,7 @@ V1_PROPOSE = PatchPoint(
 )
 V1_EXECUTE = PatchPoint(_RUNNER_V1, "GPUModelRunner", "execute_model", ("scheduler_output",))
 WORKER = PatchPoint(_WORKER, "WorkerBase", None)
+ENGINE_CLIENT_SHUTDOWN = PatchPoint("vllm.v1.engine.core_client", "MPClient", "shutdown")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,13 @@ PATCHES: tuple[Patch, ...] = (
         runs.wrap_execute_model,
         (),
         "finished/preempted requests (Model Runner V1; their last drafts stay pending)",
+    ),
+    Patch(
+        ENGINE_CLIENT_SHUTDOWN,
+        runs.wrap_engine_client_shutdown,
+        (),
+        "the end of runs whose engine process was killed at shutdown (left 'running' "
+        "until this process exits)",
     ),
 )
 

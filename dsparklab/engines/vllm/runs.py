@@ -7,12 +7,15 @@ forwards the requests vLLM schedules, finishes or preempts (a run is in flight u
 every scheduled request finished; finished or preempted requests drop their pending
 drafts). At exit a run is ``complete`` when nothing was in flight, else ``incomplete``.
 
-``vllm serve`` force-kills its engine process right after SIGTERM on Ctrl-C or a
+``vllm serve`` force-kills its engine processes right after SIGTERM on Ctrl-C or a
 supervisor's stop (``--shutdown-timeout 0``, the default), before any exit hook there
-runs. So every process that installed the taps also watches its trace directory: at its
-own exit it closes the ``running`` runs written by its descendants that have exited
-(:func:`close_runs_of_dead_descendants`), ``complete`` only if the writer had settled
-(see :mod:`~dsparklab.engines.vllm.recorder`).
+runs. So every process that installed the taps also watches its trace directory: once
+its engine client has shut the engine processes down (``MPClient.shutdown``), and again
+at its own exit, it closes the ``running`` runs written by its descendants that have
+exited (:func:`close_runs_of_dead_descendants`), ``complete`` only if the writer had
+settled (see :mod:`~dsparklab.engines.vllm.recorder`). The first matters when a request
+is in flight: the API server then waits for the client's connection and may never exit
+by itself.
 
 What a run.json written here records beside the common fields (``speculative``):
 vLLM's ``draft_sample_method``, ``rejection_sample_method`` (with the synthetic rates or
@@ -184,11 +187,31 @@ def watch_trace_dir(trace_dir: Path) -> None:
 def _close_watched_at_exit() -> None:
     if STATE.watcher_pid != os.getpid():  # a forked child inherited the hook
         return
+    close_watched_runs()
+
+
+def close_watched_runs(wait_s: float = 10.0) -> dict[str, str]:
+    """:func:`close_runs_of_dead_descendants` for every watched trace directory."""
+    closed: dict[str, str] = {}
     for trace_dir in sorted(STATE.watched):
         try:
-            close_runs_of_dead_descendants(trace_dir)
-        except Exception:  # interpreter shutdown: nothing else to do
+            closed |= close_runs_of_dead_descendants(trace_dir, wait_s=wait_s)
+        except Exception:  # shutting down: log, never raise into vLLM
             logger.exception("dsparklab: closing the runs below %s failed", trace_dir)
+    return closed
+
+
+def wrap_engine_client_shutdown(original: Callable[..., Any]) -> Callable[..., Any]:
+    """After vLLM's engine client stopped its engine processes, close the runs they left."""
+
+    @functools.wraps(original)
+    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            close_watched_runs()
+
+    return mark(shutdown, original)
 
 
 def _parallel_ranks(vllm_config: Any) -> tuple[int, int]:
