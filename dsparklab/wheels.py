@@ -23,10 +23,9 @@ from dsparklab.errors import ProvenanceError
 
 logger = logging.getLogger(__name__)
 
-CACHE_DIR: Path = Path(
-    os.environ.get("DSPARKLAB_CACHE_DIR", Path(__file__).resolve().parents[1] / ".cache")
-)
-"""Downloads (git-ignored ``<repo>/.cache``; ``DSPARKLAB_CACHE_DIR`` overrides)."""
+CACHE_DIR: Path = Path(os.environ.get("DSPARKLAB_CACHE_DIR", ".cache")).resolve()
+"""Downloads: ``$DSPARKLAB_CACHE_DIR``, else ``.cache`` in the working directory (in a
+checkout, the git-ignored ``.cache``)."""
 
 
 @dataclass(frozen=True)

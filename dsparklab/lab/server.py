@@ -28,6 +28,7 @@ from pathlib import Path
 from dsparklab.errors import DSparkLabError
 from dsparklab.lab.notebook import HEADLESS_ENV, RUNS_ENV, SHIPPED_ENV
 from dsparklab.lab.resources import notebooks_dir
+from dsparklab.zoo.load import ZOO_DIR, ZOO_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ def start_lab(
         env[RUNS_ENV] = str(Path(runs).resolve())
     if shipped is not None:
         env[SHIPPED_ENV] = str(Path(shipped).resolve())
+    env[ZOO_ENV] = str(ZOO_DIR)  # the kernels run in the notebooks' directory
     log = log or Path(tempfile.mkstemp(prefix="dsparklab-lab-", suffix=".log")[1])
     command = lab_command(
         port=port,

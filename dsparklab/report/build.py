@@ -46,7 +46,6 @@ from dsparklab.report.results import NotebookResult, ReportResult
 
 logger = logging.getLogger(__name__)
 
-ZOO_ENV = "DSPARKLAB_ZOO_DIR"
 # A notebook whose metadata holds {"dsparklab": {"granularity": "any"}} reads runs of any
 # granularity; the others need token-level runs (per drafted position).
 ANY_GRANULARITY = "any"
@@ -203,7 +202,7 @@ def build_report(
     """
     from tqdm.auto import tqdm
 
-    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.load import ZOO_DIR, ZOO_ENV
 
     start = time.perf_counter()
     runs_path = resolve_runs(runs)
@@ -213,7 +212,7 @@ def build_report(
     roots = [runs_path]
     if traces is not None and not runs_path.is_relative_to(traces):
         roots.append(traces)
-    zoo = _directory(zoo_dir, "zoo") if zoo_dir is not None else Path(ZOO_DIR).resolve()
+    zoo = _directory(zoo_dir, "zoo") if zoo_dir is not None else ZOO_DIR
     environment = {SHIPPED_ENV: str(traces or ""), ZOO_ENV: str(zoo)}
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)

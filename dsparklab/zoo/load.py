@@ -31,10 +31,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ZOO_DIR: Path = Path(
-    os.environ.get("DSPARKLAB_ZOO_DIR", Path(__file__).resolve().parents[2] / "data" / "zoo")
-)
-"""Where the committed checkpoints live (``<repo>/data/zoo``; ``DSPARKLAB_ZOO_DIR`` overrides)."""
+ZOO_ENV = "DSPARKLAB_ZOO_DIR"
+ZOO_DIR: Path = Path(os.environ.get(ZOO_ENV, "data/zoo")).resolve()
+"""Where the checkpoints live: ``$DSPARKLAB_ZOO_DIR``, else ``data/zoo`` in the working
+directory (in a checkout, the committed ones)."""
 
 # The attention implementation the drafters run with on CPU (FlexAttention has no CPU
 # backward, and its block masks need torch.compile).
