@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dsparklab import analysis
-from dsparklab.store.schema import ALL_TABLES
+from dsparklab.store.schema import ALL_TABLES, STATUSES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -146,3 +146,9 @@ def test_nothing_shipped_cites_outside_the_repository() -> None:
         if word in p.read_text(encoding="utf-8")
     ]
     assert not offenders, offenders
+
+
+def test_every_status_is_documented() -> None:
+    text = (DOCS / "trace-contract.md").read_text(encoding="utf-8")
+    documented = re.findall(r"^- `(\w+)`: ", text, re.M)
+    assert documented == list(STATUSES)
