@@ -1,8 +1,9 @@
-"""A writer SIGKILLed mid-run leaves every finished part readable and the run incomplete."""
+"""A writer SIGKILLed mid-run keeps every row it had flushed, and the run stays valid."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -10,55 +11,91 @@ import textwrap
 import time
 from pathlib import Path
 
-from dsparklab.store import read_run_json, read_trace, validate_trace
+import pandas as pd
 
+from dsparklab.store import read_run_json, read_trace, validate_trace
+from tests.conftest import step_rows
+
+N = 4
+BATCH = 25  # requests per flush
+# The writer flushes after every BATCH requests and then prints how many requests it has
+# flushed; it never stops by itself, so the kill lands while it is adding or writing rows.
 WRITER = textwrap.dedent(
-    """
-    import sys, time
+    f"""
+    import sys
     from dsparklab.store import TraceWriter
     from tests.conftest import make_run_json, step_rows
-    run_dir = sys.argv[1]
-    with TraceWriter(run_dir, make_run_json(num_speculative_tokens=4), flush_rows=40) as w:
-        for i in range(100_000):
-            steps, positions = step_rows([i % 5], n=4, request_id=f"r{i}")
+    with TraceWriter(sys.argv[1], make_run_json(num_speculative_tokens={N}),
+                     flush_rows=10**9, flush_seconds=10**9) as w:
+        for i in range(10**9):
+            steps, positions = step_rows([i % 5, (i + 2) % 5], n={N}, request_id=f"r{{i}}")
             w.add_many("steps", steps)
             w.add_many("positions", positions)
-            time.sleep(0.001)
+            if (i + 1) % {BATCH} == 0:
+                w.flush()
+                print(i + 1, flush=True)
     """
 )
 
 
-def test_sigkill_keeps_finished_parts(tmp_path: Path) -> None:
+def _expected(requests: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    steps, positions = [], []
+    for i in range(requests):
+        s, p = step_rows([i % 5, (i + 2) % 5], n=N, request_id=f"r{i}")
+        steps += s
+        positions += p
+    return pd.DataFrame(steps), pd.DataFrame(positions)
+
+
+def _rows(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    return frame[keys + columns].sort_values(keys).reset_index(drop=True)
+
+
+def test_sigkill_mid_write_keeps_every_flushed_row(tmp_path: Path) -> None:
     run = tmp_path / "run"
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(run)],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    assert proc.stdout is not None
+    flushed = 0
     try:
         deadline = time.monotonic() + 60
-        while len(list((run / "positions").glob("part-*.parquet"))) < 5:
-            assert proc.poll() is None, "writer exited early"
-            assert time.monotonic() < deadline, "writer produced no parts"
-            time.sleep(0.05)
+        while flushed < 8 * BATCH:
+            line = proc.stdout.readline()
+            assert line, f"writer exited early (code {proc.poll()})"
+            assert time.monotonic() < deadline, "writer too slow"
+            flushed = int(line)
+        time.sleep(random.uniform(0.0, 0.02))  # somewhere in the next batch or its flush
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
-    assert read_run_json(run)["status"] == "running"
-    steps = read_trace(run, "steps")
-    positions = read_trace(run, "positions")
-    assert len(steps) > 0 and len(positions) > 0
-    # a flush writes the steps part before the positions part, so whatever the kill
-    # interrupted, every visible position row has its step row: the run is valid, only unfinished
+    assert read_run_json(run)["status"] == "running", "killed: never marked complete"
+    steps, positions = read_trace(run, "steps"), read_trace(run, "positions")
+    want_steps, want_positions = _expected(flushed)
+    step_keys, position_keys = ["request_id", "step"], ["request_id", "step", "position"]
+    # every row flushed before the kill is there, exactly as written
+    got = steps[steps["request_id"].isin(want_steps["request_id"])]
+    pd.testing.assert_frame_equal(
+        _rows(got, step_keys, ["accepted_len", "num_drafted", "context_len"]),
+        _rows(want_steps, step_keys, ["accepted_len", "num_drafted", "context_len"]),
+        check_dtype=False,
+    )
+    got = positions[positions["request_id"].isin(want_positions["request_id"])]
+    pd.testing.assert_frame_equal(
+        _rows(got, position_keys, ["accepted", "draft_token", "target_token"]),
+        _rows(want_positions, position_keys, ["accepted", "draft_token", "target_token"]),
+        check_dtype=False,
+    )
+    # what a flush interrupted by the kill left is whole batches (the steps part is written
+    # before the positions part), so the store still validates: incomplete, not corrupt
+    for frame in (steps, positions):
+        assert frame["request_id"].nunique() % BATCH == 0
     (report,) = validate_trace(run)
     assert not report.complete
-    # finished parts are whole; steps/positions parts flush together, so per-part rows
-    # are multiples of whole steps
-    assert len(positions) % 4 == 0
-    assert report.rows["positions"] == len(positions)
-    hidden = list(run.rglob("*.tmp"))
-    listed = {p.name for p in run.rglob("part-*.parquet")}
-    assert not any(h.name in listed for h in hidden)
     assert report.ok, [str(v) for v in report.violations]
