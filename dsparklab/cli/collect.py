@@ -1,11 +1,10 @@
 """`dsparklab collect`: decode prompt sets with an engine and write one run per combination.
 
 The engine is chosen from :data:`ENGINES`, a dict of engine name -> ``"module:function"``
-imported on use. Every collect function takes the same keyword arguments (``methods``,
-``ns``, ``datasets``, ``out``, ``limit``, ``max_new_tokens``, ``temperature``, ``seed``,
-``target``, ``dspark``, ``eagle3``, ``threads``, ``overwrite``, ``progress``), lays runs
-out with :mod:`dsparklab.engines.layout`, skips complete runs, and returns the output
-root.
+imported on use. Every collect function takes one
+:class:`~dsparklab.engines.layout.CollectOptions` (``vllm-serve`` also the server's URL and
+tap directory), lays runs out with :mod:`dsparklab.engines.layout`, skips complete runs,
+and returns the output root.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -92,14 +91,14 @@ def collect(
     ] = None,
 ) -> None:
     """Decode prompt sets and record one trace run per (dataset, method, n)."""
-    from dsparklab.engines.layout import parse_list, parse_ns
+    from dsparklab.engines.layout import CollectOptions, parse_list, parse_ns
 
     serve_options = {"server_url": server_url, "tap_dir": tap_dir}
     given = [f"--{k.replace('_', '-')}" for k, v in serve_options.items() if v is not None]
     if given and engine != "vllm-serve":
         raise ConfigError(f"{', '.join(given)} applies to --engine vllm-serve, not {engine!r}")
-
-    options: dict[str, Any] = dict(
+    collector = engine_collector(engine)
+    options = CollectOptions(
         methods=parse_list(method),
         ns=parse_ns(n),
         datasets=parse_list(dataset),
@@ -115,7 +114,5 @@ def collect(
         overwrite=overwrite,
         progress=True,
     )
-    if engine == "vllm-serve":
-        options.update(serve_options)
-    root = engine_collector(engine)(**options)
+    root = collector(options, **serve_options) if engine == "vllm-serve" else collector(options)
     typer.echo(str(root))

@@ -1,13 +1,15 @@
-"""The run layout every engine's collector shares: which runs a request makes, and where.
+"""What every engine's collector shares: its options, which runs they make, and where.
 
 ``dsparklab collect --method dspark,eagle3,none --n 3..7 --dataset humaneval,prose``
 makes one run per (dataset, method, n) -- one ``none`` run per dataset, since the
 target-only baseline drafts nothing -- in ``<out>/<dataset>/<method>-n<k>``
-(``<out>/<dataset>/none``; ``-t<T>`` appended when sampling).
+(``<out>/<dataset>/none``; ``-t<T>`` appended when sampling). Every engine's ``collect``
+takes one :class:`CollectOptions` (plus the few settings only that engine has).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,11 @@ from pathlib import Path
 from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
 from dsparklab.store import read_run_json
 from dsparklab.store.schema import METHODS, RUN_JSON
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "tiny-target"
+DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
 
 
 @dataclass(frozen=True)
@@ -98,3 +105,67 @@ def is_complete(run_dir: Path) -> bool:
         return read_run_json(run_dir)["status"] == "complete"
     except TraceSchemaError:
         return False
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """One collection, for any engine: the runs to make and how to decode them.
+
+    Parameters
+    ----------
+    methods, ns, datasets
+        The runs to make (see :func:`plan_runs`).
+    out
+        Root directory; each run goes to ``<out>/<dataset>/<method>-n<k>``.
+    limit
+        First ``limit`` prompts of each dataset (None: all).
+    max_new_tokens, temperature, seed
+        Decoding settings (temperature 0 = greedy).
+    target, dspark, eagle3
+        Zoo names or checkpoint directories (a server decides what it runs: there they
+        only label the runs, with hashes when they are directories).
+    threads
+        ``torch.set_num_threads`` on CPU (None leaves torch's default).
+    overwrite
+        Redo runs that are already complete (else they are skipped).
+    progress
+        Show progress bars.
+    tier
+        The tier run.json records; None: the engine's default (reference: the target's zoo
+        tier, ``smol-target`` -> ``smol``; vLLM: ``vllm``).
+    """
+
+    methods: Sequence[str]
+    ns: Sequence[int]
+    datasets: Sequence[str]
+    out: Path
+    limit: int | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    target: str | Path = DEFAULT_TARGET
+    dspark: str | Path = DEFAULT_DRAFTERS["dspark"]
+    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"]
+    threads: int | None = 2
+    overwrite: bool = False
+    progress: bool = True
+    tier: str | None = None
+
+    @property
+    def drafters(self) -> dict[str, str | Path]:
+        """Method -> its drafter (zoo name or directory)."""
+        return {"dspark": self.dspark, "eagle3": self.eagle3}
+
+    def runs(self) -> list[RunSpec]:
+        """Every run these options name (:func:`plan_runs`)."""
+        return plan_runs(self.methods, self.ns, self.datasets, temperature=self.temperature)
+
+    def todo(self) -> list[RunSpec]:
+        """The runs to make: all with ``overwrite``, else those not complete in ``out``."""
+        todo = []
+        for spec in self.runs():
+            if self.overwrite or not is_complete(Path(self.out) / spec.name):
+                todo.append(spec)
+            else:
+                logger.info("skipping %s: already complete", Path(self.out) / spec.name)
+        return todo

@@ -136,7 +136,7 @@ def run_demo(
     png, progress
         As in :func:`dsparklab.report.build_report`.
     """
-    from dsparklab.engines.layout import is_complete, plan_runs
+    from dsparklab.engines.layout import CollectOptions, is_complete, plan_runs
     from dsparklab.engines.reference.collect import collect
 
     runs, out = Path(runs), Path(out)
@@ -153,18 +153,20 @@ def run_demo(
     plan = plan_runs(list(DEMO_METHODS), list(ns), list(datasets))
     todo = bool(stale) or not all(is_complete(runs / spec.name) for spec in plan)
     collect(
-        methods=list(DEMO_METHODS),
-        ns=list(ns),
-        datasets=list(datasets),
-        out=runs,
-        limit=limit,
-        max_new_tokens=max_new_tokens,
-        target=models["target"],
-        dspark=models["dspark"],
-        eagle3=models["eagle3"],
-        overwrite=bool(stale),
-        progress=progress,
-        tier=DEMO_TIER if models["target"] == DEMO_MODELS["target"] else None,
+        CollectOptions(
+            methods=list(DEMO_METHODS),
+            ns=list(ns),
+            datasets=list(datasets),
+            out=runs,
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            target=models["target"],
+            dspark=models["dspark"],
+            eagle3=models["eagle3"],
+            overwrite=bool(stale),
+            progress=progress,
+            tier=DEMO_TIER if models["target"] == DEMO_MODELS["target"] else None,
+        )
     )
     collected = time.perf_counter()
     logger.info("demo runs ready in %.0f s (%s)", collected - start, runs)

@@ -314,7 +314,7 @@ def decode_time_acceptance(checkpoint_dir: Path, runs_root: Path) -> dict[str, A
     Per dataset and n: :math:`AL(n) = 1 + \\sum_s a_s / S` over the S verify steps and
     :math:`a_i = \\#\\{a_s \\ge i\\} / \\#\\{a_s \\ge i - 1\\}` (accepted given reached).
     """
-    from dsparklab.engines.reference.metrics import DraftStats
+    from dsparklab.engines.stats import DraftStats
     from dsparklab.provenance import checkpoint_hash
     from dsparklab.store import find_runs, read_run_json
 

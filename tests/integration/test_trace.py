@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from dsparklab.cli.app import app
+from dsparklab.engines.layout import CollectOptions
 from dsparklab.engines.reference import ContextUpdate, DSparkDrafter, ReferenceEngine
 from dsparklab.engines.reference.collect import collect
 from dsparklab.store import read_run_json, read_trace, validate_trace
@@ -17,25 +18,25 @@ from tests.integration.conftest import GEN_LEN, Zoo
 
 pytestmark = pytest.mark.integration
 
-COLLECT = dict(
-    methods=["dspark", "eagle3", "none"],
-    ns=[3, 7],
-    datasets=["humaneval"],
-    limit=3,
-    max_new_tokens=24,
-)
+MAX_NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, zoo: Zoo) -> Path:
     out = tmp_path_factory.mktemp("runs")
     collect(
-        **COLLECT,
-        out=out,
-        target=zoo.target_path,
-        dspark=zoo.dspark_path,
-        eagle3=zoo.eagle3_path,
-        progress=False,
+        CollectOptions(
+            methods=["dspark", "eagle3", "none"],
+            ns=[3, 7],
+            datasets=["humaneval"],
+            out=out,
+            limit=3,
+            max_new_tokens=MAX_NEW_TOKENS,
+            target=zoo.target_path,
+            dspark=zoo.dspark_path,
+            eagle3=zoo.eagle3_path,
+            progress=False,
+        )
     )
     return out
 
@@ -106,7 +107,7 @@ def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
     baseline = requests[requests["method"] == "none"].set_index("request_id")
     for _, row in requests.iterrows():
         output = list(row["output_token_ids"])
-        assert 0 < len(output) <= COLLECT["max_new_tokens"]
+        assert 0 < len(output) <= MAX_NEW_TOKENS
         assert row["output_text"] == zoo.tokenizer.decode(output)
         assert row["wall_time_s"] > 0
         # the steps emitted at least the output (the last step may overshoot)

@@ -51,18 +51,21 @@ def require_zoo() -> None:
 @functools.cache
 def lab_runs(base: Path) -> Path:
     """The reference engine's runs on the zoo (22 runs), collected once per session."""
+    from dsparklab.engines.layout import CollectOptions
     from dsparklab.engines.reference.collect import collect
 
     require_zoo()
     return collect(
-        methods=METHODS,
-        ns=NS,
-        datasets=DATASETS,
-        out=base / "runs",
-        limit=LIMIT,
-        max_new_tokens=MAX_NEW_TOKENS,
-        threads=1,
-        progress=False,
+        CollectOptions(
+            methods=METHODS,
+            ns=NS,
+            datasets=DATASETS,
+            out=base / "runs",
+            limit=LIMIT,
+            max_new_tokens=MAX_NEW_TOKENS,
+            threads=1,
+            progress=False,
+        )
     )
 
 

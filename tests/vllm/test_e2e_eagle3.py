@@ -26,6 +26,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from dsparklab.engines.layout import CollectOptions  # noqa: E402
 from dsparklab.engines.vllm.collect import collect  # noqa: E402
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
@@ -53,14 +54,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         progress=False,
     )
     collect(
-        out=root / "vllm",
+        CollectOptions(out=root / "vllm", **common),
         engine_kwargs={"max_num_seqs": LIMIT},
         keep_taps=root / "taps",
-        **common,
     )
     from dsparklab.engines.reference.collect import collect as reference_collect
 
-    reference_collect(out=root / "reference", **common)
+    reference_collect(CollectOptions(out=root / "reference", **common))
     return {
         "vllm": root / "vllm" / "humaneval" / f"eagle3-n{N}",
         "reference": root / "reference" / "humaneval" / f"eagle3-n{N}",
@@ -99,8 +99,8 @@ def test_prometheus_per_position_equals_trace(runs: dict[str, Path]) -> None:
     prometheus = read_run_json(runs["vllm"])["checks"]["prometheus"]
     assert prometheus["accepted_per_pos"] == trace_counts
     steps = read_trace(runs["vllm"], "steps")
-    assert prometheus["num_drafts"] == len(steps)
-    assert prometheus["num_accepted_tokens"] == int(steps["accepted_len"].sum())
+    assert prometheus["num_steps"] == len(steps)
+    assert prometheus["num_accepted"] == int(steps["accepted_len"].sum())
     assert sum(trace_counts) > 0, "the zoo Eagle3 drafter should get some drafts accepted"
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm import (
     StagingRing,
     TapBuffers,
@@ -27,7 +28,7 @@ from dsparklab.engines.vllm import (
     tap_topk_position,
     target_to_draft_index,
 )
-from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
+from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_trace, validate_trace
 
@@ -238,7 +239,7 @@ def test_recorder_skips_unverified_and_prefill_rows() -> None:
     # prefill done: one token sampled, zero drafts verified -> no step
     rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[9], last=[5]))
     rec.process_ready()
-    assert rec.rows.steps == [] and rec.stats.num_drafts == 0
+    assert rec.rows.steps == [] and rec.stats.num_steps == 0
 
 
 def test_recorder_v1_host_counts() -> None:
@@ -307,15 +308,25 @@ def test_external_request_id(internal: str, external: str) -> None:
 
 # -- tallies and settings ----------------------------------------------------------------
 def test_draft_stats_identities() -> None:
-    stats = DraftStats.from_accepted(3, [(3, 3), (3, 0), (2, 1)])
+    stats = DraftStats.new(3)
+    for drafted, accepted in [(3, 3), (3, 0), (2, 1)]:
+        stats.observe_draft(drafted, accepted)
     assert stats.accepted_per_pos == [2, 1, 1]
-    assert stats.num_accepted_tokens == sum(stats.accepted_per_pos)
-    assert stats.mean_acceptance_length() == pytest.approx(1 + 4 / 3)
-    assert DraftStats.new(3).mean_acceptance_length() == 1.0
+    assert stats.num_accepted == sum(stats.accepted_per_pos) == 4
+    assert (stats.num_steps, stats.num_drafted, stats.num_emitted) == (3, 8, 7)
+    assert stats.mean_acceptance_length == pytest.approx(1 + 4 / 3)
+    assert stats.conditional_acceptance_per_pos == [pytest.approx(2 / 3), 0.5, 1.0]
+    assert DraftStats.new(3).mean_acceptance_length == 1.0
     merged = stats.merge(stats)
-    assert merged.accepted_per_pos == [4, 2, 2] and merged.num_drafts == 6
+    assert merged.accepted_per_pos == [4, 2, 2] and merged.num_steps == 6
+    assert merged.since(stats) == stats
+    assert stats.to_json()["mean_acceptance_length"] == stats.mean_acceptance_length
     with pytest.raises(DSparkLabError):
         stats.observe_draft(2, 3)
+    with pytest.raises(DSparkLabError):
+        stats.observe_draft(4, 0)  # more than n drafted
+    with pytest.raises(DSparkLabError):
+        stats.merge(DraftStats.new(2))
 
 
 def test_stats_from_vllm_metrics_reads_vector_and_counters() -> None:
@@ -329,7 +340,7 @@ def test_stats_from_vllm_metrics_reads_vector_and_counters() -> None:
     ]
     stats = stats_from_vllm_metrics(metrics, 3)
     assert stats.accepted_per_pos == [5, 3, 1]
-    assert (stats.num_drafts, stats.num_accepted_tokens) == (6, 9)
+    assert (stats.num_steps, stats.num_accepted, stats.num_emitted) == (6, 9, 15)
 
 
 def test_tap_config_from_env() -> None:

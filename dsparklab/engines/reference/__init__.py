@@ -17,7 +17,6 @@ from dsparklab.engines.reference.markov import (
     dspark_markov_step,
     map_draft_to_target,
 )
-from dsparklab.engines.reference.metrics import DraftStats
 from dsparklab.engines.reference.models import (
     ContextUpdate,
     DSparkDrafter,
@@ -31,7 +30,6 @@ __all__ = [
     "METHODS",
     "ContextUpdate",
     "DSparkDrafter",
-    "DraftStats",
     "Eagle3Drafter",
     "Generation",
     "MarkovHeadWeights",

@@ -14,9 +14,7 @@ from __future__ import annotations
 import logging
 import platform
 import uuid
-from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,40 +22,16 @@ import torch
 from tqdm.auto import tqdm
 
 import dsparklab
-from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
+from dsparklab.engines.checkpoints import ModelRef, resolve_model
+from dsparklab.engines.layout import DEFAULT_DRAFTERS, CollectOptions, RunSpec
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
-from dsparklab.engines.reference.metrics import DraftStats
+from dsparklab.engines.stats import DraftStats
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.provenance import checkpoint_hash, provenance
+from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TARGET = "tiny-target"
-DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A checkpoint as run.json records it."""
-
-    name: str
-    path: Path
-    content_hash: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "path": str(self.path), "content_hash": self.content_hash}
-
-
-def resolve_model(name_or_path: str | Path) -> ModelRef:
-    """A zoo name (``tiny-dspark``) or a checkpoint directory -> its path and hash."""
-    from dsparklab.zoo import zoo_path
-
-    path = Path(name_or_path)
-    if not (path / "config.json").is_file():
-        path = zoo_path(str(name_or_path))
-    return ModelRef(name=path.name, path=path.resolve(), content_hash=checkpoint_hash(path))
 
 
 def model_tier(name: str) -> str:
@@ -193,69 +167,25 @@ class RunRecorder:
         self.writer.__exit__(*exc)
 
 
-def collect(
-    *,
-    methods: Sequence[str],
-    ns: Sequence[int],
-    datasets: Sequence[str],
-    out: Path | str,
-    limit: int | None = None,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    seed: int = 0,
-    target: str | Path = DEFAULT_TARGET,
-    dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
-    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
-    threads: int | None = 2,
-    overwrite: bool = False,
-    progress: bool = True,
-    tier: str | None = None,
-) -> Path:
-    """Collect every (dataset, method, n) run with the reference engine.
+def collect(options: CollectOptions) -> Path:
+    """Collect every (dataset, method, n) run of ``options`` with the reference engine.
 
-    Parameters
-    ----------
-    methods, ns, datasets
-        The runs to make (see :func:`dsparklab.engines.layout.plan_runs`).
-    out : path-like
-        Root directory; each run goes to ``<out>/<dataset>/<method>-n<k>``.
-    limit : int, optional
-        First ``limit`` prompts of each dataset.
-    max_new_tokens, temperature, seed
-        Decoding settings (temperature 0 = greedy).
-    target, dspark, eagle3
-        Zoo names or checkpoint directories.
-    threads : int, optional
-        ``torch.set_num_threads`` for the collection (None leaves torch's default).
-    overwrite : bool
-        Redo runs that are already complete.
-    progress : bool
-        Show tqdm progress bars.
-    tier : str, optional
-        The tier recorded in run.json; default the target's zoo tier (``smol-target`` ->
-        ``smol``). The demo labels its live runs ``smol-live`` so that they stay apart
-        from the shipped ``smol`` traces made in another sitting.
-
-    Returns
-    -------
-    Path
-        The output root.
+    The demo labels its live runs with ``options.tier`` ``smol-live`` so that they stay
+    apart from the shipped ``smol`` traces made in another sitting. Returns the output
+    root.
     """
-    out = Path(out)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    runs = plan_runs(methods, ns, datasets, temperature=temperature)
-    todo = [r for r in runs if overwrite or not is_complete(out / r.name)]
-    for skipped in (r for r in runs if r not in todo):
-        logger.info("skipping %s: already complete", out / skipped.name)
+    out = Path(options.out)
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    todo = options.todo()
     if not todo:
         return out
-    models = ModelSet(target, {"dspark": dspark, "eagle3": eagle3})
+    models = ModelSet(options.target, options.drafters)
     by_dataset: dict[str, list[RunSpec]] = {}
     for spec in todo:
         by_dataset.setdefault(spec.dataset, []).append(spec)
     for dataset, specs in by_dataset.items():
-        prompts = load_prompts(dataset, limit=limit)
+        prompts = load_prompts(dataset, limit=options.limit)
         with ExitStack() as stack:
             recorders = [
                 stack.enter_context(
@@ -266,17 +196,19 @@ def collect(
                         config=ReferenceConfig(
                             method=cast(Method, spec.method),  # plan_runs checked it
                             num_speculative_tokens=spec.n,
-                            max_new_tokens=max_new_tokens,
-                            temperature=temperature,
-                            seed=seed,
+                            max_new_tokens=options.max_new_tokens,
+                            temperature=options.temperature,
+                            seed=options.seed,
                         ),
-                        tier=tier,
+                        tier=options.tier,
                         overwrite=True,
                     )
                 )
                 for spec in specs
             ]
-            bar = tqdm(total=len(prompts) * len(recorders), desc=dataset, disable=not progress)
+            bar = tqdm(
+                total=len(prompts) * len(recorders), desc=dataset, disable=not options.progress
+            )
             for index, prompt in enumerate(prompts):
                 # every configuration decodes this prompt before the next one starts, in
                 # an order rotated by the prompt: machine drift spreads over all of them

@@ -34,7 +34,6 @@ import torch
 
 from dsparklab.engines.reference.config import ReferenceConfig
 from dsparklab.engines.reference.markov import argmax_last, map_draft_to_target
-from dsparklab.engines.reference.metrics import DraftStats
 from dsparklab.engines.reference.models import (
     TRACE_FIELDS,
     ContextUpdate,
@@ -44,6 +43,7 @@ from dsparklab.engines.reference.models import (
     make_drafter,
     sample_token,
 )
+from dsparklab.engines.stats import DraftStats
 from dsparklab.errors import ConfigError
 
 logger = logging.getLogger(__name__)

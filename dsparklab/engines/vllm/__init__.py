@@ -13,7 +13,6 @@ from typing import Any
 _NAMES = {
     "TapConfig": "config",
     "TapConfigError": "config",
-    "VllmCollectConfig": "config",
     "LEVEL_FIELDS": "core",
     "TAP_FIELDS": "core",
     "DraftStash": "core",
@@ -26,7 +25,6 @@ _NAMES = {
     "tap_topk_position": "core",
     "target_to_draft_index": "core",
     "topk_base_lse": "core",
-    "DraftStats": "metrics",
     "stats_from_vllm_metrics": "metrics",
     "TraceRecorder": "recorder",
     "external_request_id": "recorder",

@@ -24,7 +24,6 @@ whether they equal the sums over the trace (``checks.prometheus_equals_trace``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -44,67 +43,26 @@ from typing import Any
 import pandas as pd
 
 import dsparklab
-from dsparklab.engines.layout import RunSpec, is_complete, plan_runs
+from dsparklab.engines.checkpoints import ModelRef, resolve_model
+from dsparklab.engines.layout import CollectOptions, RunSpec
+from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
-from dsparklab.engines.vllm.metrics import DraftStats, stats_from_vllm_metrics
+from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import ConfigError, DSparkLabError
 from dsparklab.importers._common import totals_row
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.provenance import checkpoint_hash, provenance
+from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 
 logger = logging.getLogger(__name__)
 
 ENGINE_NAME = "vllm"
-DEFAULT_TARGET = "tiny-target"
-DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
-# Directories larger than this are identified by their config files and weight-file
-# names and sizes, not by hashing every byte (a Kimi checkpoint is ~1 TB).
-FULL_HASH_MAX_BYTES = 256 << 20
 ENV_SERVER_URL = "DSPARKLAB_VLLM_URL"
 CPU_KV_CACHE_BYTES = 256 << 20
 
 
 class CollectError(DSparkLabError, RuntimeError):
     """vLLM or the taps did not produce what a run needs (named in the message)."""
-
-
-# -- models -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelRef:
-    """A checkpoint as run.json records it."""
-
-    name: str
-    path: Path
-    content_hash: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "path": str(self.path), "content_hash": self.content_hash}
-
-
-def _light_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = str(file.relative_to(path))
-        digest.update(rel.encode())
-        if file.suffix == ".json":
-            digest.update(file.read_bytes())
-        else:
-            digest.update(str(file.stat().st_size).encode())
-    return f"sha256-meta:{digest.hexdigest()}"
-
-
-def resolve_model(name_or_path: str | Path) -> ModelRef:
-    """A zoo name (``tiny-eagle3``) or a checkpoint directory -> its path and hash."""
-    path = Path(name_or_path)
-    if not (path / "config.json").is_file():
-        from dsparklab.zoo import zoo_path
-
-        path = zoo_path(str(name_or_path))
-    path = path.resolve()
-    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    content_hash = checkpoint_hash(path) if size <= FULL_HASH_MAX_BYTES else _light_hash(path)
-    return ModelRef(name=path.name, path=path, content_hash=content_hash)
 
 
 # -- what one request produced ------------------------------------------------------------
@@ -294,11 +252,11 @@ def write_run(
             "requests_without_taps": report.requests_without_taps[:50],
         }
         if prometheus is not None:
-            checks["prometheus"] = prometheus.as_dict()
+            checks["prometheus"] = prometheus.to_json()
             checks["prometheus_equals_trace"] = (
                 prometheus.accepted_per_pos == report.stats.accepted_per_pos
-                and prometheus.num_drafts == report.stats.num_drafts
-                and prometheus.num_accepted_tokens == report.stats.num_accepted_tokens
+                and prometheus.num_steps == report.stats.num_steps
+                and prometheus.num_accepted == report.stats.num_accepted
             )
             if not checks["prometheus_equals_trace"]:
                 logger.warning(
@@ -307,7 +265,7 @@ def write_run(
                     prometheus.accepted_per_pos,
                     report.stats.accepted_per_pos,
                 )
-        writer.update_meta(stats=report.stats.as_dict(), num_requests=len(requests), checks=checks)
+        writer.update_meta(stats=report.stats.to_json(), num_requests=len(requests), checks=checks)
     return report
 
 
@@ -467,11 +425,9 @@ def _run_json(
     spec: RunSpec,
     target: ModelRef,
     drafter: ModelRef | None,
+    options: CollectOptions,
     *,
     vllm_version: str,
-    temperature: float,
-    seed: int,
-    max_new_tokens: int,
     mode: str,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -485,13 +441,13 @@ def _run_json(
         target=target.to_json(),
         drafter=None if drafter is None else drafter.to_json(),
         dataset=spec.dataset_dir,
-        sampling={"temperature": temperature, "seed": seed},
-        tier="vllm",
+        sampling={"temperature": options.temperature, "seed": options.seed},
+        tier=options.tier or ENGINE_NAME,
         hardware={
             "device": "cuda" if torch.cuda.is_available() else "cpu",
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         },
-        config={"max_new_tokens": max_new_tokens, **dict(extra or {})},
+        config={"max_new_tokens": options.max_new_tokens, **dict(extra or {})},
         provenance=provenance(),
         dsparklab_version=dsparklab.__version__,
     )
@@ -546,29 +502,15 @@ def _request_result(prompt: Prompt, ids: list[int], output: Any) -> CollectedReq
 
 
 def collect(
+    options: CollectOptions,
     *,
-    methods: Sequence[str],
-    ns: Sequence[int],
-    datasets: Sequence[str],
-    out: Path | str,
-    limit: int | None = None,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    seed: int = 0,
-    target: str | Path = DEFAULT_TARGET,
-    dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
-    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
-    threads: int | None = 1,
-    overwrite: bool = False,
-    progress: bool = True,
     engine_kwargs: Mapping[str, Any] | None = None,
     tap_level: str = "full",
     keep_taps: Path | str | None = None,
 ) -> Path:
-    """Collect every (dataset, method, n) run with ``vllm.LLM`` and the plugin's taps.
+    """Collect every (dataset, method, n) run of ``options`` with ``vllm.LLM`` and the taps.
 
-    One engine per (method, n) serves all datasets. Same keyword arguments as the
-    reference engine's collect (``dsparklab collect --engine vllm``), plus:
+    One engine per (method, n) serves all datasets (``dsparklab collect --engine vllm``).
 
     Parameters
     ----------
@@ -588,13 +530,10 @@ def collect(
     """
     import torch
 
-    out = Path(out)
-    if threads is not None and not torch.cuda.is_available():
-        torch.set_num_threads(threads)
-    runs = plan_runs(methods, ns, datasets, temperature=temperature)
-    todo = [r for r in runs if overwrite or not is_complete(out / r.name)]
-    for skipped in (r for r in runs if r not in todo):
-        logger.info("skipping %s: already complete", out / skipped.name)
+    out = Path(options.out)
+    if options.threads is not None and not torch.cuda.is_available():
+        torch.set_num_threads(options.threads)
+    todo = options.todo()
     if not todo:
         return out
     if any(r.method == "dspark" for r in todo) and not torch.cuda.is_available():
@@ -603,8 +542,7 @@ def collect(
             "refuses it: 'Model Runner V1 does not support: dspark speculative decoding'); "
             "collect dspark with --engine reference here, or run on a GPU machine"
         )
-    target_ref = resolve_model(target)
-    drafter_names = {"dspark": dspark, "eagle3": eagle3}
+    target_ref = resolve_model(options.target)
     groups: dict[tuple[str, int], list[RunSpec]] = {}
     for spec in todo:
         groups.setdefault((spec.method, spec.n), []).append(spec)
@@ -612,28 +550,24 @@ def collect(
     tap_root = Path(keep_taps) if keep_taps else Path(tempfile.mkdtemp(prefix="dsparklab-taps-"))
     try:
         for (method, n), specs in groups.items():
-            drafter_ref = None if method == "none" else resolve_model(drafter_names[method])
+            drafter_ref = None if method == "none" else resolve_model(options.drafters[method])
             for spec in specs:
                 if spec.dataset not in prompt_sets:
-                    prompt_sets[spec.dataset] = load_prompts(spec.dataset, limit=limit)
+                    prompt_sets[spec.dataset] = load_prompts(spec.dataset, limit=options.limit)
             _collect_engine(
                 method,
                 n,
                 specs,
                 prompt_sets,
-                out=out,
+                options,
                 target=target_ref,
                 drafter=drafter_ref,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed,
                 engine_kwargs=dict(engine_kwargs or {}),
                 tap_config=TapConfig(
                     trace_dir=tap_root,
                     run_name=f"{method}-n{n}-{uuid.uuid4().hex[:8]}",
                     level=tap_level,  # type: ignore[arg-type]
                 ),
-                progress=progress,
             )
     finally:
         if not keep_taps:
@@ -646,16 +580,12 @@ def _collect_engine(
     n: int,
     specs: Sequence[RunSpec],
     prompt_sets: Mapping[str, list[Prompt]],
+    options: CollectOptions,
     *,
-    out: Path,
     target: ModelRef,
     drafter: ModelRef | None,
-    max_new_tokens: int,
-    temperature: float,
-    seed: int,
     engine_kwargs: Mapping[str, Any],
     tap_config: TapConfig,
-    progress: bool,
 ) -> list[RunReport]:
     """Start one ``vllm.LLM`` for (method, n), run every dataset, write the runs."""
     with _environ(tap_config.to_env()):
@@ -667,26 +597,31 @@ def _collect_engine(
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        kwargs = _engine_kwargs(target, method, n, drafter, seed, engine_kwargs)
+        kwargs = _engine_kwargs(target, method, n, drafter, options.seed, engine_kwargs)
         logger.info("starting vLLM for %s n=%d", method, n)
         llm = LLM(**kwargs)
         try:
             tokenizer = llm.get_tokenizer()
-            max_len = int(llm.llm_engine.model_config.max_model_len) - max_new_tokens - n - 1
-            sampling = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+            max_new = options.max_new_tokens
+            max_len = int(llm.llm_engine.model_config.max_model_len) - max_new - n - 1
+            sampling = SamplingParams(
+                temperature=options.temperature, max_tokens=max_new, seed=options.seed
+            )
             collected: list[tuple[RunSpec, list[CollectedRequest], DraftStats]] = []
             for spec in specs:
                 prompts = prompt_sets[spec.dataset]
                 ids = [encode_prompt(tokenizer, p, max_len) for p in prompts]
                 before = stats_from_vllm_metrics(llm.get_metrics(), n)
                 outputs = llm.generate(
-                    [TokensPrompt(prompt_token_ids=i) for i in ids], sampling, use_tqdm=progress
+                    [TokensPrompt(prompt_token_ids=i) for i in ids],
+                    sampling,
+                    use_tqdm=options.progress,
                 )
                 after = stats_from_vllm_metrics(llm.get_metrics(), n)
                 results = [
                     _request_result(p, i, o) for p, i, o in zip(prompts, ids, outputs, strict=True)
                 ]
-                collected.append((spec, results, _stats_delta(after, before)))
+                collected.append((spec, results, after.since(before)))
             tap_dirs = _close_taps(llm) if n else []
         finally:
             del llm
@@ -705,16 +640,14 @@ def _collect_engine(
             spec,
             target,
             drafter,
+            options,
             vllm_version=getattr(vllm, "__version__", "unknown"),
-            temperature=temperature,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
             mode="offline",
             extra={"engine_kwargs": _jsonable(kwargs), "taps": tap_config.as_dict()},
         )
         reports.append(
             write_run(
-                out / spec.name,
+                Path(options.out) / spec.name,
                 meta,
                 results,
                 n=n,
@@ -739,18 +672,6 @@ def _close_taps(llm: Any) -> list[str]:
             "keep VLLM_PLUGINS unset or listing 'dsparklab'"
         )
         return []
-
-
-def _stats_delta(after: DraftStats, before: DraftStats) -> DraftStats:
-    return DraftStats(
-        num_spec_tokens=after.num_spec_tokens,
-        num_drafts=after.num_drafts - before.num_drafts,
-        num_draft_tokens=after.num_draft_tokens - before.num_draft_tokens,
-        num_accepted_tokens=after.num_accepted_tokens - before.num_accepted_tokens,
-        accepted_per_pos=[
-            a - b for a, b in zip(after.accepted_per_pos, before.accepted_per_pos, strict=True)
-        ],
-    )
 
 
 def _flatten(values: Iterable[Any]) -> list[str]:
@@ -891,21 +812,8 @@ def _wait_for_taps(
 
 
 def collect_serve(
+    options: CollectOptions,
     *,
-    methods: Sequence[str],
-    ns: Sequence[int],
-    datasets: Sequence[str],
-    out: Path | str,
-    limit: int | None = None,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    seed: int = 0,
-    target: str | Path = DEFAULT_TARGET,
-    dspark: str | Path = DEFAULT_DRAFTERS["dspark"],
-    eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"],
-    threads: int | None = 1,
-    overwrite: bool = False,
-    progress: bool = True,
     server_url: str | None = None,
     tap_dir: Path | str | None = None,
     concurrency: int = 8,
@@ -917,32 +825,31 @@ def collect_serve(
     The server must run with ``DSPARKLAB_TRACE_DIR`` set (its workers write the tap
     traces there; this process must be able to read that directory) and, for vLLM's
     per-step counts, ``--per-request-spec-decode-metrics detailed``. Exactly one
-    (method, n) is served: ``methods``/``ns`` must name it. ``server_url`` defaults to
-    ``$DSPARKLAB_VLLM_URL`` or ``http://localhost:8000``; ``tap_dir`` to
-    ``$DSPARKLAB_TRACE_DIR``. ``target``/drafter names only label the run (the server
-    decides what runs); pass directories to record their hashes.
+    (method, n) is served: ``options.methods``/``ns`` must name it. ``server_url``
+    defaults to ``$DSPARKLAB_VLLM_URL`` or ``http://localhost:8000``; ``tap_dir`` to
+    ``$DSPARKLAB_TRACE_DIR``. The options' target/drafter names only label the run (the
+    server decides what runs); pass directories to record their hashes. ``concurrency``
+    requests are in flight at once; ``tap_timeout`` bounds the wait for the taps' rows;
+    ``tokenize`` (prompt -> token ids) sends token ids instead of the prompt's text.
     """
-    out = Path(out)
+    out = Path(options.out)
     url = server_url or os.environ.get(ENV_SERVER_URL, "http://localhost:8000")
     taps = Path(tap_dir or os.environ.get(ENV_TRACE_DIR, "") or ".")
-    runs = [r for r in plan_runs(methods, ns, datasets, temperature=temperature)]
-    served = {(r.method, r.n) for r in runs}
+    served = {(r.method, r.n) for r in options.runs()}
     if len(served) != 1:
         raise ConfigError(
             f"a server runs one (method, n); got {sorted(served)}; pass one method and one n"
         )
     ((method, n),) = served
-    todo = [r for r in runs if overwrite or not is_complete(out / r.name)]
+    todo = options.todo()
     if not todo:
         return out
     model = _served_model(url, 30.0)
-    target_ref = _label_model(target)
-    drafter_ref = (
-        None if method == "none" else _label_model({"dspark": dspark, "eagle3": eagle3}[method])
-    )
+    target_ref = _label_model(options.target)
+    drafter_ref = None if method == "none" else _label_model(options.drafters[method])
     token = uuid.uuid4().hex[:10]
     for run_index, spec in enumerate(todo):
-        prompts = load_prompts(spec.dataset, limit=limit)
+        prompts = load_prompts(spec.dataset, limit=options.limit)
 
         def one(item: tuple[int, Prompt], tag: str = f"dsl{token}r{run_index}") -> CollectedRequest:
             index, prompt = item
@@ -952,9 +859,9 @@ def collect_serve(
                 prompt,
                 tokenize(prompt) if tokenize is not None else None,
                 request_id=f"{tag}x{index}",
-                max_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed,
+                max_tokens=options.max_new_tokens,
+                temperature=options.temperature,
+                seed=options.seed,
             )
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -966,10 +873,8 @@ def collect_serve(
             spec,
             target_ref,
             drafter_ref,
+            options,
             vllm_version="server",
-            temperature=temperature,
-            seed=seed,
-            max_new_tokens=max_new_tokens,
             mode="serve",
             extra={"server_url": url, "served_model": model, "tap_dir": str(taps)},
         )

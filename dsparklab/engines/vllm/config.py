@@ -1,4 +1,4 @@
-"""Settings of the vLLM taps (read from the environment) and of the vLLM collector.
+"""Settings of the vLLM taps, read from the environment.
 
 The taps are switched on by one environment variable, ``DSPARKLAB_TRACE_DIR``; every
 other ``DSPARKLAB_*`` variable only refines what they do. vLLM loads plugins in every
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,45 +112,3 @@ class TapConfig:
         out = asdict(self)
         out["trace_dir"] = str(self.trace_dir)
         return out
-
-
-@dataclass(frozen=True)
-class VllmCollectConfig:
-    """One collection with vLLM: a target, a drafter, a method, n and a prompt set."""
-
-    target: str = _describe("target model directory (or name vLLM can load)", "")
-    drafter: str = _describe("drafter checkpoint directory (speculators format)", "")
-    method: Literal["dspark", "eagle3"] = _describe("speculative method", "eagle3")
-    num_speculative_tokens: int = _describe("n, drafted positions per step", 3)
-    dataset: str = _describe("prompt set name for dsparklab.prompts.load_prompts", "humaneval")
-    limit: int | None = _describe("first N prompts of the set; None: all", None)
-    max_tokens: int = _describe("new tokens per prompt", 64)
-    temperature: float = _describe("sampling temperature; 0 is greedy", 0.0)
-    seed: int = _describe("sampling seed", 0)
-    dtype: str = _describe("model dtype passed to vLLM", "auto")
-    max_model_len: int | None = _describe("vLLM max_model_len; None: the model's", None)
-    max_num_seqs: int | None = _describe("vLLM max_num_seqs; None: vLLM's default", None)
-    tensor_parallel_size: int = _describe("vLLM tensor_parallel_size", 1)
-    enforce_eager: bool = _describe("disable CUDA graphs (always true on CPU)", False)
-    tap_level: TapLevel = _describe("what the taps record, see TapConfig.level", "full")
-    engine_kwargs: Mapping[str, Any] = field(
-        default_factory=dict,
-        metadata={"description": "extra keyword arguments for vllm.LLM (e.g. seed, swap_space)"},
-    )
-
-    def __post_init__(self) -> None:
-        if self.method not in ("dspark", "eagle3"):
-            raise TapConfigError(
-                f"method {self.method!r} is not one the taps record; expected 'dspark' or 'eagle3'"
-            )
-        if self.num_speculative_tokens < 1:
-            raise TapConfigError(
-                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
-            )
-        if not self.target or not self.drafter:
-            raise TapConfigError("both target and drafter must be given")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "engine_kwargs": dict(self.engine_kwargs)
-        }

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
-from dsparklab.engines.vllm.metrics import DraftStats
 from dsparklab.store import TraceWriter, read_run_json
 from dsparklab.store.schema import PART_PREFIX, PART_SUFFIX, RUN_JSON, TABLES
 from dsparklab.store.writer import utc_now, write_json_atomic
@@ -417,7 +417,7 @@ class TraceRecorder:
             seq = self._seq_staged
         if self.in_flight():
             return
-        self.writer.update_meta(tap_stats=self.stats.as_dict())
+        self.writer.update_meta(tap_stats=self.stats.to_json())
         self.writer.checkpoint()
         self._last_write = time.monotonic()
         with self._qlock:
@@ -431,7 +431,7 @@ class TraceRecorder:
         with self._lock:
             self.process_ready(block=True)
             if self._writer_open and self.writer is not None:
-                self.writer.update_meta(tap_stats=self.stats.as_dict())
+                self.writer.update_meta(tap_stats=self.stats.to_json())
                 self.writer.flush()
 
     def close(self, *, status: str = "complete") -> None:
@@ -471,7 +471,7 @@ class TraceRecorder:
 
     def _close_writer(self, status: str) -> None:
         assert self.writer is not None
-        self.writer.update_meta(tap_stats=self.stats.as_dict())
+        self.writer.update_meta(tap_stats=self.stats.to_json())
         if self.failed:
             self.writer.update_meta(error=self.failed)
         if not self._writer_open:
@@ -511,7 +511,7 @@ class TraceRecorder:
             "closed": self.closed,
             "failed": self.failed,
             "pending_requests": len(self._pending),
-            "tap_stats": self.stats.as_dict(),
+            "tap_stats": self.stats.to_json(),
         }
 
 
