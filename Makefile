@@ -23,8 +23,10 @@ demo: venv
 test: venv
 	$(PY) -m pytest
 
+# The fast gate: store, analysis, plots, importers, the lab helpers, packaging and the tap
+# arithmetic; no wheel download, under 2 minutes.
 test-pr: venv
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/packaging tests/vllm/test_tap_core.py -m "not slow and not network"
 
 quality: venv
 	$(VENV)/bin/ruff check dsparklab tests benchmarks

