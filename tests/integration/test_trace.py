@@ -141,6 +141,25 @@ def test_cli_rejects_unknown_engine_and_method(tmp_path: Path) -> None:
         assert value in str(result.exception or result.output)
 
 
+def test_cli_serve_options_need_the_serve_engine(tmp_path: Path) -> None:
+    """--server-url / --tap-dir with another engine: one line naming them, exit code 2."""
+    import subprocess
+    import sys
+
+    cli = Path(sys.executable).with_name("dsparklab")
+    args = ["collect", "--engine", "reference", "--server-url", "http://127.0.0.1:9"]
+    result = subprocess.run(
+        [str(cli), *args, "--tap-dir", str(tmp_path), "--out", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "--server-url, --tap-dir" in line and "vllm-serve" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(("method", "n"), [("dspark", 5), ("eagle3", 4), ("none", 0)])
 def test_tracing_off_gives_the_same_tokens(
     zoo: Zoo, prompt_ids: list[list[int]], method: str, n: int
