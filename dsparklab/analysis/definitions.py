@@ -50,42 +50,6 @@ AL_DEFINITIONS: dict[str, str] = {
     "on a round that ends in EOS (DeepSpec acceptance_length)",
 }
 
-# What each tool's fields mean, for the docs page and the importers' checks.
-TOOL_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("vllm-metrics", "vllm:spec_decode_num_drafts_total", "D (drafts)"),
-    ("vllm-metrics", "vllm:spec_decode_num_draft_tokens_total", "drafted tokens sum_d k_d"),
-    ("vllm-metrics", "vllm:spec_decode_num_accepted_tokens_total", "accepted tokens sum_j j h_j"),
-    (
-        "vllm-metrics",
-        "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}",
-        "A_i (marginal count)",
-    ),
-    ("vllm-bench", "spec_decode_acceptance_rate", "accepted / drafted tokens, in PERCENT"),
-    ("vllm-bench", "spec_decode_acceptance_length", "per_step AL = 1 + accepted / D"),
-    ("vllm-bench", "spec_decode_per_position_acceptance_rates", "s_i (fractions)"),
-    ("vllm-request", "acceptance_histogram", "h_j, dense, length n + 1, bonus excluded"),
-    ("vllm-request", "mean_acceptance_length", "per_step AL of the request"),
-    ("vllm-request", "draft_acceptance_rate", "accepted / drafted tokens (fraction)"),
-    ("vllm-request", "per_step_accepted / per_step_drafted", "j and k_d per step, in order"),
-    ("sglang", "spec_correct_drafts_histogram", "h_j (index = correct drafts)"),
-    ("sglang", "spec_accept_length", "completion_per_verify: completion tokens / verify steps"),
-    ("sglang", "spec_accept_rate", "correct drafts / proposed drafts (fraction)"),
-    ("specdec-bench", "Acceptance_Length_Histogram", "steps per length L = j + 1 (bonus in)"),
-    ("specdec-bench", "Conditional_Acceptance_Rate[L]", "a_{L-2} (key L = 1 is always 1.0)"),
-    ("specdec-bench", "Joint_Acceptance_Rate[L]", "s_{L-2} (key L = 1 is always 1.0)"),
-    ("specdec-bench", "Average_AL", "per_request AL"),
-    ("specdec-bench", "speculation_profile mean_accept_length", "per_step AL"),
-    ("specdec-bench", "speculation_profile marginal_accept_rates", "s_i"),
-    ("specdec-bench", "speculation_profile conditional_accept_rates", "a_i"),
-    ("deepspec", "spec.accept_rates_by_position", "s_i among proposals offering i"),
-    ("deepspec", "spec.acceptance_length", "committed_per_round"),
-)
-
-
-def definitions_table() -> pd.DataFrame:
-    """Which tool reports which quantity: ``tool``, ``field``, ``meaning``."""
-    return pd.DataFrame(list(TOOL_FIELDS), columns=["tool", "field", "meaning"])
-
 
 # -- rates --------------------------------------------------------------------------------
 def marginal_from_conditional(conditional: Sequence[float] | np.ndarray) -> np.ndarray:

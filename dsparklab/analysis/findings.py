@@ -16,8 +16,6 @@ import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, require_columns
 
-TRENDS = ("rises", "flat", "falls")
-
 
 def speedup_trend(
     scaling: pd.DataFrame,

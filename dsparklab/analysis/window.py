@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 BASELINE_METHOD = "none"
 # Run columns a baseline run must share with the method run it is compared with.
 MATCH_COLUMNS = ("engine", "target", "dataset", "temperature")
-STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
 
 
 def count_step_times(

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from dsparklab.provenance import hash_path
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
 from dsparklab.store.schema import RUN_JSON
 
-IMPORT_ENGINE_MODE = "imported"
 DEFAULT_DATASET = "imported"
 DEFAULT_METHOD = "unknown"
 
@@ -396,11 +395,6 @@ def write_runs(
                 shutil.rmtree(tmp, ignore_errors=True)
         result.written.append(final)
     return result
-
-
-def iter_objects(source: SourceFile) -> Iterator[tuple[Any, int | None]]:
-    for record in json_records(source):
-        yield record.value, record.line
 
 
 def reason(err: Exception) -> str:

@@ -39,7 +39,6 @@ ALLOWED_SCOPES: dict[str, frozenset[str]] = {
     "interval": frozenset({"interval", "run"}),
 }
 CALIBRATION_SCORES = ("confidence", "prefix_confidence")
-UNIT_KEY = ["scope", "request_id", "interval"]
 
 # At most this many violations of one kind are listed; the rest are counted.
 MAX_LISTED = 20

@@ -29,7 +29,6 @@ from dsparklab.widgets.explorer import Explorer, sync_figure, widget_json
 
 logger = logging.getLogger(__name__)
 
-LIVE_FIGURES = ("acceptance_over_time", "accept_len_over_time")
 LIVE_CLASS = "dsparklab-live"
 
 

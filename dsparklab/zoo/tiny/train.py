@@ -75,8 +75,6 @@ logger = logging.getLogger(__name__)
 EXCLUDED_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "pydoc_data", "__pycache__"}
 )
-# The verifier path written into drafter configs, relative to the drafter's directory.
-RELATIVE_TARGET = f"../{TARGET_NAME}"
 
 
 # --- corpus ---------------------------------------------------------------------------
