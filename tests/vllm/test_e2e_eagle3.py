@@ -79,6 +79,19 @@ def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
     steps = read_trace(runs["vllm"], "steps")
     requests = read_trace(runs["vllm"], "requests")
     assert len(requests) == LIMIT and set(steps["request_id"]) <= set(requests["request_id"])
+    # vLLM's own per-request counts (request totals) are the taps' steps, request by request
+    totals = read_trace(runs["vllm"], "totals").set_index("request_id")
+    assert sorted(totals.index) == sorted(requests["request_id"])
+    per_request = steps.groupby("request_id").agg(
+        drafts=("step", "size"), accepted=("accepted_len", "sum")
+    )
+    assert per_request["drafts"].to_dict() == totals["num_drafts"].to_dict()
+    assert per_request["accepted"].to_dict() == totals["num_accepted_tokens"].to_dict()
+    # one content hash per checkpoint, whichever engine recorded the run
+    reference = read_run_json(runs["reference"])
+    for role in ("target", "drafter"):
+        assert meta[role]["content_hash"] == reference[role]["content_hash"]
+        assert meta[role]["content_hash"].startswith("sha256:")
     # the taps' own run: written by the engine core process, complete, Model Runner V1
     (tap_run,) = find_runs(runs["taps"])
     tap_meta = read_run_json(tap_run)
