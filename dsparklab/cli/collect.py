@@ -61,15 +61,15 @@ def collect(
         str, typer.Option(help="Zoo tier whose models are the defaults below (tiny, smol).")
     ] = "tiny",
     target: Annotated[
-        str | None, typer.Option(help="Target: zoo name or directory [default: TIER-target].")
+        str | None, typer.Option(help="Target: zoo name or directory (default: TIER-target).")
     ] = None,
     dspark: Annotated[
         str | None,
-        typer.Option(help="DSpark drafter: zoo name or directory [default: TIER-dspark]."),
+        typer.Option(help="DSpark drafter: zoo name or directory (default: TIER-dspark)."),
     ] = None,
     eagle3: Annotated[
         str | None,
-        typer.Option(help="Eagle3 drafter: zoo name or directory [default: TIER-eagle3]."),
+        typer.Option(help="Eagle3 drafter: zoo name or directory (default: TIER-eagle3)."),
     ] = None,
     threads: Annotated[
         int, typer.Option(help="torch threads (2: one process owns both cores).")
@@ -78,15 +78,15 @@ def collect(
     server_url: Annotated[
         str | None,
         typer.Option(
-            help="vllm-serve: the server's URL [default: $DSPARKLAB_VLLM_URL or "
-            "http://localhost:8000]."
+            help="vllm-serve: the server's URL (default: $DSPARKLAB_VLLM_URL or "
+            "http://localhost:8000)."
         ),
     ] = None,
     tap_dir: Annotated[
         Path | None,
         typer.Option(
             help="vllm-serve: where the server's taps write (its DSPARKLAB_TRACE_DIR) "
-            "[default: $DSPARKLAB_TRACE_DIR]."
+            "(default: $DSPARKLAB_TRACE_DIR)."
         ),
     ] = None,
 ) -> None:
