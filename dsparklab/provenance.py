@@ -30,28 +30,32 @@ TRACKED_PACKAGES = (
     "plotly",
     "papermill",
 )
-_REPO = Path(__file__).resolve().parents[1]
+_CHECKOUT = Path(__file__).resolve().parents[1]
+"""Where dsparklab's code is: a checkout's root when it runs from one (the code's commit is
+provenance, not a path anyone passes)."""
 
 
-def git_state(repo: Path = _REPO) -> dict[str, Any]:
-    """``{"sha": ..., "dirty": ...}`` of the checkout dsparklab runs from, or nulls."""
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+def git_state(repo: Path = _CHECKOUT) -> dict[str, Any]:
+    """``{"sha": ..., "dirty": ...}`` of the checkout dsparklab runs from, or nulls.
+
+    Nulls too when ``repo`` is not a repository's root (dsparklab installed as a wheel,
+    even into a virtual environment inside some other checkout).
+    """
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-        )
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != repo.resolve():
+            return {"sha": None, "dirty": None}
+        sha = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         return {"sha": None, "dirty": None}
     return {"sha": sha, "dirty": dirty}

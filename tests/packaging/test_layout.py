@@ -105,3 +105,13 @@ def test_every_imported_package_is_declared_and_locked():
             unlocked.append(top)
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
     assert not unlocked, f"imported but not pinned in requirements/lock.txt: {unlocked}"
+
+
+def test_git_state_is_the_checkouts_only(tmp_path: Path):
+    """The code's commit is recorded when dsparklab runs from a checkout's root, never the
+    commit of whatever repository a wheel's directory happens to sit in."""
+    from dsparklab.provenance import git_state
+
+    assert git_state(REPO)["sha"], "a checkout: its commit"
+    assert git_state(REPO / "dsparklab") == {"sha": None, "dirty": None}, "inside, not root"
+    assert git_state(tmp_path) == {"sha": None, "dirty": None}, "no repository"
