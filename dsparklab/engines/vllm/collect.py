@@ -53,6 +53,7 @@ from dsparklab.importers._common import totals_row
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
+from dsparklab.store.schema import POSITIONS_SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -364,20 +365,7 @@ def _write_tapped(
         writer.add_many("positions", rows)
 
 
-_POS_COLS = {
-    "request_id",
-    "step",
-    "position",
-    "draft_token",
-    "target_token",
-    "accepted",
-    "draft_logprob",
-    "base_logprob",
-    "markov_bias",
-    "markov_bias_norm",
-    "markov_flip",
-    "confidence",
-}
+_POS_COLS = frozenset(POSITIONS_SCHEMA.names)
 
 
 def _none_if_nan(value: Any) -> Any:
