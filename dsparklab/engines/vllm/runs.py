@@ -176,7 +176,8 @@ def close_runs_of_dead_descendants(
 
 
 def watch_trace_dir(trace_dir: Path) -> None:
-    """At this process's exit, close the runs its exited descendants left below ``trace_dir``."""
+    """Close the runs this process's exited descendants left below ``trace_dir``: after
+    vLLM's engine client shut down (:func:`wrap_engine_client_shutdown`) and at exit."""
     with STATE.lock:
         STATE.watched.add(trace_dir)
         if STATE.watcher_pid != os.getpid():
