@@ -11,17 +11,17 @@ import typer
 
 def demo(
     runs: Annotated[
-        Path | None, typer.Option(help="Where the demo runs go [default: runs/demo].")
+        Path | None, typer.Option(help="Where the demo runs go (default: runs/demo).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Where the report goes [default: reports/demo].")
+        Path | None, typer.Option(help="Where the report goes (default: reports/demo).")
     ] = None,
     limit: Annotated[
-        int | None, typer.Option(help="Prompts per set [default: DEMO_LIMIT].")
+        int | None, typer.Option(help="Prompts per set (default: DEMO_LIMIT).")
     ] = None,
     max_new_tokens: Annotated[
         int | None,
-        typer.Option(help="Tokens generated per prompt [default: DEMO_MAX_NEW_TOKENS]."),
+        typer.Option(help="Tokens generated per prompt (default: DEMO_MAX_NEW_TOKENS)."),
     ] = None,
     target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "smol-target",
     dspark: Annotated[

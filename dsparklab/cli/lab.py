@@ -17,11 +17,11 @@ def lab(
     ] = None,
     shipped: Annotated[
         Path | None,
-        typer.Option(help="Shipped traces read beside them [default: data/traces if present]."),
+        typer.Option(help="Shipped traces read beside them (default: data/traces if present)."),
     ] = None,
     notebooks: Annotated[
         Path | None,
-        typer.Option(help="The notebooks directory [default: the notebooks dsparklab ships]."),
+        typer.Option(help="The notebooks directory (default: the notebooks dsparklab ships)."),
     ] = None,
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
     open_browser: Annotated[bool, typer.Option(help="Open a web browser.")] = False,

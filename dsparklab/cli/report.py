@@ -47,18 +47,18 @@ def report(
     ] = False,
     notebooks: Annotated[
         Path | None,
-        typer.Option(help="The notebooks directory [default: the notebooks dsparklab ships]."),
+        typer.Option(help="The notebooks directory (default: the notebooks dsparklab ships)."),
     ] = None,
     shipped: Annotated[
         Path | None,
         typer.Option(
-            help="Shipped traces read beside the runs [default: data/traces if present; "
-            "--param SHIPPED=false leaves them out]."
+            help="Shipped traces read beside the runs (default: data/traces if present; "
+            "--param SHIPPED=false leaves them out)."
         ),
     ] = None,
     zoo: Annotated[
         Path | None,
-        typer.Option(help="The zoo whose cards the findings read [default: data/zoo]."),
+        typer.Option(help="The zoo whose cards the findings read (default: data/zoo)."),
     ] = None,
 ) -> None:
     """Execute the notebooks with papermill, export offline HTML, figures and an index.
