@@ -319,10 +319,14 @@ def train_smol(
             cache=cache,
             zoo_dir=zoo_dir,
             snapshots={
-                # the learning curve's last point: the final drafter, on all the data
+                # the learning curve's last point: the final drafter, at the answer tokens
+                # it saw (a drafter the budget stopped inside its first pass saw fewer
+                # than the data holds)
                 s: {
                     **reports.get(s, {}).get("snapshots", {}),
-                    str(info["answer_tokens"]): str(zoo_dir / name),
+                    str(reports.get(s, {}).get("answer_tokens_seen", info["answer_tokens"])): (
+                        str(zoo_dir / name)
+                    ),
                 }
                 for s, name in (("dspark", DSPARK_NAME), ("eagle3", EAGLE3_NAME))
             },
