@@ -154,7 +154,7 @@ def cards(
 ) -> None:
     """Add decode-time acceptance (AL(n), a_i per dataset) to the drafters' cards."""
     from dsparklab.errors import DSparkLabError
-    from dsparklab.zoo.card import add_decode_time
+    from dsparklab.zoo.tiers import add_decode_time
 
     for path in sorted(p for p in _zoo_dir(zoo).iterdir() if (p / "card.json").is_file()):
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -115,3 +116,119 @@ def test_git_state_is_the_checkouts_only(tmp_path: Path):
     assert git_state(REPO)["sha"], "a checkout: its commit"
     assert git_state(REPO / "dsparklab") == {"sha": None, "dirty": None}, "inside, not root"
     assert git_state(tmp_path) == {"sha": None, "dirty": None}, "no repository"
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """dsparklab module -> the dsparklab modules it imports (lazy imports too)."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets |= {base, *(f"{base}.{alias.name}" for alias in node.names)}
+        resolved = {resolve(t) for t in targets if t.startswith("dsparklab")}
+        graph[name] = {t for t in resolved if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph between dsparklab's subpackages (dsparklab.zoo, dsparklab.engines...)."""
+    top: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        here = ".".join(name.split(".")[:2])
+        top.setdefault(here, set()).update(
+            t for t in (".".join(t.split(".")[:2]) for t in targets) if t != here
+        )
+    return top
+
+
+def test_no_import_cycles():
+    """No module imports one that imports it back, lazily or not, and no subpackage either
+    (cli/* and cli/app, report/build and report/index, zoo/card and the tiers, zoo and
+    engines were such pairs)."""
+    graph = _import_graph(REPO / "dsparklab")
+    assert _cycles(graph) == []
+    assert _cycles(_packages(graph)) == []
+
+
+def test_zoo_cards_imports_no_torch(tmp_path: Path):
+    """``dsparklab zoo cards`` redraws a smol card from a matching run without torch."""
+    script = """
+import sys
+from pathlib import Path
+from typer.testing import CliRunner
+from dsparklab.cli.app import app
+from dsparklab.provenance import checkpoint_hash
+from tests.zoo.test_cards import _checkpoint, _run
+tmp = Path(sys.argv[1])
+checkpoint = _checkpoint(tmp / "zoo")
+_run(tmp / "runs", "mine", checkpoint_hash(checkpoint), 3, [3, 1, 0, 2])
+args = ["zoo", "cards", "--runs", str(tmp / "runs"), "--zoo", str(tmp / "zoo")]
+result = CliRunner().invoke(app, args)
+assert result.exit_code == 0, result.output
+assert "decode-time acceptance" in result.output, result.output
+print(sorted(m for m in ("torch", "transformers", "speculators") if m in sys.modules))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
+    assert "| 3 | 2.500 | 4 |" in (tmp_path / "zoo" / "smol-dspark" / "CARD.md").read_text()

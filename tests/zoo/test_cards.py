@@ -9,9 +9,10 @@ import pytest
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.provenance import checkpoint_hash
-from dsparklab.zoo.card import CARD_MD, add_decode_time, decode_time_acceptance, read_card
+from dsparklab.zoo.card import CARD_MD, decode_time_acceptance, read_card
 from dsparklab.zoo.smol.card import write_smol_cards
 from dsparklab.zoo.smol.config import DSPARK_NAME, SmolConfig
+from dsparklab.zoo.tiers import add_decode_time
 from tests.conftest import make_run_json, write_run
 
 DATA = {

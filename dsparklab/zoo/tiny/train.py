@@ -500,7 +500,7 @@ def train_tier(
             )
             reports["eagle3"].extra["draft_data_seconds"] = round(data_seconds, 1)
         del data
-    from dsparklab.zoo.card import write_cards
+    from dsparklab.zoo.tiny.card import write_cards
 
     write_cards(cfg, out_dir, reports, None, corpus_info, command=command)
     evaluation: dict[str, Any] = {}
