@@ -100,7 +100,8 @@ def test_committed_drafters_are_bf16_with_draft_vocab():
         total += (path / "model.safetensors").stat().st_size
         card = json.loads((path / "card.json").read_text())
         assert card["training"]["steps"] > 0 and card["evaluation"]["sets"]
-    assert total < 60e6
+    # two bf16 drafters in git: DSpark (2 layers, Markov rank 256) ~55 MB, Eagle3 ~20 MB
+    assert total < 80e6
 
 
 @pytest.mark.parametrize("method", ["dspark", "eagle3"])
@@ -201,7 +202,7 @@ def test_shipped_traces_validate_and_cover_the_tier():
     assert reports and all(not r.violations for r in reports), [r.violations for r in reports]
     runs = list_runs(root)
     assert set(runs["status"]) == {"complete"} and set(runs["tier"]) == {"smol"}
-    assert set(runs["dataset"]) == {"humaneval", "instruct"}
+    assert set(runs["dataset"]) == {"gsm8k", "humaneval", "mtbench", "aime"}
     for dataset, group in runs.groupby("dataset"):
         assert "none" in set(group["method"]), dataset
         for method in ("dspark", "eagle3"):
@@ -209,8 +210,11 @@ def test_shipped_traces_validate_and_cover_the_tier():
                 dataset,
                 method,
             )
+    # >= 40 prompts per run, or the whole set where it is smaller (AIME 2025 has 30)
     requests = read_trace(root, "requests", columns=["prompt_id"])
-    assert (requests.groupby("run_id")["prompt_id"].nunique() >= 40).all()
+    prompts_per_run = requests.groupby(["dataset", "run_id"])["prompt_id"].nunique()
+    for (dataset, run_id), count in prompts_per_run.items():
+        assert count >= min(40, len(load_prompts(dataset))), (dataset, run_id, count)
     hashes = {name: checkpoint_hash(ZOO_DIR / name) for name in ("smol-dspark", "smol-eagle3")}
     for path in runs["path"]:
         meta = read_run_json(path)
