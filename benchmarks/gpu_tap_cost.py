@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(res)
             print(json.dumps(res), flush=True)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
+        with Path(args.out).open("w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)
     ok = all(r["tokens_unchanged_by_taps"] and r["graph_taps_equal_eager"] for r in runs)
     return 0 if ok else 1

@@ -30,7 +30,7 @@ KEYWORDS = frozenset(
         import int interface let long loop match mod mut namespace new null nullptr override
         package private protected public pub return self short signed sizeof static struct
         super switch template this throw throws true false try typedef typeof typename
-        union unsigned use using var void volatile where while yield async await""".split(),
+        union unsigned use using var void volatile where while yield async await""".split(),  # noqa: SIM905 (a word list reads better as text)
     ]
 )
 _NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?|0[xX][0-9a-fA-F_]+")

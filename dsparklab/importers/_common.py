@@ -389,7 +389,7 @@ def write_runs(
                         writer.add_many(table, rows)
             if final.exists():
                 shutil.rmtree(final)
-            os.replace(tmp, final)
+            Path(tmp).replace(final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

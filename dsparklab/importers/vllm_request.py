@@ -306,7 +306,8 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
             )
         )
         if detailed:
-            assert req.per_step_accepted is not None and req.per_step_drafted is not None
+            assert req.per_step_accepted is not None
+            assert req.per_step_drafted is not None
             context = None if req.prompt_tokens is None else req.prompt_tokens + 1
             for step, (a, d) in enumerate(
                 zip(req.per_step_accepted, req.per_step_drafted, strict=True)

@@ -132,7 +132,7 @@ def execute_notebook(
                 str(source),
                 str(executed),
                 parameters=params,
-                cwd=os.getcwd(),
+                cwd=Path.cwd(),
                 kernel_name=kernel_name,
                 progress_bar=False,
                 log_output=False,

@@ -87,7 +87,7 @@ def stale_runs(
         meta = read_run_json(record["path"])
         wanted = {
             "target": hashes["target"],
-            "drafter": hashes.get(str(meta.get("method")), None),
+            "drafter": hashes.get(str(meta.get("method"))),
             "max_new_tokens": max_new_tokens,
             "num_requests": limit,
         }

@@ -11,7 +11,6 @@ of the final decoder layer *before* the final norm. A checkpoint's
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,10 +154,10 @@ def write_hidden_chunk(
     for part, (tmp, array) in arrays.items():
         array.flush()
         del array
-        os.replace(tmp, f"{stem}.{part}.npy")
+        Path(tmp).replace(f"{stem}.{part}.npy")
     tmp_offsets = Path(f"{stem}.offsets.tmp.npy")
     np.save(tmp_offsets, offsets)
-    os.replace(tmp_offsets, f"{stem}.offsets.npy")
+    Path(tmp_offsets).replace(f"{stem}.offsets.npy")
     return open_hidden_chunk(stem)
 
 

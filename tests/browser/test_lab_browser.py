@@ -100,7 +100,6 @@ def test_report_renders_offline(browser, report: ReportResult, screenshots: Path
         page.close()
     assert blocked == [], f"the report tried the network: {blocked[:5]}"
     assert errors == [], errors[:3]
-    print(f"report screenshots in {screenshots}")
 
 
 def _wait_for_titles(page, figures: list[str], *parts: str, screenshots: Path) -> None:
@@ -178,7 +177,6 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             page.wait_for_function(f"({RENDERED})() >= 3", timeout=60_000)
         except Exception:
             page.screenshot(path=str(screenshots / "lab_failure.png"), full_page=True)
-            print((tmp_path / "lab.log").read_text()[-3000:])
             raise
         kernels = _kernel_ids(server)
         heatmap = f"document.querySelector('{figures[0]}')"
@@ -234,4 +232,3 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             break
         time.sleep(0.5)
     assert kernels and not alive, f"kernels left running: {alive}"
-    print(f"lab screenshots in {screenshots}")

@@ -194,7 +194,8 @@ def test_markov_step_reduced_vocab_matches_loop() -> None:
             token = int(kept[draft_id])
             feat = torch.cat([hid[r, i], head.w1[prev]])
             conf = torch.sigmoid(feat @ head.confidence_weight[0] + head.confidence_bias[0])
-            assert int(got.tokens[r, i]) == token and int(got.draft_ids[r, i]) == draft_id
+            assert int(got.tokens[r, i]) == token
+            assert int(got.draft_ids[r, i]) == draft_id
             assert float(got.bias_at_token[r, i]) == pytest.approx(float(bias[draft_id]), abs=1e-5)
             assert float(got.bias_norm[r, i]) == pytest.approx(float(bias.norm()), rel=1e-5)
             assert bool(got.flip(base)[r, i]) == (int(base[r, i].argmax()) != draft_id)

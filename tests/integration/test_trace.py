@@ -56,7 +56,8 @@ def test_collect_writes_valid_runs(runs: Path) -> None:
         assert report.rows["requests"] == 3
         assert report.rows["steps"] > 0
         meta = read_run_json(report.path)
-        assert meta["engine"]["name"] == "reference" and meta["tier"] == "tiny"
+        assert meta["engine"]["name"] == "reference"
+        assert meta["tier"] == "tiny"
         assert meta["config"]["num_speculative_tokens"] == meta["num_speculative_tokens"]
         assert meta["target"]["content_hash"].startswith("sha256:")
         assert (meta["drafter"] is None) == (meta["method"] == "none")
@@ -90,14 +91,16 @@ def test_trace_fields_by_method(runs: Path) -> None:
     for column in ("draft_logprob", "base_logprob", "markov_bias", "markov_bias_norm"):
         assert dspark[column].notna().all(), column
     assert dspark["confidence"].between(0, 1).all()
-    assert (dspark["draft_logprob"] <= 0).all() and (dspark["base_logprob"] <= 0).all()
+    assert (dspark["draft_logprob"] <= 0).all()
+    assert (dspark["base_logprob"] <= 0).all()
     assert (dspark["markov_bias_norm"] >= dspark["markov_bias"].abs() - 1e-4).all()
     assert eagle["draft_logprob"].notna().all()
     for column in ("base_logprob", "markov_bias", "markov_bias_norm", "markov_flip", "confidence"):
         assert eagle[column].isna().all(), column
     steps = read_trace(runs, "steps")
     timed = steps[steps["method"] != "none"]
-    assert (timed["draft_time_s"] > 0).all() and (timed["verify_time_s"] > 0).all()
+    assert (timed["draft_time_s"] > 0).all()
+    assert (timed["verify_time_s"] > 0).all()
     assert steps[steps["method"] == "none"]["num_drafted"].eq(0).all()
 
 
@@ -171,7 +174,9 @@ def test_tracing_off_gives_the_same_tokens(
         plain = off.generate(ids, request_id=f"p{index}")
         assert traced.output_token_ids == plain.output_token_ids
         assert traced.stats == plain.stats
-        assert traced.steps and not plain.steps and not plain.positions
+        assert traced.steps
+        assert not plain.steps
+        assert not plain.positions
 
 
 @torch.inference_mode()

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.vllm
 ATOL = 1e-5
 
 
-@pytest.fixture()
+@pytest.fixture
 def taps(tmp_path: Path) -> Iterator[Path]:
     """The plugin's taps installed for one test (then removed)."""
     patching.install(TapConfig(trace_dir=tmp_path / "taps", run_name="test", flush_seconds=60))
@@ -59,7 +59,8 @@ def test_dense_taps_equal_reference_markov_step(
 ) -> None:
     spec = build_speculator(cpu_dspark)
     tap = spec.__dict__.get("_dsparklab_tap")
-    assert tap is not None and tap.buffers is not None
+    assert tap is not None
+    assert tap.buffers is not None
     assert tap.buffers.confidence.shape == (cpu_dspark.max_num_reqs, cpu_dspark.n)
     assert not spec.use_confidence_head  # adaptive verification off: vLLM skips the head
     rows = 5
@@ -169,7 +170,8 @@ def test_tracing_off_changes_nothing(
         feed_speculator(off, rows, seed=3)
         assert torch.equal(_run(off, hidden, rows), plain_tokens)
         bufs = off.__dict__["_dsparklab_tap"].buffers
-        assert torch.isnan(bufs.confidence).all() and torch.isnan(bufs.markov_bias).all()
+        assert torch.isnan(bufs.confidence).all()
+        assert torch.isnan(bufs.markov_bias).all()
         assert (bufs.markov_flip == -1).all()
     finally:
         runs.close_worker()
@@ -203,9 +205,11 @@ def test_tap_error_fails_open(
         assert torch.equal(_run(spec, hidden, rows), expected)
         assert torch.equal(_run(spec, hidden, rows), expected)  # second step: still quiet
     errors = [r for r in caplog.records if "tap error" in r.getMessage()]
-    assert len(errors) == 1 and "injected tap failure" in errors[0].getMessage()
+    assert len(errors) == 1
+    assert "injected tap failure" in errors[0].getMessage()
     assert not tap.active
-    assert tap.recorder.closed and tap.recorder.failed
+    assert tap.recorder.closed
+    assert tap.recorder.failed
 
 
 def test_records_are_keyed_by_request_id(

@@ -72,13 +72,15 @@ def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
     reports = validate_trace(runs["vllm"])
     assert all(r.ok for r in reports), [str(v) for r in reports for v in r.violations]
     meta = read_run_json(runs["vllm"])
-    assert meta["engine"]["name"] == "vllm" and meta["status"] == "complete"
+    assert meta["engine"]["name"] == "vllm"
+    assert meta["status"] == "complete"
     checks = meta["checks"]
     assert checks["requests_without_taps"] == [], "the plugin did not record these requests"
     assert checks["tap_vs_vllm"] == [], checks["tap_vs_vllm"]
     steps = read_trace(runs["vllm"], "steps")
     requests = read_trace(runs["vllm"], "requests")
-    assert len(requests) == LIMIT and set(steps["request_id"]) <= set(requests["request_id"])
+    assert len(requests) == LIMIT
+    assert set(steps["request_id"]) <= set(requests["request_id"])
     # vLLM's own per-request counts (request totals) are the taps' steps, request by request
     totals = read_trace(runs["vllm"], "totals").set_index("request_id")
     assert sorted(totals.index) == sorted(requests["request_id"])
@@ -95,7 +97,8 @@ def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
     # the taps' own run: written by the engine core process, complete, Model Runner V1
     (tap_run,) = find_runs(runs["taps"])
     tap_meta = read_run_json(tap_run)
-    assert tap_meta["status"] == "complete" and tap_meta["engine"]["model_runner"] == "v1"
+    assert tap_meta["status"] == "complete"
+    assert tap_meta["engine"]["model_runner"] == "v1"
     # context length: prompt + emitted tokens when each draft began
     prompt_len = requests.set_index("request_id")["prompt_token_ids"].map(len)
     for rid, group in steps.sort_values("step").groupby("request_id"):

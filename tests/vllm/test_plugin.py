@@ -17,7 +17,7 @@ pytestmark = pytest.mark.vllm
 PATCH_LOG = "dsparklab.engines.vllm.patching"
 
 
-@pytest.fixture()
+@pytest.fixture
 def fresh_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A plugin state as in a new process; patches removed afterwards."""
     patching.uninstall()
@@ -48,7 +48,8 @@ def test_register_is_idempotent(
     monkeypatch.setenv("DSPARKLAB_TRACE_DIR", str(tmp_path))
     plugin.register()
     patched = DSparkSpeculator.__dict__["_sample_sequential"]
-    assert patched is not original and patched.__wrapped__ is original
+    assert patched is not original
+    assert patched.__wrapped__ is original
     plugin.register()
     patching.install(runs.STATE.config)  # type: ignore[arg-type]
     assert DSparkSpeculator.__dict__["_sample_sequential"] is patched

@@ -156,7 +156,7 @@ def _serve(root: Path, run_name: str) -> Iterator[Server]:
         "detailed",
     ]
     log = root / "vllm-serve.log"
-    with open(log, "w") as out:
+    with Path(log).open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(url=f"http://127.0.0.1:{port}", target=target, taps=taps, log=log, proc=proc)
     try:
@@ -320,13 +320,13 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
         },
     }
     (tmp_path.parent / "serve_importers.json").write_text(json.dumps(numbers, indent=1))
-    print(json.dumps(numbers))
     mine, bench_n = numbers["mine"], numbers["bench"]
     assert mine["prometheus"] == mine["vllm_request"] == mine["plugin_trace"], numbers
     assert len(set(mine["drafts"].values())) == 1, numbers
     assert bench_n["prometheus"] == bench_n["vllm_bench"] == bench_n["plugin_trace"], numbers
     assert len(set(bench_n["drafts"].values())) == 1, numbers
-    assert sum(mine["prometheus"]) > 0 and sum(bench_n["prometheus"]) > 0
+    assert sum(mine["prometheus"]) > 0
+    assert sum(bench_n["prometheus"]) > 0
     # per request, the responses' per-step counts are the plugin's steps of that request
     for response, rid in zip(responses, ids, strict=True):
         spec = response["metrics"]["speculative_decoding"]
@@ -396,7 +396,6 @@ def test_collect_serve_joins_the_taps_with_the_server_metrics(
         assert tap == served, (rid, tap, served)
         assert len(tap_positions) == int(tap_steps["num_drafted"].sum()) > 0, rid
     (tmp_path.parent / "serve_collect.json").write_text(json.dumps(joined, indent=1))
-    print(json.dumps(joined))
     assert sum(j["server"]["accepted"] for j in joined.values()) > 0
 
 
@@ -414,9 +413,8 @@ def test_stopped_server_closes_its_tap_run_complete(server: Server) -> None:
     _wait((run_dir / SETTLED_MARKER).is_file, "the settled marker", server)
     steps_before = len(read_trace(run_dir, "steps"))
     assert read_run_json(run_dir)["status"] == "running"
-    code = server.stop(signal.SIGINT)
+    server.stop(signal.SIGINT)
     meta = read_run_json(run_dir)
-    print(json.dumps({"exit_code": code, "status": meta["status"], "ended": meta.get("ended")}))
     assert meta["status"] == "complete", (meta.get("ended"), server.log.read_text()[-3000:])
     assert len(read_trace(run_dir, "steps")) == steps_before == meta["rows"]["steps"] > 0
     (report,) = validate_trace(run_dir)
@@ -442,14 +440,13 @@ def test_server_stopped_mid_request_leaves_its_tap_run_incomplete(tmp_path: Path
         sender = threading.Thread(target=send)
         sender.start()
         _wait(lambda: bool(_tap_run_dirs(second.taps)), "a tap run", second)
-        code = second.stop(signal.SIGTERM)
+        second.stop(signal.SIGTERM)
         sender.join(timeout=60)
     response = outcome.get("response") or {}
     completed = (response.get("usage") or {}).get("completion_tokens")
     assert completed != body["max_tokens"], "the request finished before the server stopped"
     (run_dir,) = _tap_run_dirs(tmp_path / "taps")
     meta = read_run_json(run_dir)
-    print(json.dumps({"exit_code": code, "status": meta["status"], "ended": meta.get("ended")}))
     assert meta["status"] == "incomplete", (meta.get("ended"), second.log.read_text()[-3000:])
     (report,) = validate_trace(run_dir)
     assert report.ok and not report.complete, [str(v) for v in report.violations]

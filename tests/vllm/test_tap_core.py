@@ -131,10 +131,13 @@ def test_confidence_is_written_row_major() -> None:
 def test_staging_ring_hands_out_each_slot_once() -> None:
     ring = StagingRing({"x": ((4,), torch.int64)}, "cpu", num_slots=2)
     a, b = ring.acquire(), ring.acquire()
-    assert a is not None and b is not None and a is not b
+    assert a is not None
+    assert b is not None
+    assert a is not b
     assert ring.acquire() is None
     ring.copy_in(a, "x", torch.tensor([7, 8]))
-    assert a.tensors["x"][:2].tolist() == [7, 8] and a.ready()
+    assert a.tensors["x"][:2].tolist() == [7, 8]
+    assert a.ready()
     ring.release(a)
     assert ring.acquire() is a
 
@@ -213,9 +216,11 @@ def test_recorder_resolves_drafts_by_request_id_across_resorted_rows() -> None:
     )
     assert rec.process_ready() == 2
     steps = {s["request_id"]: s for s in rec.rows.steps}
-    assert steps["y-fedcba98"]["accepted_len"] == 1 and steps["y-fedcba98"]["num_verified"] == 3
+    assert steps["y-fedcba98"]["accepted_len"] == 1
+    assert steps["y-fedcba98"]["num_verified"] == 3
     assert steps["x-0123abcd"]["accepted_len"] == 3
-    assert steps["x-0123abcd"]["context_len"] == 6 and steps["y-fedcba98"]["context_len"] == 9
+    assert steps["x-0123abcd"]["context_len"] == 6
+    assert steps["y-fedcba98"]["context_len"] == 9
     assert steps["x-0123abcd"]["prompt_id"] == "x"
     pos = {(p["request_id"], p["position"]): p for p in rec.rows.positions}
     assert [pos[("y-fedcba98", i)]["draft_token"] for i in range(N)] == [4, 5, 6]
@@ -228,7 +233,8 @@ def test_recorder_resolves_drafts_by_request_id_across_resorted_rows() -> None:
     # the new drafts are pending; a finished request drops its pending draft
     rec.finish_requests(["x-0123abcd"])
     rec.process_ready()
-    assert "x-0123abcd" not in rec._pending and "y-fedcba98" in rec._pending
+    assert "x-0123abcd" not in rec._pending
+    assert "y-fedcba98" in rec._pending
 
 
 def test_recorder_skips_unverified_and_prefill_rows() -> None:
@@ -239,7 +245,8 @@ def test_recorder_skips_unverified_and_prefill_rows() -> None:
     # prefill done: one token sampled, zero drafts verified -> no step
     rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[9], last=[5]))
     rec.process_ready()
-    assert rec.rows.steps == [] and rec.stats.num_steps == 0
+    assert rec.rows.steps == []
+    assert rec.stats.num_steps == 0
 
 
 def test_recorder_v1_host_counts() -> None:
@@ -295,7 +302,8 @@ def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:
     from dsparklab.store import read_run_json
 
     run = read_run_json(tmp_path / "run")
-    assert run["status"] == "failed" and run["error"] == "boom"
+    assert run["status"] == "failed"
+    assert run["error"] == "boom"
 
 
 @pytest.mark.parametrize(
@@ -318,7 +326,8 @@ def test_draft_stats_identities() -> None:
     assert stats.conditional_acceptance_per_pos == [pytest.approx(2 / 3), 0.5, 1.0]
     assert DraftStats.new(3).mean_acceptance_length == 1.0
     merged = stats.merge(stats)
-    assert merged.accepted_per_pos == [4, 2, 2] and merged.num_steps == 6
+    assert merged.accepted_per_pos == [4, 2, 2]
+    assert merged.num_steps == 6
     assert merged.since(stats) == stats
     assert stats.to_json()["mean_acceptance_length"] == stats.mean_acceptance_length
     with pytest.raises(DSparkLabError):
@@ -346,7 +355,9 @@ def test_stats_from_vllm_metrics_reads_vector_and_counters() -> None:
 def test_tap_config_from_env() -> None:
     assert TapConfig.from_env({}) is None
     config = TapConfig.from_env({"DSPARKLAB_TRACE_DIR": "/tmp/x", "DSPARKLAB_TAP_LEVEL": "light"})
-    assert config is not None and config.level == "light" and config.writer_ranks == "tp0"
+    assert config is not None
+    assert config.level == "light"
+    assert config.writer_ranks == "tp0"
     assert TapConfig.from_env(config.to_env()) == config
     with pytest.raises(TapConfigError, match="DSPARKLAB_TAP_LEVEL"):
         TapConfig.from_env({"DSPARKLAB_TRACE_DIR": "/x", "DSPARKLAB_TAP_LEVEL": "all"})
@@ -415,7 +426,8 @@ def _benchmark_module():
     spec = importlib.util.spec_from_file_location(
         "gpu_tap_cost", REPO / "benchmarks" / "gpu_tap_cost.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_tap_cost"] = module
     spec.loader.exec_module(module)
@@ -518,12 +530,14 @@ def test_killed_writer_is_closed_from_its_settled_state(
     closed = runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0)
     assert closed == {str(run): status}
     meta = read_run_json(run)
-    assert meta["status"] == status and meta["ended"]["writer_pid"] == proc.pid
+    assert meta["status"] == status
+    assert meta["ended"]["writer_pid"] == proc.pid
     assert not (run / SETTLED_MARKER).exists()
     # every step recorded before the kill was written and stays readable
     steps = read_trace(run, "steps")
     assert steps["accepted_len"].tolist() == [2, 1], steps
-    assert meta["rows"]["steps"] == 2 and meta["parts"]["steps"] >= 1
+    assert meta["rows"]["steps"] == 2
+    assert meta["parts"]["steps"] >= 1
     (report,) = validate_trace(run)
     assert report.ok, [str(v) for v in report.violations]
     assert report.complete == (status == "complete")

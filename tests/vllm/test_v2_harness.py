@@ -126,7 +126,7 @@ class Harness:
         return exp
 
 
-@pytest.fixture()
+@pytest.fixture
 def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any:
     from vllm.v1.worker.gpu.input_batch import InputBuffers
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner

@@ -62,7 +62,8 @@ print(len(found), missing, len(patching.STATE.originals))
 """
     found, missing, patched = _python(vllm033, code).split(maxsplit=2)
     assert missing.startswith("[]")
-    assert int(found) >= 6 and int(patched.split()[-1]) >= 11
+    assert int(found) >= 6
+    assert int(patched.split()[-1]) >= 11
 
 
 def test_plugin_tests_pass_on_0_33(vllm033: dict[str, str]) -> None:
@@ -108,5 +109,6 @@ print("self.max_num_reqs, 1, dtype=torch.int64" in inspect.getsource(RequestStat
     # reset the rows: fields it skips are null, not stale
     assert fast_first == "True"
     # the transform sits between base + bias and the sampler (dense path only)
-    assert transform_before_sampling == "True" and topk_transform == "False"
+    assert transform_before_sampling == "True"
+    assert topk_transform == "False"
     assert last_sampled_2d == "True"

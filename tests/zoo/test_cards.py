@@ -68,7 +68,8 @@ def test_decode_time_acceptance_matches_only_this_checkpoint(tmp_path: Path):
     _run(tmp_path / "runs", "stale", "sha256:older", 3, [0, 0, 0, 0])
     table = decode_time_acceptance(ckpt, tmp_path / "runs")
     row = table["sets"]["humaneval"]["3"]
-    assert row["accept_len"] == 1 + 6 / 4 and row["steps"] == 4
+    assert row["accept_len"] == 1 + 6 / 4
+    assert row["steps"] == 4
     # a_1 = 3/4 reached-and-accepted; a_2 = 2/3; a_3 = 1/2.
     assert row["conditional"] == [0.75, round(2 / 3, 4), 0.5]
 

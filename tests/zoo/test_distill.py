@@ -49,8 +49,10 @@ DISTILL_DIR = Path(__file__).resolve().parents[2] / "data" / "distill" / "smol"
 )
 def test_benchmark_sets_come_from_their_wheels(name, count, first_id, first_words):
     prompts = load_prompts(name)
-    assert len(prompts) == count and len({p.prompt_id for p in prompts}) == count
-    assert prompts[0].prompt_id == first_id and prompts[0].text.startswith(first_words)
+    assert len(prompts) == count
+    assert len({p.prompt_id for p in prompts}) == count
+    assert prompts[0].prompt_id == first_id
+    assert prompts[0].text.startswith(first_words)
     assert {p.dataset for p in prompts} == {name}
     assert load_prompts(name, limit=5) == prompts[:5]
 

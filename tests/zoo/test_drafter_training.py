@@ -17,7 +17,8 @@ def _data(lengths: list[int], starts: list[int]) -> DraftData:
 def test_first_pass_in_data_order_then_seeded_permutations():
     stream = BatchStream(_data([5, 6, 7, 8, 9], [1, 1, 2, 2, 3]), per_step=2, seed=0)
     rows = [r for step in range(5) for r in stream.rows(step)]
-    assert rows[:5] == [0, 1, 2, 3, 4] and sorted(rows[5:10]) == [0, 1, 2, 3, 4]
+    assert rows[:5] == [0, 1, 2, 3, 4]
+    assert sorted(rows[5:10]) == [0, 1, 2, 3, 4]
     assert rows[5:10] != [0, 1, 2, 3, 4]  # (a fixed seeded permutation)
     # answer tokens: lengths minus prompt lengths = 4, 5, 5, 6, 6
     assert [stream.answer_tokens_seen(k) for k in range(4)] == [0, 9, 20, 26]
@@ -62,7 +63,8 @@ def _run(plan: LoopPlan, fail_at: int | None = None, marks: list[int] | None = N
 
 def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
     straight, losses, summary = _run(LoopPlan(steps=12))
-    assert summary["steps"] == 12 and summary["passes_over_data"] == 2.4
+    assert summary["steps"] == 12
+    assert summary["passes_over_data"] == 2.4
     plan = LoopPlan(steps=12, state_path=tmp_path / "state.pt", checkpoint_s=0.0)
     with pytest.raises(KeyboardInterrupt):
         _run(plan, fail_at=5)
@@ -78,4 +80,5 @@ def test_time_budget_and_milestones():
     _, _, summary = _run(LoopPlan(steps=5, milestones=(4, 10)), marks=marks)
     assert marks == [4, 10]  # 2 answer tokens a row, 2 rows a step
     _, _, timed = _run(LoopPlan(steps=3, time_budget_s=0.2))
-    assert timed["train_seconds"] >= 0.2 and timed["steps"] > 3
+    assert timed["train_seconds"] >= 0.2
+    assert timed["steps"] > 3

@@ -92,9 +92,13 @@ def test_jsonl_errors_name_file_line_and_field(tmp_path, lines, line, field, wor
     with pytest.raises(PromptFileError) as err:
         load_prompts(f"jsonl:{path}")
     assert isinstance(err.value, DSparkLabError)
-    assert err.value.path == str(path) and err.value.line == line and err.value.field == field
+    assert err.value.path == str(path)
+    assert err.value.line == line
+    assert err.value.field == field
     message = str(err.value)
-    assert str(path) in message and words in message and "\n" not in message
+    assert str(path) in message
+    assert words in message
+    assert "\n" not in message
 
 
 def test_jsonl_missing_or_empty_file(tmp_path):
@@ -116,13 +120,15 @@ def test_instruct_set_is_held_out_from_the_smol_training_prompts():
     )
 
     prompts = load_prompts("instruct")
-    assert len(prompts) == 168 and len({p.prompt_id for p in prompts}) == 168
+    assert len(prompts) == 168
+    assert len({p.prompt_id for p in prompts}) == 168
     # Interleaved: any limit keeps math and prose in equal shares.
     kinds = [p.prompt_id.split("/")[1] for p in load_prompts("instruct", limit=40)]
     assert kinds.count("math") == kinds.count("prose") == 20
     held_topics = {t for t in PROSE_TOPICS if any(t in p.text for p in prompts)}
     train_text = "\n".join(prose_requests("train"))
-    assert held_topics and not any(f" {t}" in train_text for t in held_topics)
+    assert held_topics
+    assert not any(f" {t}" in train_text for t in held_topics)
     # Every held-out problem matches a held-out template and no training template.
     import re
 
@@ -135,7 +141,8 @@ def test_instruct_set_is_held_out_from_the_smol_training_prompts():
     held = [pattern(t[0]) for t in MATH_TEMPLATES[cut:]]
     for problem in math_problems("heldout", 12):
         body = problem.split("\n\n", 1)[1]
-        assert any(p.match(body) for p in held) and not any(p.match(body) for p in train)
+        assert any(p.match(body) for p in held)
+        assert not any(p.match(body) for p in train)
     for problem in math_problems("train", 16):
         assert any(p.match(problem.split("\n\n", 1)[1]) for p in train)
 

@@ -39,7 +39,9 @@ def test_every_stage_trains_and_saves(smoke):
     out, result = smoke
     assert set(result.stages) == {"target", "dspark", "eagle3"}
     for report in result.stages.values():
-        assert report.steps == 3 and np.isfinite(report.loss_last) and report.seconds > 0
+        assert report.steps == 3
+        assert np.isfinite(report.loss_last)
+        assert report.seconds > 0
     for name in (TARGET_NAME, DSPARK_NAME, EAGLE3_NAME):
         files = {p.name for p in (out / name).iterdir()}
         assert {"config.json", "model.safetensors", "CARD.md", "card.json"} <= files
@@ -55,8 +57,10 @@ def test_target_config_and_tokenizer(smoke):
     assert config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["head_dim"] in (32, 64, 80, 96, 112, 128)
     model, tokenizer = load_target(out / TARGET_NAME)
-    assert next(model.parameters()).dtype == torch.float32 and not model.training
-    assert tokenizer.eos_token_id == 0 and tokenizer.mask_token_id == 1
+    assert next(model.parameters()).dtype == torch.float32
+    assert not model.training
+    assert tokenizer.eos_token_id == 0
+    assert tokenizer.mask_token_id == 1
     text = "def add(a, b):\n    return a + b\n"
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
 
@@ -80,7 +84,8 @@ def test_dspark_config_has_the_fields_vllm_reads(smoke):
     keys = _keys(out / DSPARK_NAME)
     assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"} <= keys
     assert {"confidence_head.proj.weight", "confidence_head.proj.bias", "fc.weight"} <= keys
-    assert "embed_tokens.weight" not in keys and "verifier_lm_head.weight" not in keys
+    assert "embed_tokens.weight" not in keys
+    assert "verifier_lm_head.weight" not in keys
 
 
 def test_eagle3_config_and_weights(smoke):
@@ -91,8 +96,10 @@ def test_eagle3_config_and_weights(smoke):
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert config["speculators_config"]["verifier"]["name_or_path"] == f"../{TARGET_NAME}"
     keys = _keys(out / EAGLE3_NAME)
-    assert "fc.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys
-    assert "embed_tokens.weight" not in keys and "lm_head.weight" not in keys
+    assert "fc.weight" in keys
+    assert "layers.0.self_attn.q_proj.weight" in keys
+    assert "embed_tokens.weight" not in keys
+    assert "lm_head.weight" not in keys
 
 
 def test_drafters_load_from_any_directory_wired_to_the_target(smoke, tmp_path, monkeypatch):
@@ -107,7 +114,8 @@ def test_drafters_load_from_any_directory_wired_to_the_target(smoke, tmp_path, m
         assert torch.equal(drafter.lm_head.weight, embed)  # tied target: lm_head == embedding
         assert torch.equal(drafter.verifier_norm.weight, target.model.norm.weight)
     dspark = load_dspark_drafter(out / DSPARK_NAME)
-    assert dspark.markov_head is not None and dspark.confidence_head is not None
+    assert dspark.markov_head is not None
+    assert dspark.confidence_head is not None
 
 
 def test_hidden_state_convention_matches_transformers(smoke):
@@ -125,7 +133,7 @@ def test_hidden_state_convention_matches_transformers(smoke):
     # "last" is pre-norm: the final norm and LM head turn it into the logits.
     torch.testing.assert_close(target.lm_head(target.model.norm(last)), ref.logits)
     torch.testing.assert_close(logits, ref.logits)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="layer_ids must lie in"):
         capture_hidden_states(target, ids, [5])
 
 
@@ -134,16 +142,19 @@ def test_cards_record_command_time_and_evaluation(smoke):
     for name in (TARGET_NAME, DSPARK_NAME, EAGLE3_NAME):
         card = read_card(out / name)
         assert card["command"] == "pytest smoke"
-        assert card["training"]["seconds"] > 0 and card["training"]["steps"] == 3
+        assert card["training"]["seconds"] > 0
+        assert card["training"]["steps"] == 3
         assert card["files"]["model.safetensors"] > 0
         md = (out / name / "CARD.md").read_text()
-        assert md.startswith(f"# {name}") and "## Evaluation" in md
+        assert md.startswith(f"# {name}")
+        assert "## Evaluation" in md
     degeneracy = read_card(out / TARGET_NAME)["evaluation"]["degeneracy"]
     assert set(degeneracy) == {"humaneval", "prose"}
     assert 0 < degeneracy["humaneval"]["distinct_ratio_mean"] <= 1
     for name in (DSPARK_NAME, EAGLE3_NAME):
         summary = read_card(out / name)["evaluation"]["offline_acceptance_humaneval"]
-        assert len(summary["survival"]) == 7 and summary["num_starts"] > 0
+        assert len(summary["survival"]) == 7
+        assert summary["num_starts"] > 0
 
 
 def test_retraining_one_stage_keeps_the_others(smoke):
@@ -164,9 +175,11 @@ def test_retraining_one_stage_keeps_the_others(smoke):
 
 def test_acceptance_summary_identities():
     perfect = acceptance_summary(np.ones((5, 7), dtype=bool))
-    assert perfect["accept_len"][7] == 8.0 and perfect["accept_len"][3] == 4.0
+    assert perfect["accept_len"][7] == 8.0
+    assert perfect["accept_len"][3] == 4.0
     never = acceptance_summary(np.zeros((5, 7), dtype=bool))
-    assert never["accept_len"][7] == 1.0 and np.isnan(never["conditional"][1])
+    assert never["accept_len"][7] == 1.0
+    assert np.isnan(never["conditional"][1])
     # i.i.d. positions with acceptance a: AL(n) -> (1 - a^(n+1)) / (1 - a).
     rng = np.random.default_rng(0)
     a = 0.7
@@ -188,11 +201,14 @@ def test_cli_lists_the_committed_zoo_and_rejects_bad_options(tmp_path):
     assert listing.exit_code == 0, listing.output
     for name in (TARGET_NAME, DSPARK_NAME, EAGLE3_NAME):
         assert name in listing.output
-    assert "degeneracy" in listing.output and "AL(7)" in listing.output
+    assert "degeneracy" in listing.output
+    assert "AL(7)" in listing.output
     bad_tier = runner.invoke(app, ["zoo", "train", "--tier", "huge", "--out", str(tmp_path)])
-    assert bad_tier.exit_code == 2 and "unknown tier" in bad_tier.output
+    assert bad_tier.exit_code == 2
+    assert "unknown tier" in bad_tier.output
     bad_stage = runner.invoke(
         app, ["zoo", "train", "--tier", "smoke", "--out", str(tmp_path), "--stage", "x"]
     )
-    assert bad_stage.exit_code == 2 and "unknown stage" in bad_stage.output
+    assert bad_stage.exit_code == 2
+    assert "unknown stage" in bad_stage.output
     assert not any(tmp_path.iterdir())  # nothing trained

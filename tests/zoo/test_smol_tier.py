@@ -64,7 +64,8 @@ def test_prepare_is_idempotent_and_hash_checked(smol_target, tmp_path):
 def test_target_is_the_instruct_model(target_and_prompts):
     model, tokenizer, prompts = target_and_prompts
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    assert model.config.num_hidden_layers == 30
+    assert model.config.vocab_size == 49152
     # prompts[3] is a prose request (instruct alternates math and prose).
     answer = greedy_continuation(model, prompts[3], 48, eos_token_id=tokenizer.eos_token_id)
     # A coherent chat model: the chat prompt ends with the assistant turn, the answer
@@ -94,12 +95,14 @@ def test_committed_drafters_are_bf16_with_draft_vocab():
         assert config["draft_vocab_size"] < 49152
         with safe_open(path / "model.safetensors", "pt") as fh:
             keys = set(fh.keys())
-            assert {"d2t", "t2d", "lm_head.weight"} <= keys and "embed_tokens.weight" not in keys
+            assert {"d2t", "t2d", "lm_head.weight"} <= keys
+            assert "embed_tokens.weight" not in keys
             floats = {fh.get_slice(k).get_dtype() for k in keys if k not in ("d2t", "t2d")}
         assert floats == {"BF16"}
         total += (path / "model.safetensors").stat().st_size
         card = json.loads((path / "card.json").read_text())
-        assert card["training"]["steps"] > 0 and card["evaluation"]["sets"]
+        assert card["training"]["steps"] > 0
+        assert card["evaluation"]["sets"]
     # two bf16 drafters in git: DSpark (2 layers, Markov rank 256) ~55 MB, Eagle3 ~20 MB
     assert total < 80e6
 
@@ -165,7 +168,8 @@ def test_recipe_smoke(smol_target, tmp_path):
     distill = tmp_path / "distill"
     generate_chunks(zoo / prepare.TARGET_NAME, cfg.distill, distill)
     result = train_smol(cfg, zoo, cache=cache, command="pytest smoke", distill_dir=distill)
-    assert result["data"]["prompts"] == 8 and result["data"]["chunks"] == 2
+    assert result["data"]["prompts"] == 8
+    assert result["data"]["chunks"] == 2
     assert set(result["stages"]) == {"dspark", "eagle3", "calibrate"}
     for name in (DSPARK_NAME, EAGLE3_NAME):
         card = json.loads((zoo / name / "card.json").read_text())
@@ -177,7 +181,8 @@ def test_recipe_smoke(smol_target, tmp_path):
         assert (zoo / name / "CARD.md").read_text().startswith(f"# {name}")
     assert len(read_temperatures(zoo / DSPARK_NAME)) == cfg.dspark.block_size
     dspark = load_dspark_drafter(zoo / DSPARK_NAME)
-    assert dspark.d2t is not None and dspark.d2t.shape[0] == 512
+    assert dspark.d2t is not None
+    assert dspark.d2t.shape[0] == 512
     weights = {p.parent.name: hash_path(p) for p in zoo.glob("smol-*/model.safetensors")}
     mtimes = {p: p.stat().st_mtime_ns for p in zoo.glob("smol-*/model.safetensors")}
     again = train_smol(cfg, zoo, cache=cache, evaluate=False, distill_dir=distill)
@@ -201,7 +206,8 @@ def test_shipped_traces_validate_and_cover_the_tier():
     reports = validate_trace(root)
     assert reports and all(not r.violations for r in reports), [r.violations for r in reports]
     runs = list_runs(root)
-    assert set(runs["status"]) == {"complete"} and set(runs["tier"]) == {"smol"}
+    assert set(runs["status"]) == {"complete"}
+    assert set(runs["tier"]) == {"smol"}
     assert set(runs["dataset"]) == {"gsm8k", "humaneval", "mtbench", "aime"}
     for dataset, group in runs.groupby("dataset"):
         assert "none" in set(group["method"]), dataset
@@ -218,6 +224,7 @@ def test_shipped_traces_validate_and_cover_the_tier():
     hashes = {name: checkpoint_hash(ZOO_DIR / name) for name in ("smol-dspark", "smol-eagle3")}
     for path in runs["path"]:
         meta = read_run_json(path)
-        assert meta["provenance"]["git"] and meta["provenance"]["packages"]
+        assert meta["provenance"]["git"]
+        assert meta["provenance"]["packages"]
         if meta["drafter"]:
             assert meta["drafter"]["content_hash"] == hashes[meta["drafter"]["name"]]

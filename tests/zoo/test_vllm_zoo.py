@@ -65,7 +65,8 @@ def test_eagle3_speculates_losslessly(prompts, plain, eagle3):
     accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
     per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
     drafts = metrics["vllm:spec_decode_num_drafts"].value
-    assert drafted > 0 and len(per_pos) == 3
+    assert drafted > 0
+    assert len(per_pos) == 3
     # Far better than chance (1/vocab): most first drafted tokens are accepted.
     assert per_pos[0] / drafts > 0.3, f"position-1 acceptance {per_pos[0] / drafts:.3f}"
     assert accepted / drafted > 0.2
@@ -79,7 +80,8 @@ def test_dspark_config_parses_in_vllm(name):
     config = json.loads((ZOO_DIR / name / "config.json").read_text())
     parsed = SpeculatorsConfig.extract_transformers_pre_trained_config(dict(config))
     assert parsed["architectures"] == ["Qwen3DSparkModel"]
-    assert parsed["sample_from_anchor"] is True and parsed["dspark_bonus_anchor"] is False
+    assert parsed["sample_from_anchor"] is True
+    assert parsed["dspark_bonus_anchor"] is False
     assert parsed["target_layer_ids"] == [i - 1 for i in config["aux_hidden_state_layer_ids"]]
     for key in ("block_size", "markov_rank", "mask_token_id", "enable_confidence_head"):
         assert parsed[key] == config[key]

@@ -43,7 +43,7 @@ class TapConfig:
     """What the taps record and where (one instance per process, from the environment)."""
 
     trace_dir: Path = _describe(
-        "root directory; each writing process adds one run directory below it", Path(".")
+        "root directory; each writing process adds one run directory below it", Path()
     )
     run_name: str = _describe("run directory name prefix; empty: vllm-<method>-n<N>-<utc time>", "")
     dataset: str = _describe(

@@ -39,12 +39,14 @@ def test_hand_built_counts_and_bounds():
         bias=[2.0, 1.0, -1.0, 0.0, 3.0, 1.0],
     )
     row = compute_markov_attribution(rows, by=()).iloc[0]
-    assert row["n_reached"] == 6 and row["n_flip"] == 2
+    assert row["n_reached"] == 6
+    assert row["n_flip"] == 2
     assert row["flip_rate"] == pytest.approx(2 / 6)
     assert row["accept_rate"] == pytest.approx(3 / 6)
     assert row["accept_rate_flip"] == pytest.approx(1 / 2)
     assert row["accept_rate_noflip"] == pytest.approx(2 / 4)
-    assert row["n_flip_helped"] == 1 and row["n_flip_unknown"] == 1
+    assert row["n_flip_helped"] == 1
+    assert row["n_flip_unknown"] == 1
     # base accepted: the 2 unflipped accepted rows, plus possibly the flipped rejected one
     assert row["base_accept_rate_lo"] == pytest.approx(2 / 6)
     assert row["base_accept_rate_hi"] == pytest.approx(3 / 6)

@@ -94,9 +94,11 @@ def test_diff_of_a_run_set_with_itself_is_zero(trace, level):
     assert len(diff) > 0
     assert (diff["delta"].fillna(0) == 0).all()
     if level != "prompt":  # paired: the same resample on both sides
-        assert (diff["delta_lo"].fillna(0) == 0).all() and (diff["delta_hi"].fillna(0) == 0).all()
+        assert (diff["delta_lo"].fillna(0) == 0).all()
+        assert (diff["delta_hi"].fillna(0) == 0).all()
     else:
-        assert (diff["delta_lo"].fillna(0) <= 0).all() and (diff["delta_hi"].fillna(0) >= 0).all()
+        assert (diff["delta_lo"].fillna(0) <= 0).all()
+        assert (diff["delta_hi"].fillna(0) >= 0).all()
     unpaired = compute_regression_diff(positions, positions, n_boot=20)
     assert (unpaired["delta"] == 0).all()
 

@@ -54,7 +54,8 @@ def test_vllm_metrics_two_scrapes_are_their_delta(tmp_path: Path) -> None:
         tmp_path, "vllm-metrics", "vllm_metrics_before.prom", "vllm_metrics_after.prom"
     )
     meta = read_run_json(run)
-    assert meta["granularity"] == "aggregate" and meta["num_speculative_tokens"] == 3
+    assert meta["granularity"] == "aggregate"
+    assert meta["num_speculative_tokens"] == 3
     files = meta["source"]["files"]
     assert [Path(f["path"]).name for f in files] == [
         "vllm_metrics_before.prom",
@@ -230,7 +231,8 @@ def test_deepspec_rates_and_calibration(tmp_path: Path) -> None:
     (run,) = imported(tmp_path, "deepspec", "deepspec_metrics.json")
     metrics = json.loads(fixture("deepspec_metrics.json").read_text())
     meta = read_run_json(run)
-    assert meta["dataset"] == "gsm8k" and meta["num_speculative_tokens"] == 7
+    assert meta["dataset"] == "gsm8k"
+    assert meta["num_speculative_tokens"] == 7
     by_position = A.compute_acceptance_by_position_any(
         counters=read_trace(run, "counters"), n_boot=0
     )
@@ -265,7 +267,9 @@ def test_a_contradicting_report_is_flagged_not_hidden(tmp_path: Path) -> None:
 def test_reimport_is_skipped_and_overwrite_rewrites(tmp_path: Path) -> None:
     _, first = import_files("deepspec", [fixture("deepspec_metrics.json")], tmp_path)
     _, again = import_files("deepspec", [fixture("deepspec_metrics.json")], tmp_path)
-    assert first.written and again.skipped == first.written and not again.written
+    assert first.written
+    assert again.skipped == first.written
+    assert not again.written
     _, forced = import_files(
         "deepspec", [fixture("deepspec_metrics.json")], tmp_path, overwrite=True
     )

@@ -316,7 +316,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     (line,) = lines
-    assert line.startswith("error: ") and "Traceback" not in result.output
+    assert line.startswith("error: ")
+    assert "Traceback" not in result.output
     assert str(path) in line, line
     assert field in line, line
     assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
@@ -349,7 +350,8 @@ def test_a_bad_file_among_good_ones_writes_nothing(tmp_path: Path) -> None:
             str(out),
         ],
     )
-    assert result.exit_code == 2 and not out.exists()
+    assert result.exit_code == 2
+    assert not out.exists()
 
 
 def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
@@ -357,9 +359,11 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["import", "deepspec", str(missing), "--out", str(tmp_path / "o")]
     )
-    assert result.exit_code == 2 and str(missing) in result.stderr
+    assert result.exit_code == 2
+    assert str(missing) in result.stderr
     result = CliRunner().invoke(app, ["import", "tgi", str(missing), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "unknown format 'tgi'" in result.stderr
+    assert result.exit_code == 2
+    assert "unknown format 'tgi'" in result.stderr
 
 
 @pytest.mark.parametrize("fmt", ["vllm-metrics", "deepspec"])
@@ -383,5 +387,7 @@ def test_console_entry_point(tmp_path: Path, fmt: str) -> None:
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr
-    assert "Traceback" not in proc.stderr and not out.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()

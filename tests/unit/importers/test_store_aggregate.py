@@ -45,9 +45,11 @@ def test_token_runs_are_unchanged(tmp_path: Path) -> None:
     run = write_run(tmp_path / "tok")
     assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["positions", "requests", "steps"]
     meta = read_run_json(run)
-    assert set(meta["rows"]) == {"steps", "positions", "requests"} and "granularity" not in meta
+    assert set(meta["rows"]) == {"steps", "positions", "requests"}
+    assert "granularity" not in meta
     (report,) = validate_trace(run)
-    assert report.ok and set(report.rows) == {"steps", "positions", "requests"}
+    assert report.ok
+    assert set(report.rows) == {"steps", "positions", "requests"}
     assert list_runs(tmp_path)["granularity"].tolist() == ["token"]
 
 
@@ -56,9 +58,12 @@ def test_a_counters_run_round_trips_and_validates(tmp_path: Path) -> None:
         tmp_path, _good_counters(), [totals_row(num_drafts=10, num_accepted_tokens=12)]
     )
     (report,) = validate_trace(run)
-    assert report.ok and report.complete and report.rows["counters"] == 3
+    assert report.ok
+    assert report.complete
+    assert report.rows["counters"] == 3
     counters = read_trace(run, "counters")
-    assert counters["n_accepted"].tolist() == [7, 4, 1] and set(counters["run_id"]) == {"agg"}
+    assert counters["n_accepted"].tolist() == [7, 4, 1]
+    assert set(counters["run_id"]) == {"agg"}
     length = A.compute_acceptance_length_any(counters=counters, n_boot=0)
     assert length["accept_len"].iloc[0] == pytest.approx(1 + 12 / 10)
     assert json.loads((run / "run.json").read_text())["rows"]["counters"] == 3
@@ -114,13 +119,16 @@ def test_broken_counters_are_reported(tmp_path: Path, case: str, edit: Any, fiel
 def test_granularity_must_match_the_tables(tmp_path: Path) -> None:
     run = _counts_run(tmp_path, [], [])
     (report,) = validate_trace(run)
-    assert not report.ok and "holds no counters or totals" in str(report.violations[0])
+    assert not report.ok
+    assert "holds no counters or totals" in str(report.violations[0])
     other = write_run(tmp_path / "tok", meta=make_run_json(run_id="x", granularity="aggregate"))
     (report,) = validate_trace(other)
-    assert not report.ok and report.violations[0].field == "granularity"
+    assert not report.ok
+    assert report.violations[0].field == "granularity"
     bad = _counts_run(tmp_path / "g", _good_counters(), [], granularity="hourly")
     (report,) = validate_trace(bad)
-    assert not report.ok and report.violations[0].field == "granularity"
+    assert not report.ok
+    assert report.violations[0].field == "granularity"
 
 
 def test_rate_only_runs_average_unweighted_and_say_so(tmp_path: Path) -> None:
@@ -134,7 +142,8 @@ def test_rate_only_runs_average_unweighted_and_say_so(tmp_path: Path) -> None:
     pooled = A.compute_rate_acceptance(counters, by=("method",))
     assert pooled["survival"].tolist() == pytest.approx([0.7, 0.3])
     assert pooled["accept_rate"].tolist() == pytest.approx([0.7, 0.3 / 0.7])
-    assert pooled["n_runs"].tolist() == [2, 2] and pooled["n_accepted"].isna().all()
+    assert pooled["n_runs"].tolist() == [2, 2]
+    assert pooled["n_accepted"].isna().all()
 
 
 def test_coverage_says_why(tmp_path: Path) -> None:

@@ -128,11 +128,13 @@ def test_intervals_add_up_to_the_counters_growth(server: Server, tmp_path: Path)
     result = watch(
         server.url, tmp_path, interval_s=0.3, max_intervals=4, method="eagle3", on_interval=after
     )
-    assert result.intervals == 4 and result.stop_reason == "finished 4 intervals"
+    assert result.intervals == 4
+    assert result.stop_reason == "finished 4 intervals"
     (report,) = validate_trace(result.run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
     meta = read_run_json(result.run_dir)
-    assert meta["granularity"] == "interval" and meta["stop_reason"] == "finished 4 intervals"
+    assert meta["granularity"] == "interval"
+    assert meta["stop_reason"] == "finished 4 intervals"
     end = server.totals()  # the feeder stopped: the last scrape saw these
     start = meta["source"]["counters_at_start"]  # what the first scrape saw
     counters = read_trace(result.run_dir, "counters")
@@ -147,7 +149,8 @@ def test_intervals_add_up_to_the_counters_growth(server: Server, tmp_path: Path)
     over_time = A.compute_acceptance_over_time(counters, totals)
     assert sorted(over_time["interval"].unique()) == [0, 1, 2, 3]
     busy = over_time[over_time["num_drafts"] > 0]
-    assert (busy["accept_len"] >= 1).all() and over_time["t_end"].is_monotonic_increasing
+    assert (busy["accept_len"] >= 1).all()
+    assert over_time["t_end"].is_monotonic_increasing
 
 
 def test_lost_server_keeps_finished_intervals(server: Server, tmp_path: Path) -> None:
@@ -159,9 +162,11 @@ def test_lost_server_keeps_finished_intervals(server: Server, tmp_path: Path) ->
 
     server.observe([2])
     result = watch(server.url, tmp_path, interval_s=0.2, timeout_s=1.0, on_interval=after)
-    assert result.intervals == 2 and result.stop_reason.startswith("server lost")
+    assert result.intervals == 2
+    assert result.stop_reason.startswith("server lost")
     (report,) = validate_trace(result.run_dir)
-    assert report.ok and report.complete
+    assert report.ok
+    assert report.complete
     assert read_run_json(result.run_dir)["stop_reason"].startswith("server lost")
     assert sorted(read_trace(result.run_dir, "totals")["interval"]) == [0, 1]
 
@@ -202,8 +207,10 @@ def test_ctrl_c_ends_the_run_cleanly(server: Server, tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     (run_json,) = tmp_path.rglob("run.json")
     meta = json.loads(run_json.read_text())
-    assert meta["status"] == "complete" and meta["stop_reason"].startswith("interrupted")
-    assert meta["intervals"] >= 2 and "interrupted" in out
+    assert meta["status"] == "complete"
+    assert meta["stop_reason"].startswith("interrupted")
+    assert meta["intervals"] >= 2
+    assert "interrupted" in out
     (report,) = validate_trace(run_json.parent)
     assert report.ok
 
@@ -231,4 +238,5 @@ def test_no_server_writes_nothing(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert url in proc.stderr and not (tmp_path / "out").exists()
+    assert url in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -159,7 +159,8 @@ def test_strip_marks_accepted_rejected_not_reached(small):
         column = z[:, j]
         assert (column[:accepted] == 2).all()
         if accepted < len(column):
-            assert column[accepted] == 1 and (column[accepted + 1 :] == 0).all()
+            assert column[accepted] == 1
+            assert (column[accepted + 1 :] == 0).all()
 
 
 def test_plain_values_and_read_records(tmp_path: Path):
@@ -269,4 +270,5 @@ def test_token_labels_show_whitespace_and_escape_markup(small):
         annotated, max_requests=1, methods=["dspark"], token_labels=lambda t: f" t{t}"
     )
     labels = {label for row in fig.data[0].text for label in row if label}
-    assert labels and all(label.startswith("·t") for label in labels)
+    assert labels
+    assert all(label.startswith("·t") for label in labels)

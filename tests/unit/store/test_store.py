@@ -95,7 +95,8 @@ def test_exception_marks_failed_and_keeps_rows(tmp_path: Path) -> None:
     assert "boom" in meta["error"]
     assert len(read_trace(run, "steps")) == 1
     (report,) = validate_trace(run)
-    assert report.ok and not report.complete
+    assert report.ok
+    assert not report.complete
 
 
 def test_bad_row_is_a_schema_error(tmp_path: Path) -> None:
@@ -106,9 +107,8 @@ def test_bad_row_is_a_schema_error(tmp_path: Path) -> None:
 
 
 def test_existing_run_is_not_overwritten(good_run: Path) -> None:
-    with pytest.raises(FileExistsError):
-        with TraceWriter(good_run, make_run_json()):
-            pass
+    with pytest.raises(FileExistsError), TraceWriter(good_run, make_run_json()):
+        pass
     assert len(read_trace(good_run, "steps")) == 4
 
 
@@ -122,6 +122,7 @@ def test_no_pickle_in_store() -> None:
 
 def test_validate_counts_match_readers(good_run: Path) -> None:
     (report,) = validate_trace(good_run)
-    assert report.ok and report.complete
+    assert report.ok
+    assert report.complete
     assert report.rows == {"steps": 4, "positions": 12, "requests": 1}
     assert isinstance(read_trace(good_run, "steps"), pd.DataFrame)
