@@ -126,9 +126,14 @@ def test_cli_report_one_notebook(runs_dir: Path, tmp_path: Path):
         ],
     )
     assert result.exit_code == 0, result.output
-    # the notebook's three figures, and the index's findings figure beside them
-    assert "report: " in result.output and "1 notebooks, 4 figures, 0 PNG" in result.output
-    assert len(list((tmp_path / "r" / "figures" / "04_markov_attribution").glob("*.html"))) == 3
+    # the notebook's three figures, and the index's findings figures beside them (survival
+    # beside published curves; the learning curve when the zoo's cards carry one)
+    figures = tmp_path / "r" / "figures"
+    assert len(list((figures / "04_markov_attribution").glob("*.html"))) == 3
+    findings = len(list((figures / "findings").glob("*.html")))
+    assert findings >= 1
+    assert "report: " in result.output
+    assert f"1 notebooks, {3 + findings} figures, 0 PNG" in result.output
     assert (tmp_path / "r" / "04_markov_attribution.html").is_file()
     unknown = CliRunner().invoke(
         app,
