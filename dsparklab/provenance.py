@@ -94,7 +94,7 @@ def hash_path(path: Path | str, *, exclude: Collection[str] = ()) -> str:
     for file in files:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode())
-        with Path(file).open("rb") as fh:
+        with file.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
     return f"sha256:{digest.hexdigest()}"

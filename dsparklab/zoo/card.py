@@ -29,7 +29,7 @@ def read_card(checkpoint_dir: Path | str) -> dict[str, Any]:
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
-    Path(tmp).replace(path)
+    tmp.replace(path)
 
 
 def checkpoint_files(path: Path) -> dict[str, int]:

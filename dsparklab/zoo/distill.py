@@ -245,7 +245,7 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    Path(tmp).replace(path)
+    tmp.replace(path)
 
 
 def answer_tokens(out_dir: Path) -> int:
@@ -304,7 +304,7 @@ def generate_chunks(target_dir: Path, cfg: DistillConfig, out_dir: Path) -> dict
             frame = pd.DataFrame(rows)
             tmp = path.with_name(path.name + ".tmp")
             frame.to_parquet(tmp, index=False, compression="zstd")
-            Path(tmp).replace(path)
+            tmp.replace(path)
             tokens = int(frame["response_ids"].map(len).sum())
             manifest["chunks"][path.name] = {
                 "prompts": len(frame),

@@ -294,7 +294,7 @@ def _train_loop(
             "total": schedule["total"],
         }
         torch.save(state, tmp)
-        Path(tmp).replace(plan.state_path)
+        tmp.replace(plan.state_path)
 
     def done() -> bool:
         if plan.time_budget_s is not None:
@@ -645,7 +645,7 @@ def _rewrite_checkpoint(
 
     tmp = path.with_suffix(".tmp")
     save_file(edit(load_file(path)), tmp, metadata={"format": "pt"})
-    Path(tmp).replace(path)
+    tmp.replace(path)
 
 
 def _select_layers(data: DraftData, wanted: Sequence[int]) -> DraftData:

@@ -154,10 +154,10 @@ def write_hidden_chunk(
     for part, (tmp, array) in arrays.items():
         array.flush()
         del array
-        Path(tmp).replace(f"{stem}.{part}.npy")
+        tmp.replace(f"{stem}.{part}.npy")
     tmp_offsets = Path(f"{stem}.offsets.tmp.npy")
     np.save(tmp_offsets, offsets)
-    Path(tmp_offsets).replace(f"{stem}.offsets.npy")
+    tmp_offsets.replace(f"{stem}.offsets.npy")
     return open_hidden_chunk(stem)
 
 

@@ -156,7 +156,7 @@ def _serve(root: Path, run_name: str) -> Iterator[Server]:
         "detailed",
     ]
     log = root / "vllm-serve.log"
-    with Path(log).open("w") as out:
+    with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(url=f"http://127.0.0.1:{port}", target=target, taps=taps, log=log, proc=proc)
     try:

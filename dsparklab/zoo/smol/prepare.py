@@ -60,7 +60,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos, pad_token_id=eos, do_sample=False
     ).save_pretrained(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
-    Path(tmp).replace(out_dir)
+    tmp.replace(out_dir)
 
 
 def prepare_smol_target(zoo_dir: Path, *, cache: Path = CACHE_DIR) -> Path:
