@@ -37,7 +37,7 @@ from dsparklab.instruct_prompts import code_requests, math_problems, prose_reque
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import hash_path
 from dsparklab.wheels import WheelFile, wheel_file
-from dsparklab.zoo.tiny.config import _Frozen
+from dsparklab.zoo.training.config import FrozenConfig
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ MANIFEST = "manifest.json"
 CHUNK_GLOB = "chunk-*.parquet"
 
 
-class PoolConfig(_Frozen):
+class PoolConfig(FrozenConfig):
     """The training prompt pool."""
 
     sharegpt: int = Field(default=40000, description="ShareGPT first turns kept (at most)")
@@ -70,7 +70,7 @@ class PoolConfig(_Frozen):
     seed: int = Field(default=0, description="seed for builders and the pool's order")
 
 
-class DistillConfig(_Frozen):
+class DistillConfig(FrozenConfig):
     """Generation of the answers: the pool, limits and batching."""
 
     pool: PoolConfig = Field(default_factory=PoolConfig, description="prompt pool")

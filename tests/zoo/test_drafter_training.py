@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsparklab.zoo.drafter_training import BatchStream, DraftData, LoopPlan, _train_loop
+from dsparklab.zoo.training.data import BatchStream, DraftData
+from dsparklab.zoo.training.loop import LoopPlan, train_loop
 
 
 def _data(lengths: list[int], starts: list[int]) -> DraftData:
@@ -46,7 +47,7 @@ def _run(plan: LoopPlan, fail_at: int | None = None, marks: list[int] | None = N
             (model.linear(x) - torch.tensor(rows, dtype=torch.float).unsqueeze(1)) ** 2
         ).mean(), {}
 
-    losses, _, summary = _train_loop(
+    losses, _, summary = train_loop(
         "toy",
         model,
         plan,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from dsparklab.zoo.distill import DistillConfig
-from dsparklab.zoo.tiny.config import DSparkConfig, Eagle3Config, _Frozen
+from dsparklab.zoo.training.config import DSparkConfig, Eagle3Config, FrozenConfig
 
 DSPARK_NAME = "smol-dspark"
 EAGLE3_NAME = "smol-eagle3"
@@ -27,7 +27,7 @@ MASK_TOKEN = "<empty_output>"
 AUX_LAYERS = (3, 16, 28)
 
 
-class TrainBudgetConfig(_Frozen):
+class TrainBudgetConfig(FrozenConfig):
     """What both drafters get alike: data, wall time, learning-curve snapshots."""
 
     # 45 minutes: both drafters train at once (one core each), so the recipe, the card
@@ -46,7 +46,7 @@ class TrainBudgetConfig(_Frozen):
     checkpoint_minutes: float = Field(default=5.0, description="resumable state saved this often")
 
 
-class CalibrationConfig(_Frozen):
+class CalibrationConfig(FrozenConfig):
     """Sequential temperature scaling of DSpark's confidence head, on training answers."""
 
     sequences: int = Field(default=200, description="training sequences the fit uses")
@@ -54,7 +54,7 @@ class CalibrationConfig(_Frozen):
     seed: int = Field(default=5, description="seed for the sequence and anchor choice")
 
 
-class SmolEvalConfig(_Frozen):
+class SmolEvalConfig(FrozenConfig):
     """The evaluation written on the cards (held-out prompts, offline acceptance)."""
 
     datasets: tuple[str, ...] = Field(
@@ -71,7 +71,7 @@ class SmolEvalConfig(_Frozen):
     seed: int = Field(default=4, description="seed for anchor sampling")
 
 
-class SmolConfig(_Frozen):
+class SmolConfig(FrozenConfig):
     """The whole smol tier."""
 
     tier: str = Field(default="smol", description="recipe name")

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 from dsparklab.errors import ProvenanceError
 from dsparklab.prompts import Prompt, encode_prompt
 from dsparklab.zoo.distill import CHUNK_GLOB
-from dsparklab.zoo.drafter_training import DraftData
 from dsparklab.zoo.hidden import hidden_chunk_exists, open_hidden_chunk, write_hidden_chunk
+from dsparklab.zoo.training.data import DraftData
 
 logger = logging.getLogger(__name__)
 

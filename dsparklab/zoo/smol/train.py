@@ -37,13 +37,6 @@ import torch
 from dsparklab.wheels import CACHE_DIR
 from dsparklab.zoo.calibrate import fit_sequential_temperatures, write_temperatures
 from dsparklab.zoo.distill import read_chunks, read_manifest
-from dsparklab.zoo.drafter_training import (
-    LoopPlan,
-    VocabMapping,
-    stage_json,
-    train_dspark,
-    train_eagle3,
-)
 from dsparklab.zoo.evaluate import dspark_block_correct
 from dsparklab.zoo.load import load_dspark_drafter, load_eagle3_drafter, load_target
 from dsparklab.zoo.smol.config import DSPARK_NAME, EAGLE3_NAME, MASK_TOKEN, SmolConfig
@@ -55,6 +48,10 @@ from dsparklab.zoo.smol.data import (
     load_draft_data,
 )
 from dsparklab.zoo.smol.prepare import TARGET_NAME, prepare_smol_target
+from dsparklab.zoo.training.checkpoint import VocabMapping
+from dsparklab.zoo.training.drafters import DrafterRun, train_dspark, train_eagle3
+from dsparklab.zoo.training.loop import LoopPlan
+from dsparklab.zoo.training.report import stage_json
 
 logger = logging.getLogger(__name__)
 
@@ -167,38 +164,26 @@ def train_stage(
         checkpoint_s=cfg.budget.checkpoint_minutes * 60.0,
         milestones=tuple(cfg.budget.curve_tokens),
     )
-    snapshot_dir = cache / f"curve-{stage_key}"
+    names = {"dspark": DSPARK_NAME, "eagle3": EAGLE3_NAME}
+    if stage not in names:
+        raise ValueError(f"unknown drafter stage {stage!r}; valid: {', '.join(DRAFTER_STAGES)}")
+    run = DrafterRun(
+        data,
+        target_dir,
+        zoo_dir / names[stage],
+        autocast_bf16=cfg.autocast_bf16,
+        vocab=vocab,
+        plan=plan,
+        snapshot_dir=cache / f"curve-{stage_key}",
+    )
     if stage == "dspark":
         from transformers import AutoTokenizer
 
         mask_id = AutoTokenizer.from_pretrained(target_dir).convert_tokens_to_ids(MASK_TOKEN)
         assert isinstance(mask_id, int), f"{MASK_TOKEN} is one token"
-        _, report = train_dspark(
-            cfg.dspark,
-            data,
-            target_dir,
-            zoo_dir,
-            mask_id,
-            name=DSPARK_NAME,
-            autocast_bf16=cfg.autocast_bf16,
-            vocab=vocab,
-            plan=plan,
-            snapshot_dir=snapshot_dir,
-        )
-    elif stage == "eagle3":
-        _, report = train_eagle3(
-            cfg.eagle3,
-            data,
-            target_dir,
-            zoo_dir,
-            name=EAGLE3_NAME,
-            autocast_bf16=cfg.autocast_bf16,
-            vocab=vocab,
-            plan=plan,
-            snapshot_dir=snapshot_dir,
-        )
+        _, report = train_dspark(cfg.dspark, run, mask_id)
     else:
-        raise ValueError(f"unknown drafter stage {stage!r}; valid: {', '.join(DRAFTER_STAGES)}")
+        _, report = train_eagle3(cfg.eagle3, run)
     record = {**stage_json(report), "config_key": stage_key, "threads": cfg.train_threads}
     _report_path(cache, stage).write_text(json.dumps(record, indent=2) + "\n")
     return record

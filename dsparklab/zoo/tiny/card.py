@@ -33,7 +33,7 @@ def write_cards(
     Stages in ``reports`` get a new training section (and command, recipe); the others
     keep their previous one. ``evaluation=None`` keeps the previous evaluation.
     """
-    from dsparklab.zoo.drafter_training import stage_json
+    from dsparklab.zoo.training.report import stage_json
 
     sections = {TARGET_NAME: "target", DSPARK_NAME: "dspark", EAGLE3_NAME: "eagle3"}
     config_sections = {

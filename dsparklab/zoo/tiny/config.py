@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from dsparklab.zoo.training.config import DSparkConfig, Eagle3Config, FrozenConfig
 
 TARGET_NAME = "tiny-target"
 DSPARK_NAME = "tiny-dspark"
@@ -23,11 +25,7 @@ Stage = Literal["target", "dspark", "eagle3"]
 STAGES: tuple[Stage, ...] = ("target", "dspark", "eagle3")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CorpusConfig(_Frozen):
+class CorpusConfig(FrozenConfig):
     """What the target and its tokenizer are trained on."""
 
     code_max_file_bytes: int = Field(
@@ -44,14 +42,14 @@ class CorpusConfig(_Frozen):
     )
 
 
-class TokenizerConfig(_Frozen):
+class TokenizerConfig(FrozenConfig):
     """Byte-level BPE trained with ``tokenizers`` on the corpus."""
 
     vocab_size: int = Field(default=4096, description="BPE vocabulary size incl. special tokens")
     min_frequency: int = Field(default=2, description="minimum pair frequency for a merge")
 
 
-class TargetConfig(_Frozen):
+class TargetConfig(FrozenConfig):
     """The target LM (transformers Qwen3 architecture) and its training run."""
 
     hidden_size: int = Field(default=192, description="model width")
@@ -76,7 +74,7 @@ class TargetConfig(_Frozen):
     seed: int = Field(default=0, description="seed for init and batch sampling")
 
 
-class DistillConfig(_Frozen):
+class DistillConfig(FrozenConfig):
     """The drafters' training data: the target's own greedy continuations.
 
     Prefixes are random windows of the training corpus; the target continues each
@@ -90,49 +88,7 @@ class DistillConfig(_Frozen):
     seed: int = Field(default=1, description="seed for prefix sampling")
 
 
-class DSparkConfig(_Frozen):
-    """The DSpark drafter (speculators ``DSparkDraftModel``) and its training run."""
-
-    num_layers: int = Field(default=2, description="DFlash draft decoder layers")
-    block_size: int = Field(default=8, description="draft block size (speculative tokens)")
-    target_layer_ids: tuple[int, ...] = Field(
-        default=(1, 2, 3), description="aux hidden states: input of these target layers"
-    )
-    markov_rank: int = Field(default=64, description="rank r of the Markov logit bias")
-    markov_head_type: Literal["vanilla", "gated", "rnn"] = Field(
-        default="vanilla", description="Markov head variant"
-    )
-    sample_from_anchor: bool = Field(
-        default=True, description="slot 0 (the anchor) also predicts (DSpark convention)"
-    )
-    loss_fn: str = Field(default="kl_div", description="speculators loss name (eager)")
-    gamma: float = Field(default=4.0, description="DFlash per-position loss decay")
-    confidence_head_alpha: float = Field(default=1.0, description="confidence BCE weight")
-    sequences_per_step: int = Field(default=4, description="distill sequences packed per step")
-    max_anchors: int = Field(default=192, description="anchor blocks sampled per step")
-    steps: int = Field(default=1000, description="optimizer steps")
-    lr: float = Field(default=2e-3, description="peak AdamW learning rate")
-    warmup_steps: int = Field(default=50, description="linear warmup steps, then cosine to 10%")
-    seed: int = Field(default=2, description="seed for init, packing and anchors")
-
-
-class Eagle3Config(_Frozen):
-    """The Eagle3 drafter (speculators ``Eagle3DraftModel``, llama layer) and its run."""
-
-    num_layers: int = Field(default=1, description="draft decoder layers")
-    target_layer_ids: tuple[int, ...] = Field(
-        default=(1, 2, 3), description="aux hidden states: input of these target layers"
-    )
-    ttt_steps: int = Field(default=3, description="training-time-test unroll steps")
-    loss_fn: str = Field(default="kl_div", description="speculators loss name (eager)")
-    sequences_per_step: int = Field(default=4, description="distill sequences packed per step")
-    steps: int = Field(default=600, description="optimizer steps")
-    lr: float = Field(default=2e-3, description="peak AdamW learning rate")
-    warmup_steps: int = Field(default=50, description="linear warmup steps, then cosine to 10%")
-    seed: int = Field(default=3, description="seed for init and packing")
-
-
-class EvalConfig(_Frozen):
+class EvalConfig(FrozenConfig):
     """The evaluation written on the cards."""
 
     gen_len: int = Field(default=128, description="greedy tokens per held-out prompt")
@@ -151,7 +107,7 @@ class EvalConfig(_Frozen):
     seed: int = Field(default=4, description="seed for anchor sampling")
 
 
-class TinyConfig(_Frozen):
+class TinyConfig(FrozenConfig):
     """The whole tiny tier: corpus, tokenizer, target, distillation data, both drafters."""
 
     tier: Literal["tiny", "smoke"] = Field(default="tiny", description="recipe name")
@@ -209,7 +165,7 @@ class TinyConfig(_Frozen):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
 
-        def cap(section: BaseModel) -> BaseModel:
+        def cap(section: FrozenConfig) -> FrozenConfig:
             steps = min(section.steps, max_steps)  # type: ignore[attr-defined]
             warmup = min(section.warmup_steps, max(1, steps // 10))  # type: ignore[attr-defined]
             return section.model_copy(update={"steps": steps, "warmup_steps": warmup})

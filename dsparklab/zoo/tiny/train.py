@@ -39,17 +39,6 @@ from tqdm.auto import tqdm
 
 from dsparklab.errors import ProvenanceError
 from dsparklab.prompts import load_prompts, prose_corpus
-from dsparklab.zoo.drafter_training import (
-    DraftData,
-    StageReport,
-    _autocast,
-    _num_params,
-    _optimizer,
-    _select_layers,
-    _smoothed,
-    train_dspark,
-    train_eagle3,
-)
 from dsparklab.zoo.evaluate import distinct_ratio, evaluate_drafters, greedy_continuation
 from dsparklab.zoo.hidden import capture_hidden_states
 from dsparklab.zoo.load import (
@@ -68,6 +57,15 @@ from dsparklab.zoo.tiny.config import (
     Stage,
     TinyConfig,
 )
+from dsparklab.zoo.training.data import DraftData, select_layers
+from dsparklab.zoo.training.drafters import DrafterRun, train_dspark, train_eagle3
+from dsparklab.zoo.training.loop import (
+    bf16_autocast,
+    count_params,
+    make_optimizer,
+    optimizer_step,
+)
+from dsparklab.zoo.training.report import StageReport, smoothed, stage_clock
 
 logger = logging.getLogger(__name__)
 
@@ -207,9 +205,6 @@ def token_stream(corpus: Corpus, tokenizer: Any, *, prose_repeat: int, seed: int
     return np.concatenate(parts)
 
 
-# --- training helpers -----------------------------------------------------------------
-
-
 # --- target ---------------------------------------------------------------------------
 
 
@@ -217,11 +212,35 @@ def train_target(
     cfg: TinyConfig, corpus: Corpus, out_dir: Path
 ) -> tuple[Any, Any, np.ndarray, StageReport]:
     """Train the tokenizer and the target LM; save both to ``out_dir``."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
-    report = StageReport("target")
+    with stage_clock(StageReport("target")) as report:
+        model, tokenizer, train_ids, val_ids = _train_target_model(cfg, corpus, report)
+        report.extra["val_loss"] = round(_val_loss(model, val_ids, cfg.target.seq_len), 4)
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    target_dir = out_dir / TARGET_NAME
+    target_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    GenerationConfig(
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
+    ).save_pretrained(target_dir)
+    logger.info(
+        "target: loss %.3f, val %.3f, %.0fs",
+        report.loss_last,
+        report.extra["val_loss"],
+        report.seconds,
+    )
+    return model, tokenizer, train_ids, report
+
+
+def _train_target_model(
+    cfg: TinyConfig, corpus: Corpus, report: StageReport
+) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    """Tokenizer, then the LM on the training stream; the validation tail is returned."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
     start = time.time()
-    cpu_start = time.process_time()
     tc = cfg.target
     tokenizer = train_tokenizer(corpus, cfg.tokenizer.vocab_size, cfg.tokenizer.min_frequency)
     stream = token_stream(corpus, tokenizer, prose_repeat=cfg.corpus.prose_repeat, seed=tc.seed)
@@ -252,13 +271,15 @@ def train_target(
     torch.manual_seed(tc.seed)
     model = Qwen3ForCausalLM(model_cfg)
     model.train()
-    report.params = _num_params(model)
-    opt, sched = _optimizer(model.parameters(), tc.lr, tc.weight_decay, tc.warmup_steps, tc.steps)
+    report.params = count_params(model)
+    opt, sched = make_optimizer(
+        model.parameters(), tc.lr, tc.weight_decay, tc.warmup_steps, lambda: tc.steps
+    )
     gen = np.random.default_rng(tc.seed)
     losses: list[float] = []
 
     def forward(batch: torch.Tensor) -> torch.Tensor:
-        with _autocast(cfg.autocast_bf16):
+        with bf16_autocast(cfg.autocast_bf16):
             return model(input_ids=batch, labels=batch).loss
 
     step_fn = torch.compile(forward, dynamic=False) if tc.compile else forward
@@ -277,34 +298,13 @@ def train_target(
                 loss = step_fn(batch)
         else:
             loss = step_fn(batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{_smoothed(losses):.3f}")
+        losses.append(optimizer_step(model, loss, opt, sched))
+        bar.set_postfix(loss=f"{smoothed(losses):.3f}")
     model.eval()
     report.steps = tc.steps
-    report.loss_first, report.loss_last = losses[0], _smoothed(losses)
-    report.extra["val_loss"] = round(_val_loss(model, val_ids, tc.seq_len), 4)
+    report.loss_first, report.loss_last = losses[0], smoothed(losses)
     report.extra["train_tokens_seen"] = tc.steps * tc.batch_size * tc.seq_len
-    report.seconds = time.time() - start
-    report.extra["cpu_seconds"] = round(time.process_time() - cpu_start, 1)
-    target_dir = out_dir / TARGET_NAME
-    target_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(target_dir)
-    tokenizer.save_pretrained(target_dir)
-    GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
-    ).save_pretrained(target_dir)
-    logger.info(
-        "target: loss %.3f, val %.3f, %.0fs",
-        report.loss_last,
-        report.extra["val_loss"],
-        report.seconds,
-    )
-    return model, tokenizer, train_ids, report
+    return model, tokenizer, train_ids, val_ids
 
 
 @torch.no_grad()
@@ -317,9 +317,6 @@ def _val_loss(model: Any, val_ids: np.ndarray, seq_len: int, max_windows: int = 
 
 
 # --- draft data -----------------------------------------------------------------------
-
-
-# --- draft data ---------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -488,16 +485,22 @@ def train_tier(
         data_seconds = time.time() - start
         mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
         if "dspark" in stage_set:
-            sub = _select_layers(data, cfg.dspark.target_layer_ids)
-            dspark, reports["dspark"] = train_dspark(
-                cfg.dspark, sub, target_dir, out_dir, mask_id, autocast_bf16=cfg.autocast_bf16
+            run = DrafterRun(
+                select_layers(data, cfg.dspark.target_layer_ids),
+                target_dir,
+                out_dir / DSPARK_NAME,
+                autocast_bf16=cfg.autocast_bf16,
             )
+            dspark, reports["dspark"] = train_dspark(cfg.dspark, run, mask_id)
             reports["dspark"].extra["draft_data_seconds"] = round(data_seconds, 1)
         if "eagle3" in stage_set:
-            sub = _select_layers(data, cfg.eagle3.target_layer_ids)
-            eagle3, reports["eagle3"] = train_eagle3(
-                cfg.eagle3, sub, target_dir, out_dir, autocast_bf16=cfg.autocast_bf16
+            run = DrafterRun(
+                select_layers(data, cfg.eagle3.target_layer_ids),
+                target_dir,
+                out_dir / EAGLE3_NAME,
+                autocast_bf16=cfg.autocast_bf16,
             )
+            eagle3, reports["eagle3"] = train_eagle3(cfg.eagle3, run)
             reports["eagle3"].extra["draft_data_seconds"] = round(data_seconds, 1)
         del data
     from dsparklab.zoo.tiny.card import write_cards
