@@ -16,6 +16,14 @@ from typing import Annotated
 
 import typer
 
+from dsparklab.cli.common import (
+    DSparkModel,
+    Eagle3Model,
+    Overwrite,
+    TargetModel,
+    Tier,
+    tier_models,
+)
 from dsparklab.errors import ConfigError, UnknownMethodError
 
 ENGINES: dict[str, str] = {
@@ -57,24 +65,14 @@ def collect(
     ),
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (T > 0).")] = 0,
-    tier: Annotated[
-        str, typer.Option(help="Zoo tier whose models are the defaults below (tiny, smol).")
-    ] = "tiny",
-    target: Annotated[
-        str | None, typer.Option(help="Target: zoo name or directory (default: TIER-target).")
-    ] = None,
-    dspark: Annotated[
-        str | None,
-        typer.Option(help="DSpark drafter: zoo name or directory (default: TIER-dspark)."),
-    ] = None,
-    eagle3: Annotated[
-        str | None,
-        typer.Option(help="Eagle3 drafter: zoo name or directory (default: TIER-eagle3)."),
-    ] = None,
+    tier: Tier = "tiny",
+    target: TargetModel = None,
+    dspark: DSparkModel = None,
+    eagle3: Eagle3Model = None,
     threads: Annotated[
         int, typer.Option(help="torch threads (2: one process owns both cores).")
     ] = 2,
-    overwrite: Annotated[bool, typer.Option(help="Redo runs that are already complete.")] = False,
+    overwrite: Overwrite = False,
     server_url: Annotated[
         str | None,
         typer.Option(
@@ -107,9 +105,7 @@ def collect(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         seed=seed,
-        target=target or f"{tier}-target",
-        dspark=dspark or f"{tier}-dspark",
-        eagle3=eagle3 or f"{tier}-eagle3",
+        **tier_models(tier, target, dspark, eagle3),
         threads=threads,
         overwrite=overwrite,
         progress=True,

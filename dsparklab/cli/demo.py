@@ -8,6 +8,15 @@ from typing import Annotated
 
 import typer
 
+from dsparklab.cli.common import (
+    DSparkModel,
+    Eagle3Model,
+    Png,
+    TargetModel,
+    Tier,
+    tier_models,
+)
+
 
 def demo(
     runs: Annotated[
@@ -23,16 +32,15 @@ def demo(
         int | None,
         typer.Option(help="Tokens generated per prompt (default: DEMO_MAX_NEW_TOKENS)."),
     ] = None,
-    target: Annotated[str, typer.Option(help="Target: zoo name or directory.")] = "smol-target",
-    dspark: Annotated[
-        str, typer.Option(help="DSpark drafter: zoo name or directory.")
-    ] = "smol-dspark",
-    eagle3: Annotated[
-        str, typer.Option(help="Eagle3 drafter: zoo name or directory.")
-    ] = "smol-eagle3",
-    png: Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")] = True,
+    tier: Tier = "smol",
+    target: TargetModel = None,
+    dspark: DSparkModel = None,
+    eagle3: Eagle3Model = None,
+    png: Png = True,
 ) -> None:
-    """Prepare the smol target, decode a live GSM8K/HumanEval subset, report with shipped traces.
+    """Decode a live GSM8K/HumanEval subset on the tier's models, report with shipped traces.
+
+    The smol target is prepared first when it is the one run.
 
     The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
     """
@@ -51,7 +59,7 @@ def demo(
         out=out or DEMO_REPORT,
         limit=DEMO_LIMIT if limit is None else limit,
         max_new_tokens=DEMO_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
-        models={"target": target, "dspark": dspark, "eagle3": eagle3},
+        models=tier_models(tier, target, dspark, eagle3),
         png=png,
     )
     report = result.report

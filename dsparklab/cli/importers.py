@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dsparklab.cli.common import fail
+from dsparklab.cli.common import Overwrite, fail
 
 
 def _formats() -> str:
@@ -39,7 +39,7 @@ def import_command(
         int | None,
         typer.Option(help="The window n (checked against the file; inferred if absent)."),
     ] = None,
-    overwrite: Annotated[bool, typer.Option(help="Re-import runs already complete.")] = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Import what an engine or benchmark harness exported; one line per run written.
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dsparklab.cli.common import fail
+from dsparklab.cli.common import NotebooksDir, ShippedDir, fail
 
 
 def lab(
@@ -15,14 +15,8 @@ def lab(
         Path | None,
         typer.Option(help="Runs the notebooks read ($DSPARKLAB_RUNS); default runs/demo."),
     ] = None,
-    shipped: Annotated[
-        Path | None,
-        typer.Option(help="Shipped traces read beside them (default: data/traces if present)."),
-    ] = None,
-    notebooks: Annotated[
-        Path | None,
-        typer.Option(help="The notebooks directory (default: the notebooks dsparklab ships)."),
-    ] = None,
+    shipped: ShippedDir = None,
+    notebooks: NotebooksDir = None,
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
     open_browser: Annotated[bool, typer.Option(help="Open a web browser.")] = False,
 ) -> None:

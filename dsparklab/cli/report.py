@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsparklab.cli.common import fail
+from dsparklab.cli.common import NotebooksDir, Png, ShippedDir, fail
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -41,21 +41,12 @@ def report(
         list[str] | None,
         typer.Option(help="NAME=VALUE papermill parameter for every notebook; repeatable."),
     ] = None,
-    png: Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")] = True,
+    png: Png = True,
     show_code: Annotated[
         bool, typer.Option(help="Keep the code cells in the notebook pages.")
     ] = False,
-    notebooks: Annotated[
-        Path | None,
-        typer.Option(help="The notebooks directory (default: the notebooks dsparklab ships)."),
-    ] = None,
-    shipped: Annotated[
-        Path | None,
-        typer.Option(
-            help="Shipped traces read beside the runs (default: data/traces if present; "
-            "--param SHIPPED=false leaves them out)."
-        ),
-    ] = None,
+    notebooks: NotebooksDir = None,
+    shipped: ShippedDir = None,
     zoo: Annotated[
         Path | None,
         typer.Option(help="The zoo whose cards the findings read (default: data/zoo)."),
@@ -65,6 +56,7 @@ def report(
 
     Figures are written inside the report, OUT/figures/<notebook>/<figure>.{json,html,png},
     so the report directory is self-contained (relative links, one shared plotly.min.js).
+    ``--param SHIPPED=false`` leaves the shipped traces out.
     """
     from dsparklab.report import build_report
 
