@@ -13,7 +13,8 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 
 import dsparklab
-from dsparklab.analysis.definitions import Check
-from dsparklab.errors import TraceSchemaError
+from dsparklab.analysis.definitions import Check, check
+from dsparklab.errors import DSparkLabError, TraceSchemaError
 from dsparklab.provenance import hash_path
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
 from dsparklab.store.schema import RUN_JSON
@@ -133,6 +134,11 @@ def _sse_records(source: SourceFile, text: str) -> list[Record]:
 
 
 # -- typed field access ---------------------------------------------------------------------
+def is_finite_number(value: Any) -> bool:
+    """A finite JSON number (``true`` / ``false`` are not numbers here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class Fields:
     """Typed access to one JSON object's fields, raising InputFormatError naming the field."""
 
@@ -155,6 +161,25 @@ class Fields:
 
     def has(self, key: str) -> bool:
         return key in self.value and self.value[key] is not None
+
+    def first_present(self, *names: str) -> str | None:
+        """The first of ``names`` (a field and its older spellings) the object has."""
+        return next((name for name in names if self.has(name)), None)
+
+    def first_required(self, *names: str) -> str:
+        """Like :meth:`first_present`; none of them is an error naming the first."""
+        name = self.first_present(*names)
+        if name is None:
+            raise self.error(names[0], "required field missing")
+        return name
+
+    @contextmanager
+    def definition_errors(self, key: str) -> Iterator[None]:
+        """Re-raise an error of :mod:`dsparklab.analysis.definitions` as one naming ``key``."""
+        try:
+            yield
+        except DSparkLabError as err:
+            raise self.error(key, _reason(err)) from err
 
     def sub(self, key: str) -> Fields:
         if not self.has(key):
@@ -195,7 +220,7 @@ class Fields:
                 return None
             raise self.error(key, "required field missing")
         raw = self.value[key]
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        if not is_finite_number(raw):
             raise self.error(key, f"expected a finite number, got {raw!r}")
         if (low is not None and raw < low) or (high is not None and raw > high):
             raise self.error(key, f"{raw} is outside [{low}, {high}]")
@@ -244,16 +269,27 @@ class Fields:
             if item is None and allow_null:
                 out.append(math.nan)
                 continue
-            if (
-                isinstance(item, bool)
-                or not isinstance(item, (int, float))
-                or not math.isfinite(item)
-            ):
+            if not is_finite_number(item):
                 raise self.error(f"{key}[{index}]", f"expected a finite number, got {item!r}")
             if (low is not None and item < low) or (high is not None and item > high):
                 raise self.error(f"{key}[{index}]", f"{item} is outside [{low}, {high}]")
             out.append(float(item))
         return out
+
+    def window_rates(
+        self, key: str, n: int | None, *, empty: str, allow_null: bool = False
+    ) -> list[float]:
+        """Rates in [0, 1] by draft position: their count is the window, which ``--n`` must match.
+
+        ``empty`` says why an empty list holds no positions.
+        """
+        rates = self.numbers(key, allow_null=allow_null, high=1.0)
+        assert rates is not None
+        if not rates:
+            raise self.error(key, f"empty: {empty}")
+        if n is not None and n != len(rates):
+            raise self.error(key, f"--n {n} but the file has {len(rates)} positions")
+        return rates
 
     def counts(self, key: str, *, optional: bool = False) -> list[int] | None:
         """A list of non-negative integers."""
@@ -285,6 +321,28 @@ class Options:
     method: str | None = None
     n: int | None = None
 
+    # for files that do not name them
+    @property
+    def dataset_or_default(self) -> str:
+        return self.dataset or DEFAULT_DATASET
+
+    @property
+    def method_or_default(self) -> str:
+        return self.method or DEFAULT_METHOD
+
+
+def imported_engine(name: str, **extra: Any) -> dict[str, Any]:
+    """An imported run's ``engine``: the tool that wrote the file (files do not say its version)."""
+    return {"name": name, "version": "unknown", "mode": "imported", **extra}
+
+
+def _unknown_model() -> dict[str, Any]:
+    return {"name": "unknown"}
+
+
+def _unknown_sampling() -> dict[str, Any]:
+    return {"temperature": None}
+
 
 @dataclass
 class ImportedRun:
@@ -297,9 +355,10 @@ class ImportedRun:
     method: str
     dataset: str
     engine: dict[str, Any]
-    target: dict[str, Any]
-    drafter: dict[str, Any] | None
-    sampling: dict[str, Any]
+    # what most files do not say
+    target: dict[str, Any] = field(default_factory=_unknown_model)
+    drafter: dict[str, Any] | None = field(default_factory=_unknown_model)
+    sampling: dict[str, Any] = field(default_factory=_unknown_sampling)
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     reported: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
@@ -397,11 +456,41 @@ def write_runs(
     return result
 
 
-def reason(err: Exception) -> str:
+def _reason(err: Exception) -> str:
     """An error's message without a leading ``<field>: `` (the caller names the field)."""
     text = str(err)
     head, sep, rest = text.partition(": ")
     return rest if sep and " " not in head.strip() else text
+
+
+def request_id(source: SourceFile, given: Any, index: int, suffix: str = "") -> str:
+    """The response's own id, else ``<file name>#<response index>`` (``suffix``: the choice)."""
+    if isinstance(given, str) and given:
+        return f"{given}{suffix}"
+    return f"{source.path.name}#{index}{suffix}"
+
+
+def worst_check(
+    quantity: Callable[[str], str],
+    cases: Iterable[tuple[str, float | None, float | None]],
+    *,
+    definition: str,
+    tolerance: float = 1e-9,
+) -> list[Check]:
+    """The check of the case furthest from its computed value (none: no check).
+
+    ``cases`` are ``(case, reported, computed)``; a case without a computed value is the
+    furthest. ``quantity`` names the check from the worst case.
+    """
+    worst = max(
+        cases,
+        key=lambda c: math.inf if c[1] is None or c[2] is None else abs(c[1] - c[2]),
+        default=None,
+    )
+    if worst is None:
+        return []
+    case, reported, computed = worst
+    return [check(quantity(case), reported, computed, definition=definition, tolerance=tolerance)]
 
 
 def positive_int_option(value: int | None, name: str) -> int | None:
@@ -434,6 +523,33 @@ def counter_row(
         "accept_rate": _finite(accept_rate),
         "survival": _finite(survival),
     }
+
+
+def marginal_counter_rows(
+    num_drafts: int,
+    num_draft_tokens: int,
+    accepted_per_pos: Sequence[int] | np.ndarray,
+    *,
+    scope: str = "run",
+    interval: int | None = None,
+) -> list[dict[str, Any]]:
+    """Counter rows from vLLM's marginal counts :math:`A_i` and drafts :math:`D`.
+
+    :math:`R_0 = D`, :math:`R_i = A_{i-1}`; ``n_drafted`` is :math:`D` when every draft
+    drafted all n tokens (``num_draft_tokens = n D``), else unknown (null).
+    """
+    drafted = num_drafts if num_draft_tokens == len(accepted_per_pos) * num_drafts else None
+    return [
+        counter_row(
+            i,
+            scope=scope,
+            interval=interval,
+            n_drafted=drafted,
+            n_reached=num_drafts if i == 0 else accepted_per_pos[i - 1],
+            n_accepted=accepted,
+        )
+        for i, accepted in enumerate(accepted_per_pos)
+    ]
 
 
 def totals_row(

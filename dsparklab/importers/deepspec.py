@@ -30,15 +30,17 @@ from dsparklab.analysis.definitions import (
     conditional_from_marginal,
 )
 from dsparklab.importers._common import (
-    DEFAULT_METHOD,
+    DEFAULT_DATASET,
     Fields,
     ImportedRun,
     InputFormatError,
     Options,
     SourceFile,
     counter_row,
+    imported_engine,
     json_records,
     totals_row,
+    worst_check,
 )
 
 RATES = "accept_rates_by_position"
@@ -128,13 +130,8 @@ def _calibration_rows(conf: Fields, n: int) -> tuple[list[dict[str, Any]], list[
 def _one(source: SourceFile, record: Any, line: int | None, options: Options) -> ImportedRun:
     top = Fields(source, record, line=line)
     spec = top.sub("spec")
-    rates = spec.numbers(RATES, allow_null=True, high=1.0)
-    assert rates is not None
-    if not rates:
-        raise spec.error(RATES, "empty: no drafted positions")
+    rates = spec.window_rates(RATES, options.n, empty="no drafted positions", allow_null=True)
     n = len(rates)
-    if options.n is not None and options.n != n:
-        raise spec.error(RATES, f"--n {options.n} but the file has {n} positions")
     conditional = spec.numbers(
         "conditional_accept_rates_by_position", optional=True, allow_null=True, high=1.0
     )
@@ -152,7 +149,7 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
     length = spec.number("acceptance_length", low=0.0, optional=True)
     per_proposal = spec.number("draft_tokens_per_proposal", low=0.0, optional=True)
     verify_rate = spec.number("verify_rate", low=0.0, high=1.0, optional=True)
-    dataset = options.dataset or spec.text("dataset") or source.path.parent.name or "imported"
+    dataset = options.dataset or spec.text("dataset") or source.path.parent.name or DEFAULT_DATASET
     checks = []
     full_blocks = per_proposal is not None and abs(per_proposal - n) < 0.05
     if length is not None:
@@ -214,22 +211,16 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
         if conf.has("per_position"):
             rows, targets = _calibration_rows(conf, n)
             tables["calibration"] = rows
-            pairs = [
-                (t, s)
-                for t, s in zip(targets, rates, strict=False)
-                if not (math.isnan(t) or math.isnan(s))
-            ]
-            if pairs:
-                far = max(pairs, key=lambda p: abs(p[0] - p[1]))
-                checks.append(
-                    check(
-                        "confidence target_mean vs accept_rates_by_position (worst position)",
-                        far[0],
-                        far[1],
-                        definition="target_mean@k = prefix acceptance = s_k (threshold 0)",
-                        tolerance=2e-4,
-                    )
-                )
+            checks += worst_check(
+                lambda _: "confidence target_mean vs accept_rates_by_position (worst position)",
+                [
+                    (str(k), t, s)
+                    for k, (t, s) in enumerate(zip(targets, rates, strict=False))
+                    if not (math.isnan(t) or math.isnan(s))
+                ],
+                definition="target_mean@k = prefix acceptance = s_k (threshold 0)",
+                tolerance=2e-4,
+            )
     if not tables["counters"]:
         raise spec.error(RATES, "every rate is null: no position was offered")
     config: Mapping[str, Any] = _mapping(top.value.get("config"))
@@ -239,9 +230,9 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
         sources=[source],
         granularity="aggregate",
         n=n,
-        method=options.method or DEFAULT_METHOD,
+        method=options.method_or_default,
         dataset=dataset,
-        engine={"name": "deepspec", "version": "unknown", "mode": "imported"},
+        engine=imported_engine("deepspec"),
         target={"name": str(args.get("target_name_or_path") or "unknown")},
         drafter={"name": str(args.get("draft_name_or_path") or "unknown")},
         sampling={

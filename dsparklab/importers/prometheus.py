@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 
 from dsparklab.analysis.definitions import check, pooled_accept_len
 from dsparklab.importers._common import (
-    DEFAULT_DATASET,
-    DEFAULT_METHOD,
     ImportedRun,
     InputFormatError,
     Options,
     SourceFile,
-    counter_row,
+    imported_engine,
+    marginal_counter_rows,
     totals_row,
 )
 
@@ -261,26 +260,10 @@ def _check_counters(c: SpecDecodeCounters, where: str) -> None:
 def counter_rows(
     c: SpecDecodeCounters, *, scope: str = "run", interval: int | None = None
 ) -> list[dict[str, object]]:
-    """Counter rows of one delta: :math:`R_0 = D`, :math:`R_i = A_{i-1}`, :math:`A_i`.
-
-    ``n_drafted`` is :math:`D` when every draft drafted all n tokens
-    (``num_draft_tokens = n D``), else unknown (null).
-    """
-    drafted = c.num_drafts if c.num_draft_tokens == c.n * c.num_drafts else None
-    rows = []
-    for i, accepted in enumerate(c.accepted_per_pos):
-        reached = c.num_drafts if i == 0 else c.accepted_per_pos[i - 1]
-        rows.append(
-            counter_row(
-                i,
-                scope=scope,
-                interval=interval,
-                n_drafted=drafted,
-                n_reached=reached,
-                n_accepted=accepted,
-            )
-        )
-    return rows
+    """Counter rows of one delta (:func:`~dsparklab.importers._common.marginal_counter_rows`)."""
+    return marginal_counter_rows(
+        c.num_drafts, c.num_draft_tokens, c.accepted_per_pos, scope=scope, interval=interval
+    )
 
 
 def delta_totals(
@@ -369,12 +352,10 @@ def import_vllm_metrics(sources: Sequence[SourceFile], options: Options) -> list
             sources=sources,
             granularity="interval" if interval else "aggregate",
             n=n,
-            method=options.method or DEFAULT_METHOD,
-            dataset=options.dataset or DEFAULT_DATASET,
-            engine={"name": "vllm", "version": "unknown", "mode": "imported"},
+            method=options.method_or_default,
+            dataset=options.dataset_or_default,
+            engine=imported_engine("vllm"),
             target={"name": scrapes[-1].model_name or "unknown"},
-            drafter={"name": "unknown"},
-            sampling={"temperature": None},
             tables=tables,
             reported={
                 "num_drafts": [d.num_drafts for d in deltas],

@@ -26,25 +26,23 @@ import numpy as np
 
 from dsparklab.analysis.definitions import (
     accepted_tokens,
-    check,
     completion_per_verify,
     dense_histogram,
     draft_acceptance_rate,
     pooled_accept_len,
 )
-from dsparklab.errors import DSparkLabError
 from dsparklab.importers._common import (
-    DEFAULT_DATASET,
-    DEFAULT_METHOD,
     Fields,
     ImportedRun,
     InputFormatError,
     Options,
     SourceFile,
     histogram_counter_rows,
+    imported_engine,
     json_records,
-    reason,
+    request_id,
     totals_row,
+    worst_check,
 )
 
 CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
@@ -66,10 +64,6 @@ def _meta_objects(source: SourceFile, record: Any, line: int | None) -> list[tup
         if found:
             return found
     raise source.error("not an SGLang response: no meta_info", field="meta_info", line=line)
-
-
-def _first(m: Fields, names: Sequence[str]) -> str | None:
-    return next((name for name in names if m.has(name)), None)
 
 
 def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[ImportedRun]:
@@ -114,8 +108,6 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
             f"request id {dup!r} appears twice", path=sources[0].path, field="meta_info.id"
         )
     tables: dict[str, list[dict[str, Any]]] = {"counters": [], "totals": []}
-    checks = []
-    worst_len, worst_rate = None, None
     for p in parsed:
         fields: Fields = p["fields"]
         hist = p["histogram"]
@@ -146,38 +138,31 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
                 reported_accept_rate=p["accept_rate"],
             )
         )
-        if p["accept_length"] is not None and p["completion"] is not None:
-            err = abs(p["accept_length"] - completion_per_verify(p["completion"], p["steps"]))
-            if worst_len is None or err > worst_len[0]:
-                worst_len = (err, p)
-        if p["accept_rate"] is not None and p["proposed"]:
-            err = abs(p["accept_rate"] - draft_acceptance_rate(p["correct"], p["proposed"]))
-            if worst_rate is None or err > worst_rate[0]:
-                worst_rate = (err, p)
     steps = sum(p["steps"] for p in parsed)
     correct = sum(p["correct"] for p in parsed)
     completion = [p["completion"] for p in parsed]
-    if worst_len is not None:
-        p = worst_len[1]
-        checks.append(
-            check(
-                f"spec_accept_length (worst of {len(parsed)} requests: {p['request_id']})",
+    checks = worst_check(
+        lambda worst: f"spec_accept_length (worst of {len(parsed)} requests: {worst})",
+        [
+            (
+                p["request_id"],
                 p["accept_length"],
                 completion_per_verify(p["completion"], p["steps"]),
-                definition="completion_per_verify: completion_tokens / spec_verify_ct",
-                tolerance=1e-9,
             )
-        )
-    if worst_rate is not None:
-        p = worst_rate[1]
-        checks.append(
-            check(
-                f"spec_accept_rate (worst request: {p['request_id']})",
-                p["accept_rate"],
-                draft_acceptance_rate(p["correct"], p["proposed"]),
-                definition="spec_num_correct_drafts / spec_num_proposed_drafts",
-            )
-        )
+            for p in parsed
+            if p["accept_length"] is not None and p["completion"] is not None
+        ],
+        definition="completion_per_verify: completion_tokens / spec_verify_ct",
+    )
+    checks += worst_check(
+        lambda worst: f"spec_accept_rate (worst request: {worst})",
+        [
+            (p["request_id"], p["accept_rate"], draft_acceptance_rate(p["correct"], p["proposed"]))
+            for p in parsed
+            if p["accept_rate"] is not None and p["proposed"]
+        ],
+        definition="spec_num_correct_drafts / spec_num_proposed_drafts",
+    )
     tables["totals"].append(
         totals_row(
             num_drafts=steps,
@@ -196,12 +181,9 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
             sources=sources,
             granularity="request",
             n=n,
-            method=options.method or DEFAULT_METHOD,
-            dataset=options.dataset or DEFAULT_DATASET,
-            engine={"name": "sglang", "version": "unknown", "mode": "imported"},
-            target={"name": "unknown"},
-            drafter={"name": "unknown"},
-            sampling={"temperature": None},
+            method=options.method_or_default,
+            dataset=options.dataset_or_default,
+            engine=imported_engine("sglang"),
             tables=tables,
             reported={
                 "requests": len(parsed),
@@ -230,15 +212,13 @@ def _parse(
     source: SourceFile, m: Fields, suffix: str, index: int, options: Options
 ) -> dict[str, Any]:
     steps = m.req_int("spec_verify_ct")
-    correct_name = _first(m, CORRECT)
-    if correct_name is None:
-        raise m.error(CORRECT[0], "required field missing")
+    correct_name = m.first_required(*CORRECT)
     correct = m.req_int(correct_name)
-    proposed_name = _first(m, PROPOSED)
+    proposed_name = m.first_present(*PROPOSED)
     proposed = m.integer(proposed_name, optional=True) if proposed_name else None
     if proposed is not None and correct > proposed:
         raise m.error(correct_name, f"{correct} correct of {proposed} proposed drafts")
-    hist_name = _first(m, HISTOGRAM)
+    hist_name = m.first_present(*HISTOGRAM)
     hist = None
     if hist_name is not None:
         raw = m.value[hist_name]
@@ -246,10 +226,8 @@ def _parse(
             raise m.error(hist_name, f"expected a list, got {type(raw).__name__}")
         if isinstance(raw, list) and raw and isinstance(raw[0], list):
             raise m.error(hist_name, "a list of lists: pass one request's meta_info per record")
-        try:
+        with m.definition_errors(hist_name):
             hist = dense_histogram(raw, field=m.name(hist_name)) if raw else None
-        except DSparkLabError as err:
-            raise source.error(reason(err), field=m.name(hist_name), line=m.line) from err
         if hist is not None:
             if int(hist.sum()) != steps:
                 raise m.error(
@@ -265,13 +243,9 @@ def _parse(
         n = proposed // steps
     if n is None and hist is not None:
         n = len(hist) - 1
-    rid = m.value.get("id")
-    request_id = (
-        f"{rid}{suffix}" if isinstance(rid, str) and rid else f"{source.path.name}#{index}{suffix}"
-    )
     return {
         "fields": m,
-        "request_id": request_id,
+        "request_id": request_id(source, m.value.get("id"), index, suffix),
         "steps": steps,
         "correct": correct,
         "proposed": proposed,

@@ -21,7 +21,6 @@ than the profile's own becomes a run holding only that AL.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,7 +36,6 @@ from dsparklab.analysis.definitions import (
     per_step_accept_len,
     specdec_rates_by_length,
 )
-from dsparklab.errors import DSparkLabError
 from dsparklab.importers._common import (
     DEFAULT_DATASET,
     DEFAULT_METHOD,
@@ -48,16 +46,15 @@ from dsparklab.importers._common import (
     SourceFile,
     counter_row,
     histogram_counter_rows,
+    imported_engine,
+    is_finite_number,
     json_records,
-    reason,
     totals_row,
+    worst_check,
 )
 
 LENGTHS = "Acceptance_Length_Histogram"
-
-
-def _engine() -> dict[str, Any]:
-    return {"name": "specdec_bench", "version": "unknown", "mode": "imported"}
+ENGINE = "specdec_bench"
 
 
 def _length_histogram(f: Fields, key: str, n: int | None) -> tuple[np.ndarray, int]:
@@ -66,10 +63,8 @@ def _length_histogram(f: Fields, key: str, n: int | None) -> tuple[np.ndarray, i
     assert raw is not None
     if not raw:
         raise f.error(key, "empty: the run recorded no decode steps")
-    try:
+    with f.definition_errors(key):
         hist = dense_histogram(raw, offset=1, field=f.name(key))
-    except DSparkLabError as err:
-        raise f.source.error(reason(err), field=f.name(key), line=f.line) from err
     if np.any(hist != np.round(hist)):
         raise f.error(key, "step counts must be integers")
     observed = len(hist) - 1
@@ -94,19 +89,14 @@ def _rate_map(f: Fields, key: str) -> dict[int, float] | None:
             length = int(k)
         except (TypeError, ValueError):
             raise f.error(f"{key}[{k!r}]", "key is not an integer length") from None
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or not math.isfinite(v)
-            or not 0 <= v <= 1
-        ):
+        if not is_finite_number(v) or not 0 <= v <= 1:
             raise f.error(f"{key}[{k!r}]", f"expected a rate in [0, 1], got {v!r}")
         out[length] = float(v)
     return out
 
 
 def _per_request(f: Fields) -> tuple[str | None, dict[str, float]]:
-    key = "Request_AL" if f.has("Request_AL") else ("Request_AR" if f.has("Request_AR") else None)
+    key = f.first_present("Request_AL", "Request_AR")
     if key is None:
         return None, {}
     raw = f.mapping(key)
@@ -115,16 +105,10 @@ def _per_request(f: Fields) -> tuple[str | None, dict[str, float]]:
     for rid, turns in raw.items():
         if isinstance(turns, Mapping):
             for turn, value in turns.items():
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, (int, float))
-                    or not math.isfinite(value)
-                ):
+                if not is_finite_number(value):
                     raise f.error(f"{key}[{rid!r}][{turn!r}]", f"expected a number, got {value!r}")
                 out[f"{rid}/turn{turn}"] = float(value)
-        elif (
-            isinstance(turns, (int, float)) and not isinstance(turns, bool) and math.isfinite(turns)
-        ):
+        elif is_finite_number(turns):
             out[str(rid)] = float(turns)
         else:
             raise f.error(f"{key}[{rid!r}]", f"expected a number or {{turn: AL}}, got {turns!r}")
@@ -143,9 +127,7 @@ def _acceptance_run(
     raw_lengths = f.mapping(LENGTHS)
     assert raw_lengths is not None
     request_key, per_request = _per_request(f)
-    average_key = (
-        "Average_AL" if f.has("Average_AL") else ("Average_AR" if f.has("Average_AR") else None)
-    )
+    average_key = f.first_present("Average_AL", "Average_AR")
     average = f.number(average_key, low=0.0) if average_key else None
     steps = int(hist.sum())
     checks = []
@@ -166,44 +148,25 @@ def _acceptance_run(
         "token, when streamed alone, is a length-1 step; a final EOS-truncated step too)",
         "Average_AL is the per-request mean; the lab's AL is per step",
     ]
+    # a length the histogram does not reach has no computed rate: it is the worst
     if conditional is not None:
-        worst = max(
-            conditional,
-            key=lambda k: (
-                abs(conditional[k] - computed["conditional"].get(k, math.nan))
-                if k in computed["conditional"]
-                else math.inf
-            ),
-        )
-        checks.append(
-            check(
-                f"Conditional_Acceptance_Rate (worst length {worst})",
-                conditional[worst],
-                computed["conditional"].get(worst),
-                definition="a_{L-2} = P(L' >= L | L' >= previous observed length)",
-            )
+        checks += worst_check(
+            lambda worst: f"Conditional_Acceptance_Rate (worst length {worst})",
+            [(str(k), v, computed["conditional"].get(k)) for k, v in conditional.items()],
+            definition="a_{L-2} = P(L' >= L | L' >= previous observed length)",
         )
     if joint is not None:
-        worst = max(
-            joint,
-            key=lambda k: (
-                abs(joint[k] - computed["joint"].get(k, math.nan))
-                if k in computed["joint"]
-                else math.inf
-            ),
-        )
-        joint_check = check(
-            f"Joint_Acceptance_Rate (worst length {worst})",
-            joint[worst],
-            computed["joint"].get(worst),
+        joint_checks = worst_check(
+            lambda worst: f"Joint_Acceptance_Rate (worst length {worst})",
+            [(str(k), v, computed["joint"].get(k)) for k, v in joint.items()],
             definition="s_{L-2} = P(L' >= L)",
         )
-        if not joint_check.equal:
+        if any(not c.equal for c in joint_checks):
             notes.append(
                 "Joint_Acceptance_Rate is not the survival P(L >= len): early specdec_bench "
                 "versions wrote a running mean of survivals there"
             )
-        checks.append(joint_check)
+        checks += joint_checks
     tables: dict[str, list[dict[str, Any]]] = {
         "counters": histogram_counter_rows(hist, n),
         "totals": [
@@ -229,12 +192,9 @@ def _acceptance_run(
         sources=[source],
         granularity="request" if per_request else "aggregate",
         n=n,
-        method=options.method or DEFAULT_METHOD,
-        dataset=options.dataset or DEFAULT_DATASET,
-        engine=_engine(),
-        target={"name": "unknown"},
-        drafter={"name": "unknown"},
-        sampling={"temperature": None},
+        method=options.method_or_default,
+        dataset=options.dataset_or_default,
+        engine=imported_engine(ENGINE),
         tables=tables,
         reported={
             "steps": steps,
@@ -282,12 +242,7 @@ def _profile_runs(
             window = int(k)
         except (TypeError, ValueError):
             raise f.error(f"accept_length_by_k[{k!r}]", "key is not an integer window") from None
-        if (
-            window < 1
-            or isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or not math.isfinite(v)
-        ):
+        if window < 1 or not is_finite_number(v):
             raise f.error(
                 f"accept_length_by_k[{k!r}]", f"expected a window >= 1 and a finite AL, got {v!r}"
             )
@@ -397,10 +352,9 @@ def _profile_runs(
         sources=[source],
         method=method,
         dataset=dataset,
-        engine=_engine(),
+        engine=imported_engine(ENGINE),
         target=target,
         drafter=drafter,
-        sampling={"temperature": None},
     )
     profile_notes = [
         f"accept_length_model = {f.text('accept_length_model')!r}, verification_method = "

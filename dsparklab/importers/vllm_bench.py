@@ -22,17 +22,14 @@ from dsparklab.analysis.definitions import (
     fraction_from_percent,
     pooled_accept_len,
 )
-from dsparklab.errors import DSparkLabError
 from dsparklab.importers._common import (
-    DEFAULT_DATASET,
-    DEFAULT_METHOD,
     Fields,
     ImportedRun,
     Options,
     SourceFile,
-    counter_row,
+    imported_engine,
     json_records,
-    reason,
+    marginal_counter_rows,
     totals_row,
 )
 
@@ -62,30 +59,14 @@ def _one(
         )
     rate_pct = f.req_float("spec_decode_acceptance_rate", low=0.0, high=100.0)
     length = f.req_float("spec_decode_acceptance_length", low=0.0)
-    rates = f.numbers(RATES, high=1.0)
-    assert rates is not None
-    if not rates:
-        raise f.error(RATES, "empty: no per-position counters on the server")
+    rates = f.window_rates(RATES, options.n, empty="no per-position counters on the server")
     n = len(rates)
-    if options.n is not None and options.n != n:
-        raise f.error(RATES, f"--n {options.n} but the file has {n} positions")
-    try:
+    with f.definition_errors(RATES):
         per_pos = counts_from_marginal_rates(rates, drafts, field=f.name(RATES))
-    except DSparkLabError as err:
-        raise source.error(reason(err), field=RATES, line=line) from err
     for i in range(1, n):
         if per_pos[i] > per_pos[i - 1]:
             raise f.error(f"{RATES}[{i}]", "exceeds the previous position's rate: not a survival")
-    drafted = drafts if draft_tokens == n * drafts else None
-    counters = [
-        counter_row(
-            i,
-            n_drafted=drafted,
-            n_reached=drafts if i == 0 else int(per_pos[i - 1]),
-            n_accepted=int(a),
-        )
-        for i, a in enumerate(per_pos)
-    ]
+    counters = marginal_counter_rows(drafts, draft_tokens, per_pos)
     totals = [
         totals_row(
             num_drafts=drafts,
@@ -130,17 +111,10 @@ def _one(
         sources=[source],
         granularity="aggregate",
         n=n,
-        method=options.method or DEFAULT_METHOD,
-        dataset=options.dataset or DEFAULT_DATASET,
-        engine={
-            "name": "vllm",
-            "version": "unknown",
-            "mode": "imported",
-            "backend": f.text("backend"),
-        },
+        method=options.method_or_default,
+        dataset=options.dataset_or_default,
+        engine=imported_engine("vllm", backend=f.text("backend")),
         target={"name": model, "tokenizer": f.text("tokenizer_id")},
-        drafter={"name": "unknown"},
-        sampling={"temperature": None},
         tables={"counters": counters, "totals": totals},
         reported={
             k: record.get(k)

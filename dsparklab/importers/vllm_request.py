@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from dsparklab.analysis.definitions import (
+    Check,
     accepted_tokens,
     check,
     dense_histogram,
@@ -37,19 +38,18 @@ from dsparklab.analysis.definitions import (
     per_step_accept_len,
     pooled_accept_len,
 )
-from dsparklab.errors import DSparkLabError
 from dsparklab.importers._common import (
-    DEFAULT_DATASET,
-    DEFAULT_METHOD,
     Fields,
     ImportedRun,
     InputFormatError,
     Options,
     SourceFile,
     histogram_counter_rows,
+    imported_engine,
     json_records,
-    reason,
+    request_id,
     totals_row,
+    worst_check,
 )
 
 METRICS = "metrics.speculative_decoding"
@@ -117,13 +117,6 @@ def _metrics_objects(
     )
 
 
-def _alias_int(m: Fields, *names: str) -> int:
-    for name in names:
-        if m.has(name):
-            return m.req_int(name)
-    raise m.error(names[0], "required field missing")
-
-
 def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) -> RequestMetrics:
     n = m.req_int("num_spec_tokens", minimum=1)
     raw = m.value.get("acceptance_histogram")
@@ -133,14 +126,12 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
         raise m.error(
             "acceptance_histogram", f"expected a list or an object, got {type(raw).__name__}"
         )
-    try:
+    with m.definition_errors("acceptance_histogram"):
         hist = dense_histogram(raw, size=n + 1, field=m.name("acceptance_histogram"))
-    except DSparkLabError as err:
-        raise source.error(reason(err), field=m.name("acceptance_histogram"), line=m.line) from err
     if np.any(hist != np.round(hist)):
         raise m.error("acceptance_histogram", "counts must be integers")
-    steps = _alias_int(m, "num_spec_steps", "num_drafts")
-    accepted = _alias_int(m, "num_accepted_draft_tokens", "num_accepted_tokens")
+    steps = m.req_int(m.first_required("num_spec_steps", "num_drafts"))
+    accepted = m.req_int(m.first_required("num_accepted_draft_tokens", "num_accepted_tokens"))
     draft_tokens = m.req_int("num_draft_tokens")
     if int(hist.sum()) != steps:
         raise m.error(
@@ -187,12 +178,8 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
     text = choice.get("text")
     if text is None and isinstance(choice.get("message"), dict):
         text = choice["message"].get("content")
-    rid = top.value.get("id")
-    request_id = (
-        f"{rid}{suffix}" if isinstance(rid, str) and rid else f"{source.path.name}#{index}{suffix}"
-    )
     return RequestMetrics(
-        request_id=request_id,
+        request_id=request_id(source, top.value.get("id"), index, suffix),
         source=source,
         line=m.line,
         n=n,
@@ -274,7 +261,7 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
             line=requests[0].line,
         )
     detailed = all(r.per_step_accepted is not None for r in requests)
-    dataset = options.dataset or DEFAULT_DATASET
+    dataset = options.dataset_or_default
     tables: dict[str, list[dict[str, Any]]] = {"totals": [], "requests": []}
     if detailed:
         tables["steps"] = []
@@ -366,12 +353,10 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
             sources=sources,
             granularity="step" if detailed else "request",
             n=n,
-            method=options.method or DEFAULT_METHOD,
+            method=options.method_or_default,
             dataset=dataset,
-            engine={"name": "vllm", "version": "unknown", "mode": "imported"},
+            engine=imported_engine("vllm"),
             target={"name": next((r.model for r in requests if r.model), "unknown")},
-            drafter={"name": "unknown"},
-            sampling={"temperature": None},
             tables=tables,
             reported={
                 "requests": len(requests),
@@ -392,38 +377,26 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
     ]
 
 
-def _checks(requests: Sequence[RequestMetrics]) -> list:
+def _checks(requests: Sequence[RequestMetrics]) -> list[Check]:
     """The responses' own AL and rate, recomputed from their counts (worst request shown)."""
-    out = []
-    worst_al = max(
-        (r for r in requests if r.mean_al is not None and r.steps),
-        key=lambda r: abs((r.mean_al or 0.0) - per_step_accept_len(r.histogram)),
-        default=None,
+    out = worst_check(
+        lambda worst: f"mean_acceptance_length (worst of {len(requests)} requests: {worst})",
+        [
+            (r.request_id, r.mean_al, per_step_accept_len(r.histogram))
+            for r in requests
+            if r.mean_al is not None and r.steps
+        ],
+        definition="per_step: 1 + sum_j j h_j / sum_j h_j",
     )
-    if worst_al is not None:
-        out.append(
-            check(
-                f"mean_acceptance_length (worst of {len(requests)} requests: "
-                f"{worst_al.request_id})",
-                worst_al.mean_al,
-                per_step_accept_len(worst_al.histogram),
-                definition="per_step: 1 + sum_j j h_j / sum_j h_j",
-            )
-        )
-    worst_rate = max(
-        (r for r in requests if r.rate is not None and r.draft_tokens),
-        key=lambda r: abs((r.rate or 0.0) - r.accepted / r.draft_tokens),
-        default=None,
+    out += worst_check(
+        lambda worst: f"draft_acceptance_rate (worst request: {worst})",
+        [
+            (r.request_id, r.rate, r.accepted / r.draft_tokens)
+            for r in requests
+            if r.rate is not None and r.draft_tokens
+        ],
+        definition="num_accepted_draft_tokens / num_draft_tokens",
     )
-    if worst_rate is not None:
-        out.append(
-            check(
-                f"draft_acceptance_rate (worst request: {worst_rate.request_id})",
-                worst_rate.rate,
-                worst_rate.accepted / worst_rate.draft_tokens,
-                definition="num_accepted_draft_tokens / num_draft_tokens",
-            )
-        )
     no_steps = [r for r in requests if not r.steps and r.mean_al is not None]
     if no_steps:
         out.append(
