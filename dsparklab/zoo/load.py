@@ -190,17 +190,8 @@ def load_eagle3_drafter(
 ) -> Eagle3DraftModel:
     """Load an Eagle3 drafter as ``speculators``' ``Eagle3DraftModel`` (float32, eval).
 
-    Parameters
-    ----------
-    path : path-like
-        The drafter directory (speculators format, ``speculators_model_type: eagle3``).
-    target_path : path-like, optional
-        The target directory; by default the one the drafter's config names.
-
-    Returns
-    -------
-    Eagle3DraftModel
-        With the target's embedding and LM head loaded (the zoo's checkpoints omit
-        them: they are the target's, and vLLM shares the target's too).
+    Parameters as for :func:`load_dspark_drafter` (``speculators_model_type: eagle3``).
+    The target's embedding and LM head are loaded into it: the zoo's checkpoints omit
+    them (they are the target's, and vLLM shares the target's too).
     """
     return _load_drafter(path, "eagle3", target_path)

@@ -13,7 +13,13 @@ import logging
 import pytest
 import torch
 
-from dsparklab.engines.reference import ContextUpdate, Proposal, ReferenceConfig, ReferenceEngine
+from dsparklab.engines.reference import (
+    ContextUpdate,
+    DraftSettings,
+    Proposal,
+    ReferenceConfig,
+    ReferenceEngine,
+)
 from tests.integration.conftest import GEN_LEN, Zoo
 
 pytestmark = pytest.mark.integration
@@ -122,15 +128,7 @@ class SelfDrafter:
         self.step = 0
         self.spoiled: list[int] = []
 
-    def propose(
-        self,
-        update: ContextUpdate,
-        num_tokens: int,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-        trace: bool,
-    ) -> Proposal:
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
         self.sequence.extend(update.tokens)
         context, logits = list(self.sequence), []
         for _ in range(num_tokens):

@@ -19,6 +19,7 @@ from dsparklab.engines.reference.markov import (
 )
 from dsparklab.engines.reference.models import (
     ContextUpdate,
+    DraftSettings,
     DSparkDrafter,
     Eagle3Drafter,
     Proposal,
@@ -30,6 +31,7 @@ __all__ = [
     "METHODS",
     "ContextUpdate",
     "DSparkDrafter",
+    "DraftSettings",
     "Eagle3Drafter",
     "Generation",
     "MarkovHeadWeights",

@@ -38,6 +38,7 @@ from dsparklab.engines.reference.models import (
     TRACE_FIELDS,
     ContextUpdate,
     Drafter,
+    DraftSettings,
     Proposal,
     TargetRunner,
     make_drafter,
@@ -289,6 +290,7 @@ class ReferenceEngine:
         generator = None
         if not cfg.greedy:
             generator = torch.Generator().manual_seed(request_seed(cfg.seed, request_id))
+        how = DraftSettings(cfg.temperature, generator, trace)
         stats = DraftStats.new(n)
         steps: list[StepRecord] = []
         # (step, drafted tokens, per-position values, verdict) of every traced step
@@ -323,9 +325,7 @@ class ReferenceEngine:
                 continue
 
             tick = time.perf_counter() if trace else 0.0
-            proposal = drafter.propose(
-                update, n, temperature=cfg.temperature, generator=generator, trace=trace
-            )
+            proposal = drafter.propose(update, n, how)
             tock = time.perf_counter() if trace else 0.0
             logits, aux = self.target.forward([sequence[-1], *proposal.tokens])
             if cfg.greedy:

@@ -145,6 +145,19 @@ class ContextUpdate:
 
 
 @dataclass(frozen=True)
+class DraftSettings:
+    """How a request drafts, the same at every step: sampling and whether to trace.
+
+    ``temperature`` 0 drafts greedily; ``generator`` seeds the draws (None: greedy or
+    torch's global RNG); ``trace`` asks for the per-position values of :class:`Proposal`.
+    """
+
+    temperature: float
+    generator: torch.Generator | None
+    trace: bool
+
+
+@dataclass(frozen=True)
 class Proposal:
     """A drafted block of n tokens and what the drafter knew about it.
 
@@ -197,15 +210,7 @@ class Drafter(Protocol):
 
     def reset(self) -> None: ...
 
-    def propose(
-        self,
-        update: ContextUpdate,
-        num_tokens: int,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-        trace: bool,
-    ) -> Proposal: ...
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal: ...
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -340,15 +345,7 @@ class DSparkDrafter:
         hidden = model.norm(hidden)[0]
         return hidden if self.sample_from_anchor else hidden[1:]
 
-    def propose(
-        self,
-        update: ContextUpdate,
-        num_tokens: int,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-        trace: bool,
-    ) -> Proposal:
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
         self._extend_context(update.aux_hidden, update.start_pos)
         hidden = self.block_hidden(update.anchor, update.anchor_pos, num_tokens)
         base_logits = self.model.lm_head(hidden)  # [n, V_draft]
@@ -356,16 +353,16 @@ class DSparkDrafter:
             base_logits.unsqueeze(0),
             torch.tensor([update.anchor]),
             self.head,
-            hidden=hidden.unsqueeze(0) if trace else None,
-            temperature=temperature,
-            generator=generator,
+            hidden=hidden.unsqueeze(0) if how.trace else None,
+            temperature=how.temperature,
+            generator=how.generator,
         )
         draft_ids, logits = step.draft_ids[0], step.logits[0]
         values = {}
-        if trace:
+        if how.trace:
             # greedy drafts are the final argmax already; sampled ones are not
-            final = argmax_last(logits) if temperature else draft_ids
-            logprobs = token_logprob(torch.stack([logits, base_logits]), draft_ids, temperature)
+            final = argmax_last(logits) if how.temperature else draft_ids
+            logprobs = token_logprob(torch.stack([logits, base_logits]), draft_ids, how.temperature)
             values = {
                 "draft_logprob": logprobs[0],
                 "base_logprob": logprobs[1],
@@ -456,15 +453,7 @@ class Eagle3Drafter:
         normed = self.model.norm(hidden)
         return self.model.lm_head(normed), (normed if self.norm_output else hidden)
 
-    def propose(
-        self,
-        update: ContextUpdate,
-        num_tokens: int,
-        *,
-        temperature: float,
-        generator: torch.Generator | None,
-        trace: bool,
-    ) -> Proposal:
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
         model = self.model
         if self.cache.get_seq_length() != update.start_pos:
             raise ConfigError(
@@ -486,7 +475,7 @@ class Eagle3Drafter:
                 hidden = self._forward(inputs, position)
             logits_i, hidden = self._logits(hidden)
             logits_i = logits_i[0, 0]
-            draft_id = sample_token(logits_i, temperature, generator)
+            draft_id = sample_token(logits_i, how.temperature, how.generator)
             draft_ids.append(draft_id)
             logits.append(logits_i)
             token = draft_id
@@ -496,7 +485,9 @@ class Eagle3Drafter:
         if num_tokens > 1:
             self.cache.crop(-(num_tokens - 1))  # the speculative entries
         ids, stacked = torch.tensor(draft_ids, dtype=torch.long), torch.stack(logits)
-        values = {"draft_logprob": token_logprob(stacked, ids, temperature)} if trace else {}
+        values = (
+            {"draft_logprob": token_logprob(stacked, ids, how.temperature)} if how.trace else {}
+        )
         return Proposal(tokens=tokens, draft_ids=ids, logits=stacked, values=values)
 
 

@@ -57,6 +57,7 @@ from dsparklab.zoo.tiny.config import (
     Stage,
     TinyConfig,
 )
+from dsparklab.zoo.training.config import DSparkConfig, Eagle3Config
 from dsparklab.zoo.training.data import DraftData, select_layers
 from dsparklab.zoo.training.drafters import DrafterRun, train_dspark, train_eagle3
 from dsparklab.zoo.training.loop import (
@@ -484,24 +485,18 @@ def train_tier(
         data = make_draft_data(cfg, target, train_ids, layer_ids)
         data_seconds = time.time() - start
         mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+
+        def run_for(section: DSparkConfig | Eagle3Config, name: str) -> DrafterRun:
+            sub = select_layers(data, section.target_layer_ids)
+            return DrafterRun(sub, target_dir, out_dir / name, autocast_bf16=cfg.autocast_bf16)
+
         if "dspark" in stage_set:
-            run = DrafterRun(
-                select_layers(data, cfg.dspark.target_layer_ids),
-                target_dir,
-                out_dir / DSPARK_NAME,
-                autocast_bf16=cfg.autocast_bf16,
-            )
+            run = run_for(cfg.dspark, DSPARK_NAME)
             dspark, reports["dspark"] = train_dspark(cfg.dspark, run, mask_id)
-            reports["dspark"].extra["draft_data_seconds"] = round(data_seconds, 1)
         if "eagle3" in stage_set:
-            run = DrafterRun(
-                select_layers(data, cfg.eagle3.target_layer_ids),
-                target_dir,
-                out_dir / EAGLE3_NAME,
-                autocast_bf16=cfg.autocast_bf16,
-            )
-            eagle3, reports["eagle3"] = train_eagle3(cfg.eagle3, run)
-            reports["eagle3"].extra["draft_data_seconds"] = round(data_seconds, 1)
+            eagle3, reports["eagle3"] = train_eagle3(cfg.eagle3, run_for(cfg.eagle3, EAGLE3_NAME))
+        for stage in stage_set & {"dspark", "eagle3"}:
+            reports[stage].extra["draft_data_seconds"] = round(data_seconds, 1)
         del data
     from dsparklab.zoo.tiny.card import write_cards
 
