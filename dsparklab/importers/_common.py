@@ -36,6 +36,15 @@ class InputFormatError(TraceSchemaError):
     """An input file an importer cannot read: names the file (and line) and the field."""
 
 
+def input_error(
+    where: Path | str, message: str, *, field: str | None = None, line: int | None = None
+) -> InputFormatError:
+    """The error for bad input at ``where`` (a file or URL), on ``line`` when known."""
+    return InputFormatError(
+        message, path=where if line is None else f"{where} line {line}", field=field
+    )
+
+
 # -- inputs ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SourceFile:
@@ -52,8 +61,7 @@ class SourceFile:
     def error(
         self, message: str, field: str | None = None, line: int | None = None
     ) -> InputFormatError:
-        where = f"{self.path}" if line is None else f"{self.path} line {line}"
-        return InputFormatError(message, path=where, field=field)
+        return input_error(self.path, message, field=field, line=line)
 
 
 def read_source(path: Path | str) -> SourceFile:
@@ -111,6 +119,18 @@ def json_records(source: SourceFile) -> list[Record]:
     if isinstance(value, list):
         return [Record(v, None) for v in value]
     return [Record(value, None)]
+
+
+def numbered_records(sources: Sequence[SourceFile]) -> Iterator[tuple[int, SourceFile, Record]]:
+    """Every JSON value of every file, numbered across the files (ids for responses without).
+
+    Lazy: a file is parsed once the values before it are used, so errors come in file order.
+    """
+    index = 0
+    for source in sources:
+        for record in json_records(source):
+            yield index, source, record
+            index += 1
 
 
 def _sse_records(source: SourceFile, text: str) -> list[Record]:

@@ -33,7 +33,6 @@ from dsparklab.importers._common import (
     DEFAULT_DATASET,
     Fields,
     ImportedRun,
-    InputFormatError,
     Options,
     SourceFile,
     counter_row,
@@ -263,8 +262,6 @@ def import_deepspec(sources: Sequence[SourceFile], options: Options) -> list[Imp
     for source in sources:
         records = json_records(source)
         if len(records) != 1 or not isinstance(records[0].value, dict):
-            raise InputFormatError(
-                "expected one JSON object (a metrics.json)", path=source.path, field="spec"
-            )
+            raise source.error("expected one JSON object (a metrics.json)", field="spec")
         runs.append(_one(source, records[0].value, records[0].line, options))
     return runs

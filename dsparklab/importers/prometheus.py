@@ -30,6 +30,7 @@ from dsparklab.importers._common import (
     Options,
     SourceFile,
     imported_engine,
+    input_error,
     marginal_counter_rows,
     totals_row,
 )
@@ -68,18 +69,14 @@ def parse_exposition(text: str, where: str) -> list[Sample]:
             continue
         match = _SAMPLE.match(line)
         if match is None:
-            raise InputFormatError(
-                f"not a Prometheus sample line: {line[:80]!r}", path=f"{where} line {number}"
-            )
+            raise input_error(where, f"not a Prometheus sample line: {line[:80]!r}", line=number)
         labels: dict[str, str] = {}
         text_labels = match.group("labels") or ""
         pos = 0
         while pos < len(text_labels):
             label = _LABEL.match(text_labels, pos)
             if label is None:
-                raise InputFormatError(
-                    f"malformed labels {text_labels[:80]!r}", path=f"{where} line {number}"
-                )
+                raise input_error(where, f"malformed labels {text_labels[:80]!r}", line=number)
             labels[label.group(1)] = (
                 label.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
             )
@@ -87,9 +84,10 @@ def parse_exposition(text: str, where: str) -> list[Sample]:
         try:
             value = float(match.group("value"))
         except ValueError:
-            raise InputFormatError(
+            raise input_error(
+                where,
                 f"sample value {match.group('value')!r} is not a number",
-                path=f"{where} line {number}",
+                line=number,
                 field=match.group("name"),
             ) from None
         samples.append(Sample(match.group("name"), labels, value, number))
@@ -168,9 +166,10 @@ def spec_decode_counters(text: str, where: str) -> SpecDecodeCounters:
         if base is None:
             continue
         if not math.isfinite(sample.value) or sample.value < 0 or sample.value != int(sample.value):
-            raise InputFormatError(
+            raise input_error(
+                where,
                 f"counter value {sample.value} is not a non-negative integer",
-                path=f"{where} line {sample.line}",
+                line=sample.line,
                 field=sample.name,
             )
         seen.add(base)
@@ -178,25 +177,28 @@ def spec_decode_counters(text: str, where: str) -> SpecDecodeCounters:
         engines.add(sample.labels.get("engine", ""))
         other = {k: v for k, v in sample.labels.items() if k not in SUMMED_LABELS | {"model_name"}}
         if other:
-            raise InputFormatError(
+            raise input_error(
+                where,
                 f"unexpected labels {other} (this importer sums over 'engine' only)",
-                path=f"{where} line {sample.line}",
+                line=sample.line,
                 field=sample.name,
             )
         value = int(sample.value)
         if base == PER_POS:
             if "position" not in sample.labels:
-                raise InputFormatError(
+                raise input_error(
+                    where,
                     "per-position counter without a position label",
-                    path=f"{where} line {sample.line}",
+                    line=sample.line,
                     field=sample.name,
                 )
             try:
                 position = int(sample.labels["position"])
             except ValueError:
-                raise InputFormatError(
+                raise input_error(
+                    where,
                     f"position label {sample.labels['position']!r} is not an integer",
-                    path=f"{where} line {sample.line}",
+                    line=sample.line,
                     field=sample.name,
                 ) from None
             per_pos[position] = per_pos.get(position, 0) + value

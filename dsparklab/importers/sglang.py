@@ -34,12 +34,11 @@ from dsparklab.analysis.definitions import (
 from dsparklab.importers._common import (
     Fields,
     ImportedRun,
-    InputFormatError,
     Options,
     SourceFile,
     histogram_counter_rows,
     imported_engine,
-    json_records,
+    numbered_records,
     request_id,
     totals_row,
     worst_check,
@@ -70,43 +69,35 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
     """One run with a totals row (and, with histograms, counters) per request."""
     units = []
     skipped = 0
-    index = 0
-    for source in sources:
-        for record in json_records(source):
-            for m, suffix in _meta_objects(source, record.value, record.line):
-                if not m.has("spec_verify_ct"):
-                    skipped += 1
-                    continue
-                units.append((source, m, suffix, index))
-            index += 1
+    for index, source, record in numbered_records(sources):
+        for m, suffix in _meta_objects(source, record.value, record.line):
+            if not m.has("spec_verify_ct"):
+                skipped += 1
+                continue
+            units.append((source, m, suffix, index))
     if not units:
-        raise InputFormatError(
+        raise sources[0].error(
             f"no meta_info carries spec_verify_ct ({skipped} without): the server ran "
             "without speculative decoding",
-            path=sources[0].path,
             field="meta_info.spec_verify_ct",
         )
     parsed = [_parse(source, m, suffix, index, options) for source, m, suffix, index in units]
     ns = {p["n"] for p in parsed if p["n"] is not None}
     if len(ns) > 1:
-        raise InputFormatError(
+        raise sources[0].error(
             f"requests imply different windows {sorted(ns)}; pass --n (the largest)",
-            path=sources[0].path,
             field="meta_info.spec_num_proposed_drafts",
         )
     if not ns:
-        raise InputFormatError(
+        raise sources[0].error(
             "cannot tell the window n (no histogram, no proposed-draft count): pass --n",
-            path=sources[0].path,
             field="meta_info.spec_correct_drafts_histogram",
         )
     n = ns.pop()
     ids = [p["request_id"] for p in parsed]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise InputFormatError(
-            f"request id {dup!r} appears twice", path=sources[0].path, field="meta_info.id"
-        )
+        raise sources[0].error(f"request id {dup!r} appears twice", field="meta_info.id")
     tables: dict[str, list[dict[str, Any]]] = {"counters": [], "totals": []}
     for p in parsed:
         fields: Fields = p["fields"]

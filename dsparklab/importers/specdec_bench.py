@@ -41,7 +41,6 @@ from dsparklab.importers._common import (
     DEFAULT_METHOD,
     Fields,
     ImportedRun,
-    InputFormatError,
     Options,
     SourceFile,
     counter_row,
@@ -427,7 +426,7 @@ def import_specdec_bench(sources: Sequence[SourceFile], options: Options) -> lis
         stripped = source.text.lstrip()
         if stripped.startswith("["):
             if not records:
-                raise InputFormatError("an empty list of runs", path=source.path)
+                raise source.error("an empty list of runs")
             for index, record in enumerate(records):
                 runs.append(_acceptance_run(source, record.value, record.line, index, options))
         elif (
@@ -441,10 +440,9 @@ def import_specdec_bench(sources: Sequence[SourceFile], options: Options) -> lis
         ):
             runs.append(_acceptance_run(source, records[0].value, records[0].line, 0, options))
         else:
-            raise InputFormatError(
+            raise source.error(
                 "neither an acceptance_rate.json (a list of runs) nor a speculation_profile.json "
                 "(an object with schema_version)",
-                path=source.path,
                 field="schema_version",
             )
     return runs

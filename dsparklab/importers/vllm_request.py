@@ -41,12 +41,11 @@ from dsparklab.analysis.definitions import (
 from dsparklab.importers._common import (
     Fields,
     ImportedRun,
-    InputFormatError,
     Options,
     SourceFile,
     histogram_counter_rows,
     imported_engine,
-    json_records,
+    numbered_records,
     request_id,
     totals_row,
     worst_check,
@@ -216,19 +215,15 @@ def read_requests(sources: Sequence[SourceFile]) -> tuple[list[RequestMetrics], 
     """Every request with metrics in ``sources``, and how many responses had none."""
     requests: list[RequestMetrics] = []
     without = 0
-    index = 0
-    for source in sources:
-        for record in json_records(source):
-            units, bare = _metrics_objects(source, record.value, record.line)
-            without += int(bare)
-            for top, suffix, m in units:
-                requests.append(_parse(source, top, suffix, m, index))
-            index += 1
+    for index, source, record in numbered_records(sources):
+        units, bare = _metrics_objects(source, record.value, record.line)
+        without += int(bare)
+        for top, suffix, m in units:
+            requests.append(_parse(source, top, suffix, m, index))
     if not requests:
-        raise InputFormatError(
+        raise sources[0].error(
             f"no response carries {METRICS} ({without} responses without): start the server "
             "with --per-request-spec-decode-metrics summary|detailed and send n = 1 requests",
-            path=sources[0].path,
             field=METRICS,
         )
     seen: dict[str, RequestMetrics] = {}
