@@ -22,28 +22,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from dsparklab.engines.layout import parse_list, parse_ns
+from dsparklab.engines.layout import parse_ns
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine
 from dsparklab.engines.reference.bench import (
-    add_model_arguments,
+    add_benchmark_arguments,
+    benchmark_prompts,
     markdown_table,
     model_set,
     time_interleaved,
 )
-from dsparklab.prompts import encode_prompt, load_prompts
 
 GOAL_DSPARK_N7 = 2.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="humaneval", help="comma list of prompt sets")
-    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--n", default="3..7", help="speculative tokens, e.g. 3..7")
-    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the grid")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    add_model_arguments(parser)
+    add_benchmark_arguments(parser, rounds=3)
     parser.add_argument("--json", type=Path, help="also write the table here")
     return parser.parse_args(argv)
 
@@ -158,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             engines[f"{method}-n{n}"] = ReferenceEngine(
                 models.target, models.drafter(method), config=config
             )
-    max_len = min(engine.max_prompt_len for engine in engines.values())
-    prompts = [
-        encode_prompt(models.tokenizer, prompt, max_len)
-        for dataset in parse_list(args.dataset)
-        for prompt in load_prompts(dataset, limit=args.limit)
-    ]
+    prompts = benchmark_prompts(args, models, engines)
     timings = time_interleaved(engines, prompts, rounds=args.rounds)
     table = summarize(timings)
     print(

@@ -26,12 +26,12 @@ import torch
 from dsparklab.engines.layout import parse_list
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine, record_row
 from dsparklab.engines.reference.bench import (
-    add_model_arguments,
+    add_benchmark_arguments,
+    benchmark_prompts,
     markdown_table,
     model_set,
     time_interleaved,
 )
-from dsparklab.prompts import encode_prompt, load_prompts
 from dsparklab.store import TraceWriter, new_run_json
 
 GOAL = 0.03
@@ -40,13 +40,8 @@ CONFIGS = "dspark-n3,dspark-n7,eagle3-n7,none"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="humaneval", help="comma list of prompt sets")
-    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--configs", default=CONFIGS, help="comma list of METHOD-nK / none")
-    parser.add_argument("--rounds", type=int, default=5, help="repetitions of the grid")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    add_model_arguments(parser)
+    add_benchmark_arguments(parser, rounds=5)
     return parser.parse_args(argv)
 
 
@@ -104,12 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             engines[f"{label}/{'on' if trace else 'off'}"] = ReferenceEngine(
                 models.target, models.drafter(method), config=config
             )
-    max_len = min(engine.max_prompt_len for engine in engines.values())
-    prompts = [
-        encode_prompt(models.tokenizer, prompt, max_len)
-        for dataset in parse_list(args.dataset)
-        for prompt in load_prompts(dataset, limit=args.limit)
-    ]
+    prompts = benchmark_prompts(args, models, engines)
     timings = time_interleaved(engines, prompts, rounds=args.rounds)
     timings["config"] = timings["label"].str.split("/").str[0]
     timings["trace"] = timings["label"].str.split("/").str[1]

@@ -23,23 +23,43 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
+from dsparklab.engines.layout import parse_list
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.reference.core import ReferenceEngine
+from dsparklab.prompts import encode_prompt, load_prompts
 
 logger = logging.getLogger(__name__)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--tier`` (tiny, smol) and per-model overrides ``--target/--dspark/--eagle3``."""
+def add_benchmark_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> None:
+    """The options of every interleaved benchmark: prompt sets, lengths, rounds, threads,
+    ``--tier`` (tiny, smol) and per-model overrides ``--target/--dspark/--eagle3``."""
+    parser.add_argument("--dataset", default="humaneval", help="comma list of prompt sets")
+    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=rounds, help="repetitions of the grid")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--tier", default="tiny", help="zoo tier of the default models")
     for role in ("target", "dspark", "eagle3"):
         parser.add_argument(f"--{role}", help=f"zoo name or directory [TIER-{role}]")
 
 
 def model_set(args: argparse.Namespace) -> ModelSet:
-    """The models :func:`add_model_arguments` names."""
+    """The models :func:`add_benchmark_arguments` names."""
     name = {r: getattr(args, r) or f"{args.tier}-{r}" for r in ("target", "dspark", "eagle3")}
     return ModelSet(name["target"], {"dspark": name["dspark"], "eagle3": name["eagle3"]})
+
+
+def benchmark_prompts(
+    args: argparse.Namespace, models: ModelSet, engines: Mapping[str, ReferenceEngine]
+) -> list[list[int]]:
+    """The prompts of ``--dataset``/``--limit``, encoded to fit every engine's context."""
+    max_len = min(engine.max_prompt_len for engine in engines.values())
+    return [
+        encode_prompt(models.tokenizer, prompt, max_len)
+        for dataset in parse_list(args.dataset)
+        for prompt in load_prompts(dataset, limit=args.limit)
+    ]
 
 
 def time_interleaved(
