@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,21 @@ def label(parts: Mapping[str, Any]) -> str:
     return " · ".join(out)
 
 
+def each_line(
+    data: pd.DataFrame, by: Sequence[str], *, sort_by: str
+) -> Iterator[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """``(values, rows)`` per combination of the ``by`` columns' levels that has rows.
+
+    The combinations nest in the order of ``by`` (the first varies slowest), so traces
+    and legend entries come out in the same order in every figure; ``rows`` are sorted by
+    ``sort_by``. A column the frame lacks contributes one ``None`` level.
+    """
+    for values in itertools.product(*(levels(data, column) for column in by)):
+        rows = select(data, **dict(zip(by, values, strict=True))).sort_values(sort_by)
+        if not rows.empty:
+            yield values, rows
+
+
 def method_window_lines(
     data: pd.DataFrame, *, sort_by: str, default_method: str
 ) -> Iterator[tuple[pd.DataFrame, str, str]]:
@@ -77,22 +93,15 @@ def method_window_lines(
     data holds several.
     """
     windows = levels(data, "n")
-    all_datasets = levels(data, "dataset")
-    for method in levels(data, "method"):
-        for k, window in enumerate(windows):
-            for dataset in all_datasets:
-                line = select(data, method=method, n=window, dataset=dataset).sort_values(sort_by)
-                if line.empty:
-                    continue
-                color = method_shade(method or default_method, k, len(windows))
-                name = label(
-                    {
-                        "method": method,
-                        "n": window,
-                        "dataset": dataset if len(all_datasets) > 1 else None,
-                    }
-                )
-                yield line, color, name
+    several_datasets = len(levels(data, "dataset")) > 1
+    for (method, window, dataset), line in each_line(
+        data, ("method", "n", "dataset"), sort_by=sort_by
+    ):
+        color = method_shade(method or default_method, windows.index(window), len(windows))
+        name = label(
+            {"method": method, "n": window, "dataset": dataset if several_datasets else None}
+        )
+        yield line, color, name
 
 
 def facet_grid(
@@ -123,6 +132,28 @@ def facet_grid(
         horizontal_spacing=min(0.08, 0.9 / max(len(cols), 1)),
         vertical_spacing=min(0.12, 0.9 / max(len(rows), 1)),
         **kwargs,
+    )
+
+
+def panel_row(
+    titles: Sequence[str], *, show_titles: bool = True, shared_y: bool = False
+) -> go.Figure:
+    """One row of panels, one per title; the titles are drawn only when ``show_titles``."""
+    return make_subplots(
+        rows=1,
+        cols=len(titles),
+        shared_yaxes=shared_y,
+        subplot_titles=list(titles) if show_titles else None,
+    )
+
+
+def panel_column(titles: Sequence[str], *, show_titles: bool = True) -> go.Figure:
+    """One column of panels, one per title, closer together as they get more numerous."""
+    return make_subplots(
+        rows=len(titles),
+        cols=1,
+        subplot_titles=list(titles) if show_titles else None,
+        vertical_spacing=min(0.12, 0.6 / len(titles)),
     )
 
 
@@ -180,6 +211,34 @@ def rgba(color: str, alpha: float) -> str:
     else:
         r, g, b = (int(float(v)) for v in color[color.index("(") + 1 : -1].split(",")[:3])
     return f"rgba({r}, {g}, {b}, {alpha})"
+
+
+def error_bars(center: pd.Series, lo: pd.Series, hi: pd.Series, **style: Any) -> dict[str, Any]:
+    """Plotly ``error_x`` / ``error_y`` spanning ``lo`` to ``hi`` around ``center``.
+
+    ``style`` (color, thickness, width) is the caller's: each figure sizes its own bars.
+    """
+    return dict(
+        type="data",
+        symmetric=False,
+        array=(hi - center).tolist(),
+        arrayminus=(center - lo).tolist(),
+        **style,
+    )
+
+
+def interval(frame: pd.DataFrame, column: str) -> tuple[pd.Series, pd.Series] | None:
+    """The ``<column>_lo`` / ``<column>_hi`` bounds, or None where the frame holds none."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in frame or hi not in frame or frame[lo].isna().all():
+        return None
+    return frame[lo], frame[hi]
+
+
+def interval_bars(frame: pd.DataFrame, column: str, **style: Any) -> dict[str, Any] | None:
+    """:func:`error_bars` of ``column`` from its interval; None (no bars) where it has none."""
+    bounds = interval(frame, column)
+    return None if bounds is None else error_bars(frame[column], *bounds, **style)
 
 
 def band(

@@ -18,12 +18,15 @@ from plotly.subplots import make_subplots
 from dsparklab.plots._common import (
     band,
     choose,
+    each_line,
     empty_figure,
     facet_grid,
     finish,
     fmt,
+    interval,
     label,
     levels,
+    panel_column,
     require,
     select,
 )
@@ -185,44 +188,36 @@ def plot_survival_curves(
     fig = go.Figure()
     all_datasets = levels(data, "dataset")
     ns = levels(data, "n")
-    for method in levels(data, "method"):
-        for k, window in enumerate(ns):
-            for dataset in all_datasets:
-                line = select(data, method=method, n=window, dataset=dataset).sort_values(
-                    "position"
-                )
-                if line.empty:
-                    continue
-                color = (
-                    method_color(method or "")
-                    if n is not None or len(ns) == 1
-                    else method_shade(method or "", k, len(ns))
-                )
-                name = label(
-                    {
-                        "method": method,
-                        "n": None if n is not None else window,
-                        "dataset": dataset if len(all_datasets) > 1 else None,
-                    }
-                )
-                group = label({"method": method, "n": window, "dataset": dataset})
-                lo, hi = f"{value}_lo", f"{value}_hi"
-                if ci and lo in line and hi in line and line[lo].notna().any():
-                    fig.add_traces(
-                        band(line["position"], line[lo], line[hi], color=color, legendgroup=group)
-                    )
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["position"],
-                        y=line[value],
-                        mode="lines+markers",
-                        name=name,
-                        legendgroup=group,
-                        line=dict(color=color, dash=dash_for(dataset, all_datasets)),
-                        hovertemplate=f"{group}<br>position=%{{x}}<br>{value}=%{{y:.3f}}"
-                        "<extra></extra>",
-                    )
-                )
+    for (method, window, dataset), line in each_line(
+        data, ("method", "n", "dataset"), sort_by="position"
+    ):
+        color = (
+            method_color(method or "")
+            if n is not None or len(ns) == 1
+            else method_shade(method or "", ns.index(window), len(ns))
+        )
+        name = label(
+            {
+                "method": method,
+                "n": None if n is not None else window,
+                "dataset": dataset if len(all_datasets) > 1 else None,
+            }
+        )
+        group = label({"method": method, "n": window, "dataset": dataset})
+        bounds = interval(line, value) if ci else None
+        if bounds is not None:
+            fig.add_traces(band(line["position"], *bounds, color=color, legendgroup=group))
+        fig.add_trace(
+            go.Scatter(
+                x=line["position"],
+                y=line[value],
+                mode="lines+markers",
+                name=name,
+                legendgroup=group,
+                line=dict(color=color, dash=dash_for(dataset, all_datasets)),
+                hovertemplate=f"{group}<br>position=%{{x}}<br>{value}=%{{y:.3f}}<extra></extra>",
+            )
+        )
     if published is not None and not published.empty:
         kind = "marginal" if value == "survival" else "teacher-forced accuracy"
         shown = select(published, method=methods, kind=kind)
@@ -345,11 +340,18 @@ def visible_token(text: str) -> str:
     return text.translate(_VISIBLE) or "∅"
 
 
-def _strip_title(title: str) -> str:
+def _finish_strips(
+    fig: go.Figure, title: str, *, n_rows: int, n_pos: int, min_height: int, name: str
+) -> go.Figure:
+    """The step axis, a legend line under the title, and a height that fits every strip."""
+    fig.update_xaxes(title_text="step", row=n_rows)
     legend = " · ".join(
         f"<span style='color:{ACCEPT_COLORS[s]}'>■</span> {s}" for s in reversed(ACCEPT_STATES)
     )
-    return f"{title}<br><sup>{legend}</sup>"
+    fig.update_layout(margin=dict(t=110))  # room for the title's second line, the legend
+    # a strip row needs its frame (50 px) and a readable cell (26 px) per draft position
+    height = max(min_height, 90 + n_rows * (50 + 26 * n_pos))
+    return finish(fig, title=f"{title}<br><sup>{legend}</sup>", height=height, name=name)
 
 
 def plot_request_strip(
@@ -414,9 +416,7 @@ def plot_request_strip(
         for rid in {p[0] for p in pairs}
     }
     titles = [" · ".join(x for x in (run_names[r], str(q)) if x) for r, q in pairs]
-    fig = make_subplots(
-        rows=len(pairs), cols=1, subplot_titles=titles, vertical_spacing=min(0.12, 0.6 / len(pairs))
-    )
+    fig = panel_column(titles)
     n_pos = int(data["position"].max()) + 1
     for r, (run, request_id) in enumerate(pairs, start=1):
         rows = data.loc[(data["run_id"] == run) & (data["request_id"] == request_id)]
@@ -439,10 +439,14 @@ def plot_request_strip(
                 row=r,
                 col=1,
             )
-    fig.update_xaxes(title_text="step", row=len(pairs), col=1)
-    height = max(settings["figure.panel_height"], 90 + len(pairs) * (50 + 26 * n_pos))
-    fig.update_layout(margin=dict(t=110))
-    return finish(fig, title=_strip_title(title), height=height, name="request_strip")
+    return _finish_strips(
+        fig,
+        title,
+        n_rows=len(pairs),
+        n_pos=n_pos,
+        min_height=settings["figure.panel_height"],
+        name="request_strip",
+    )
 
 
 def with_run(frame: pd.DataFrame) -> pd.DataFrame:
@@ -508,7 +512,6 @@ def plot_prompt_strips(
                 showscale=r == 1 and c == 1,
                 name=f"{prompt_id} {name}",
             )
-    fig.update_xaxes(title_text="step", row=len(ids))
-    height = 90 + len(ids) * (50 + 26 * n_pos)
-    fig.update_layout(margin=dict(t=110))
-    return finish(fig, title=_strip_title(title), height=max(height, 300), name="prompt_strips")
+    return _finish_strips(
+        fig, title, n_rows=len(ids), n_pos=n_pos, min_height=300, name="prompt_strips"
+    )

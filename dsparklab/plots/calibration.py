@@ -12,16 +12,17 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dsparklab.plots._common import (
     choose,
+    each_line,
     empty_figure,
     facet_grid,
     finish,
     label,
     levels,
     method_window_lines,
+    panel_row,
     require,
     select,
 )
@@ -158,38 +159,33 @@ def plot_calibration_metrics(
         return empty_figure(
             "no confidence recorded in this selection", title=title, name="calibration_metrics"
         )
-    fig = make_subplots(
-        rows=1, cols=len(metrics), subplot_titles=[CALIBRATION_METRICS[m] for m in metrics]
-    )
+    fig = panel_row([CALIBRATION_METRICS[m] for m in metrics])
     scores = levels(data, "score")
     all_datasets = levels(data, "dataset")
     symbols = ("circle", "square", "diamond", "triangle-up", "x", "star")
     for c, metric in enumerate(metrics, start=1):
-        for s, score in enumerate(scores):
-            for d, dataset in enumerate(all_datasets):
-                for method in levels(data, "method"):
-                    line = select(data, score=score, dataset=dataset, method=method)
-                    line = line.sort_values("position")
-                    if line.empty:
-                        continue
-                    name = label({"score": score, "method": method, "dataset": dataset})
-                    fig.add_trace(
-                        go.Scatter(
-                            x=line["position"],
-                            y=line[metric],
-                            mode="lines+markers",
-                            name=name,
-                            legendgroup=name,
-                            showlegend=c == 1,
-                            line=dict(
-                                color=method_shade(method or "dspark", s, len(scores) + 1),
-                                dash="solid" if s == 0 else "dash",
-                            ),
-                            marker=dict(symbol=symbols[d % len(symbols)], size=7),
-                        ),
-                        row=1,
-                        col=c,
-                    )
+        for (score, dataset, method), line in each_line(
+            data, ("score", "dataset", "method"), sort_by="position"
+        ):
+            s, d = scores.index(score), all_datasets.index(dataset)
+            name = label({"score": score, "method": method, "dataset": dataset})
+            fig.add_trace(
+                go.Scatter(
+                    x=line["position"],
+                    y=line[metric],
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=c == 1,
+                    line=dict(
+                        color=method_shade(method or "dspark", s, len(scores) + 1),
+                        dash="solid" if s == 0 else "dash",
+                    ),
+                    marker=dict(symbol=symbols[d % len(symbols)], size=7),
+                ),
+                row=1,
+                col=c,
+            )
     fig.update_xaxes(title_text="draft position", dtick=1)
     return finish(fig, title=title, name="calibration_metrics")
 
@@ -227,13 +223,11 @@ def plot_adaptive_whatif(
         return empty_figure(
             "no confidence recorded in this selection", title=title, name="adaptive_whatif"
         )
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=[
+    fig = panel_row(
+        [
             "tokens per step vs verified positions per step",
             "tokens per verified slot vs τ",
-        ],
+        ]
     )
     for line, color, name in method_window_lines(data, sort_by="tau", default_method=""):
         hover = [f"τ={t:.2f}" for t in line["tau"]]

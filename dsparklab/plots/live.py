@@ -11,11 +11,14 @@ from dsparklab.plots._common import (
     empty_figure,
     finish,
     levels,
+    panel_column,
     require,
     select,
 )
 from dsparklab.plots.acceptance import ACCEPTANCE_VALUES
 from dsparklab.plots.style import SEQUENTIAL_SCALE, method_color
+
+_NO_LIVE_RUN = "no live run here: `dsparklab watch --metrics-url URL` records one"
 
 
 def _run_label(frame: pd.DataFrame, run_id: object) -> str:
@@ -50,20 +53,11 @@ def plot_acceptance_over_time(
     require(over_time, ["interval", "position", "t_mid_s", value], what="plot_acceptance_over_time")
     data = select(over_time, run_id=run_ids)
     if data.empty:
-        return empty_figure(
-            "no live run here: `dsparklab watch --metrics-url URL` records one",
-            title=title,
-            name="acceptance_over_time",
-        )
-    runs = levels(data, "run_id") if "run_id" in data else [None]
-    fig = make_subplots(
-        rows=len(runs),
-        cols=1,
-        subplot_titles=[_run_label(data, r) for r in runs] if runs != [None] else None,
-        vertical_spacing=min(0.12, 0.6 / len(runs)),
-    )
+        return empty_figure(_NO_LIVE_RUN, title=title, name="acceptance_over_time")
+    runs = levels(data, "run_id")
+    fig = panel_column([_run_label(data, r) for r in runs], show_titles=runs != [None])
     for r, run in enumerate(runs, start=1):
-        panel = select(data, run_id=run) if run is not None else data
+        panel = select(data, run_id=run)
         grid = panel.pivot_table(index="position", columns="t_mid_s", values=value, aggfunc="first")
         z = grid.to_numpy(dtype=float)
         fig.add_trace(
@@ -102,15 +96,11 @@ def plot_accept_len_over_time(
     )
     data = select(over_time, run_id=run_ids)
     if data.empty:
-        return empty_figure(
-            "no live run here: `dsparklab watch --metrics-url URL` records one",
-            title=title,
-            name="accept_len_over_time",
-        )
+        return empty_figure(_NO_LIVE_RUN, title=title, name="accept_len_over_time")
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    runs = levels(data, "run_id") if "run_id" in data else [None]
+    runs = levels(data, "run_id")
     for run in runs:
-        rows = (select(data, run_id=run) if run is not None else data).drop_duplicates("interval")
+        rows = select(data, run_id=run).drop_duplicates("interval")
         rows = rows.sort_values("t_mid_s")
         method = str(rows["method"].iloc[0]) if "method" in rows else ""
         name = _run_label(data, run) if run is not None else "AL"

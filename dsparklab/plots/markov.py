@@ -13,11 +13,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dsparklab.plots._common import (
+    each_line,
     empty_figure,
+    error_bars,
     finish,
     label,
     levels,
     method_window_lines,
+    panel_row,
     require,
     select,
 )
@@ -53,13 +56,11 @@ def plot_flip_rates(
     title = title or "Markov head: flip rate and acceptance with / without a flip"
     if data.empty:
         return empty_figure(_EMPTY, title=title, name="flip_rates")
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=[
+    fig = panel_row(
+        [
             "flip rate (the bias changed the argmax)",
             "accepted | reached: flipped (solid), not (dotted)",
-        ],
+        ]
     )
     for line, color, name in method_window_lines(data, sort_by="position", default_method="dspark"):
         fig.add_trace(
@@ -182,45 +183,35 @@ def plot_markov_counterfactual(
         return empty_figure(_EMPTY, title=title, name="markov_counterfactual")
     fig = go.Figure()
     windows = levels(data, "n")
-    for method in levels(data, "method"):
-        for k, window in enumerate(windows):
-            line = select(data, method=method, n=window).sort_values("position")
-            if line.empty:
-                continue
-            color = method_shade(method or "dspark", k, len(windows))
-            name = label({"method": method, "n": window})
-            offset = (k - (len(windows) - 1) / 2) * 0.08
-            x = line["position"] + offset
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=line["accept_rate"],
-                    mode="markers",
-                    marker=dict(color=color, size=10, symbol="circle"),
-                    name=f"{name}: with bias",
-                    legendgroup=name,
-                )
+    for (method, window), line in each_line(data, ("method", "n"), sort_by="position"):
+        k = windows.index(window)
+        color = method_shade(method or "dspark", k, len(windows))
+        name = label({"method": method, "n": window})
+        offset = (k - (len(windows) - 1) / 2) * 0.08
+        x = line["position"] + offset
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=line["accept_rate"],
+                mode="markers",
+                marker=dict(color=color, size=10, symbol="circle"),
+                name=f"{name}: with bias",
+                legendgroup=name,
             )
-            mid = (line["base_accept_rate_lo"] + line["base_accept_rate_hi"]) / 2
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=mid,
-                    mode="markers",
-                    marker=dict(color=color, size=9, symbol="line-ew-open"),
-                    error_y=dict(
-                        type="data",
-                        symmetric=False,
-                        array=(line["base_accept_rate_hi"] - mid).tolist(),
-                        arrayminus=(mid - line["base_accept_rate_lo"]).tolist(),
-                        thickness=3,
-                        width=6,
-                        color=color,
-                    ),
-                    name=f"{name}: base argmax (bounds)",
-                    legendgroup=name,
-                )
+        )
+        lo, hi = line["base_accept_rate_lo"], line["base_accept_rate_hi"]
+        mid = (lo + hi) / 2
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=mid,
+                mode="markers",
+                marker=dict(color=color, size=9, symbol="line-ew-open"),
+                error_y=error_bars(mid, lo, hi, thickness=3, width=6, color=color),
+                name=f"{name}: base argmax (bounds)",
+                legendgroup=name,
             )
+        )
     fig.update_xaxes(title_text="draft position", dtick=1)
     fig.update_yaxes(title_text="acceptance rate given reached", range=[0, 1.02])
     return finish(fig, title=title, name="markov_counterfactual")

@@ -11,9 +11,18 @@ from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from dsparklab.plots._common import choose, empty_figure, finish, label, levels, require, select
+from dsparklab.plots._common import (
+    choose,
+    empty_figure,
+    finish,
+    interval_bars,
+    label,
+    levels,
+    panel_row,
+    require,
+    select,
+)
 from dsparklab.plots.style import DIVERGING_SCALE, dash_for, method_color
 
 DELTA_COLUMNS = ("metric", "base", "new", "delta", "delta_lo", "delta_hi")
@@ -36,16 +45,15 @@ def _delta_marker(delta: pd.Series) -> dict:
 
 
 def _ci(frame: pd.DataFrame) -> dict | None:
-    if frame["delta_lo"].isna().all():
-        return None
+    return interval_bars(frame, "delta", color="#495057", thickness=1, width=3)
+
+
+def _sides_hover(frame: pd.DataFrame, head: str, labels: tuple[str, str]) -> dict:
+    """``customdata`` and ``hovertemplate`` showing both run sets' values after ``head``."""
     return dict(
-        type="data",
-        symmetric=False,
-        array=(frame["delta_hi"] - frame["delta"]).tolist(),
-        arrayminus=(frame["delta"] - frame["delta_lo"]).tolist(),
-        color="#495057",
-        thickness=1,
-        width=3,
+        customdata=frame[["base", "new"]].to_numpy(),
+        hovertemplate=f"{head}<br>{labels[0]}=%{{customdata[0]:.3f}} · "
+        f"{labels[1]}=%{{customdata[1]:.3f}}<extra></extra>",
     )
 
 
@@ -90,12 +98,7 @@ def plot_prompt_deltas(
             y=data["delta"],
             marker=marker,
             error_y=_ci(data),
-            customdata=data[["base", "new"]].to_numpy(),
-            hovertemplate="%{x}<br>Δ=%{y:.3f}<br>"
-            + labels[0]
-            + "=%{customdata[0]:.3f} · "
-            + labels[1]
-            + "=%{customdata[1]:.3f}<extra></extra>",
+            **_sides_hover(data, "%{x}<br>Δ=%{y:.3f}", labels),
             name="Δ " + metric,
         )
     )
@@ -136,9 +139,7 @@ def plot_position_deltas(
     title = title or f"Per-position {metric_label}: {labels[1]} vs {labels[0]}"
     if data.empty:
         return empty_figure("no positions in both run sets", title=title, name="position_deltas")
-    fig = make_subplots(
-        rows=1, cols=2, subplot_titles=[f"{metric_label}", f"Δ = {labels[1]} − {labels[0]}"]
-    )
+    fig = panel_row([metric_label, f"Δ = {labels[1]} − {labels[0]}"])
     all_datasets = levels(data, "dataset")
     side_colors = {labels[0]: method_color(labels[0]), labels[1]: method_color(labels[1])}
     if side_colors[labels[0]] == side_colors[labels[1]]:
@@ -206,12 +207,7 @@ def plot_token_class_deltas(
             "no reached tokens in both run sets", title=title, name="token_class_deltas"
         )
     panels = levels(data, "dataset")
-    fig = make_subplots(
-        rows=1,
-        cols=len(panels),
-        shared_yaxes=True,
-        subplot_titles=[str(p) for p in panels] if panels != [None] else None,
-    )
+    fig = panel_row([str(p) for p in panels], show_titles=panels != [None], shared_y=True)
     for c, dataset in enumerate(panels, start=1):
         part = select(data, dataset=dataset).sort_values("token_class")
         fig.add_trace(
@@ -220,23 +216,8 @@ def plot_token_class_deltas(
                 x=part["delta"],
                 orientation="h",
                 marker=_delta_marker(part["delta"]),
-                error_x=None
-                if part["delta_lo"].isna().all()
-                else dict(
-                    type="data",
-                    symmetric=False,
-                    array=(part["delta_hi"] - part["delta"]).tolist(),
-                    arrayminus=(part["delta"] - part["delta_lo"]).tolist(),
-                    color="#495057",
-                    thickness=1,
-                    width=3,
-                ),
-                customdata=part[["base", "new"]].to_numpy(),
-                hovertemplate="%{y}<br>Δ=%{x:.3f}<br>"
-                + labels[0]
-                + "=%{customdata[0]:.3f} · "
-                + labels[1]
-                + "=%{customdata[1]:.3f}<extra></extra>",
+                error_x=_ci(part),
+                **_sides_hover(part, "%{y}<br>Δ=%{x:.3f}", labels),
                 showlegend=False,
             ),
             row=1,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from dsparklab.plots._common import empty_figure, finish, label, levels, require, select
+from dsparklab.plots._common import each_line, empty_figure, finish, label, levels, require, select
 from dsparklab.plots.style import dash_for, method_color
 
 
@@ -45,22 +45,18 @@ def plot_learning_curve(
         return empty_figure("no learning curve in this selection", title=title, name="curve")
     fig = go.Figure()
     all_datasets = levels(data, "dataset")
-    for method in levels(data, "method"):
-        for dataset in all_datasets:
-            line = select(data, method=method, dataset=dataset).sort_values("answer_tokens")
-            if line.empty:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=line["answer_tokens"],
-                    y=line[value],
-                    mode="lines+markers",
-                    name=label({"method": method, "dataset": dataset}),
-                    line=dict(color=method_color(method), dash=dash_for(dataset, all_datasets)),
-                    hovertemplate=f"{method} {dataset}<br>answer tokens=%{{x:,}}"
-                    f"<br>{value}=%{{y:.2f}}<extra></extra>",
-                )
+    for (method, dataset), line in each_line(data, ("method", "dataset"), sort_by="answer_tokens"):
+        fig.add_trace(
+            go.Scatter(
+                x=line["answer_tokens"],
+                y=line[value],
+                mode="lines+markers",
+                name=label({"method": method, "dataset": dataset}),
+                line=dict(color=method_color(method), dash=dash_for(dataset, all_datasets)),
+                hovertemplate=f"{method} {dataset}<br>answer tokens=%{{x:,}}"
+                f"<br>{value}=%{{y:.2f}}<extra></extra>",
             )
+        )
     n = value.removeprefix("offline_al_")
     fig.update_xaxes(title_text="distinct answer tokens seen (log)", type="log")
     fig.update_yaxes(title_text=f"offline AL({n})")

@@ -11,14 +11,16 @@ from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dsparklab.plots._common import (
     choose,
+    each_line,
     empty_figure,
     finish,
+    interval_bars,
     label,
     levels,
+    panel_row,
     require,
     select,
 )
@@ -33,17 +35,7 @@ WINDOW_METRICS: dict[str, str] = {
 
 
 def _error_bars(frame: pd.DataFrame, metric: str) -> dict | None:
-    lo, hi = f"{metric}_lo", f"{metric}_hi"
-    if lo not in frame or hi not in frame or frame[lo].isna().all():
-        return None
-    return dict(
-        type="data",
-        symmetric=False,
-        array=(frame[hi] - frame[metric]).tolist(),
-        arrayminus=(frame[metric] - frame[lo]).tolist(),
-        thickness=1.2,
-        width=4,
-    )
+    return interval_bars(frame, metric, thickness=1.2, width=4)
 
 
 def plot_window_scaling(
@@ -79,52 +71,44 @@ def plot_window_scaling(
     if data.empty:
         return empty_figure("no runs in this selection", title=title, name="window_scaling")
     panels = levels(data, "dataset")
-    fig = make_subplots(
-        rows=1,
-        cols=len(panels),
-        shared_yaxes=True,
-        subplot_titles=[str(p) for p in panels] if len(panels) > 1 else None,
-    )
+    fig = panel_row([str(p) for p in panels], show_titles=len(panels) > 1, shared_y=True)
     model_col = f"{metric}_model"
-    for c, dataset in enumerate(panels, start=1):
-        for method in levels(data, "method"):
-            line = select(data, dataset=dataset, method=method).sort_values("n")
-            if line.empty:
-                continue
-            color = method_color(method or "")
-            group = label({"method": method})
+    for (dataset, method), line in each_line(data, ("dataset", "method"), sort_by="n"):
+        c = panels.index(dataset) + 1
+        color = method_color(method or "")
+        group = label({"method": method})
+        fig.add_trace(
+            go.Scatter(
+                x=line["n"],
+                y=line[metric],
+                mode="lines+markers",
+                name=f"{group} (measured)",
+                legendgroup=group,
+                showlegend=c == 1,
+                line=dict(color=color),
+                error_y=_error_bars(line, metric),
+                hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
+                f"n=%{{x}}<br>{metric}=%{{y:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
+        if show_model and model_col in line and line[model_col].notna().any():
             fig.add_trace(
                 go.Scatter(
                     x=line["n"],
-                    y=line[metric],
-                    mode="lines+markers",
-                    name=f"{group} (measured)",
+                    y=line[model_col],
+                    mode="lines",
+                    name=f"{group} (model)",
                     legendgroup=group,
                     showlegend=c == 1,
-                    line=dict(color=color),
-                    error_y=_error_bars(line, metric),
-                    hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
-                    f"n=%{{x}}<br>{metric}=%{{y:.3f}}<extra></extra>",
+                    line=dict(color=color, dash="dot"),
+                    hovertemplate=f"{group} model<br>n=%{{x}}<br>{metric}=%{{y:.3f}}"
+                    "<extra></extra>",
                 ),
                 row=1,
                 col=c,
             )
-            if show_model and model_col in line and line[model_col].notna().any():
-                fig.add_trace(
-                    go.Scatter(
-                        x=line["n"],
-                        y=line[model_col],
-                        mode="lines",
-                        name=f"{group} (model)",
-                        legendgroup=group,
-                        showlegend=c == 1,
-                        line=dict(color=color, dash="dot"),
-                        hovertemplate=f"{group} model<br>n=%{{x}}<br>{metric}=%{{y:.3f}}"
-                        "<extra></extra>",
-                    ),
-                    row=1,
-                    col=c,
-                )
     fig.update_xaxes(title_text="window n", dtick=1)
     fig.update_yaxes(title_text=metric, col=1)
     return finish(fig, title=title, name="window_scaling")
@@ -154,54 +138,46 @@ def plot_draft_costs(
     title = title or "Costs per step relative to one target decode step"
     if data.empty:
         return empty_figure("no runs in this selection", title=title, name="draft_costs")
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=[
+    fig = panel_row(
+        [
             "draft cost c_draft(n): block = c0, autoregressive = c0 + c1·n",
             "verify overhead v(n)",
-        ],
+        ]
     )
     all_datasets = levels(data, "dataset")
     for col, (measured, fitted) in enumerate(
         (("draft_cost", "draft_cost_model"), ("verify_cost", "verify_cost_model")), start=1
     ):
-        for method in levels(data, "method"):
-            for dataset in all_datasets:
-                line = select(data, method=method, dataset=dataset).sort_values("n")
-                if line.empty:
-                    continue
-                color = method_color(method or "")
-                name = label(
-                    {"method": method, "dataset": dataset if len(all_datasets) > 1 else None}
-                )
+        for (method, dataset), line in each_line(data, ("method", "dataset"), sort_by="n"):
+            color = method_color(method or "")
+            name = label({"method": method, "dataset": dataset if len(all_datasets) > 1 else None})
+            fig.add_trace(
+                go.Scatter(
+                    x=line["n"],
+                    y=line[measured],
+                    mode="markers",
+                    marker=dict(color=color, size=8),
+                    name=f"{name} (measured)",
+                    legendgroup=name,
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+            if fitted in line and line[fitted].notna().any():
                 fig.add_trace(
                     go.Scatter(
                         x=line["n"],
-                        y=line[measured],
-                        mode="markers",
-                        marker=dict(color=color, size=8),
-                        name=f"{name} (measured)",
+                        y=line[fitted],
+                        mode="lines",
+                        line=dict(color=color, dash=dash_for(dataset, all_datasets)),
+                        name=f"{name} (fit)",
                         legendgroup=name,
                         showlegend=col == 1,
                     ),
                     row=1,
                     col=col,
                 )
-                if fitted in line and line[fitted].notna().any():
-                    fig.add_trace(
-                        go.Scatter(
-                            x=line["n"],
-                            y=line[fitted],
-                            mode="lines",
-                            line=dict(color=color, dash=dash_for(dataset, all_datasets)),
-                            name=f"{name} (fit)",
-                            legendgroup=name,
-                            showlegend=col == 1,
-                        ),
-                        row=1,
-                        col=col,
-                    )
     fig.update_xaxes(title_text="window n", dtick=1)
     fig.update_yaxes(title_text="× target step", col=1)
     return finish(fig, title=title, name="draft_costs")
@@ -244,53 +220,41 @@ def plot_published_comparison(
     ours = select(measured, method=methods)
     theirs = select(published, method=methods, benchmark=benchmark)
     title = title or "Speedup as n grows: these runs beside the published numbers"
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=[measured_label, f"published (Kimi, Novita; {benchmark})"],
-    )
+    fig = panel_row([measured_label, f"published (Kimi, Novita; {benchmark})"])
     our_datasets = levels(ours, "dataset")
-    for method in levels(ours, "method"):
-        for dataset in our_datasets:
-            line = select(ours, method=method, dataset=dataset).sort_values("n")
-            if line.empty:
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=line["n"],
-                    y=line["speedup"],
-                    mode="lines+markers",
-                    name=label({"method": method, "dataset": dataset}),
-                    line=dict(
-                        color=method_color(method or ""), dash=dash_for(dataset, our_datasets)
-                    ),
-                    error_y=_error_bars(line, "speedup"),
-                ),
-                row=1,
-                col=1,
-            )
+    for (method, dataset), line in each_line(ours, ("method", "dataset"), sort_by="n"):
+        fig.add_trace(
+            go.Scatter(
+                x=line["n"],
+                y=line["speedup"],
+                mode="lines+markers",
+                name=label({"method": method, "dataset": dataset}),
+                line=dict(color=method_color(method or ""), dash=dash_for(dataset, our_datasets)),
+                error_y=_error_bars(line, "speedup"),
+            ),
+            row=1,
+            col=1,
+        )
     targets = levels(theirs, "target")
-    for target in targets:
-        for drafter in levels(select(theirs, target=target), "drafter"):
-            line = select(theirs, target=target, drafter=drafter).sort_values("n")
-            method = str(line["method"].iloc[0])
-            fig.add_trace(
-                go.Scatter(
-                    x=line["n"],
-                    y=line["speedup"],
-                    mode="lines+markers",
-                    name=f"published · {target} · {drafter}",
-                    line=dict(
-                        color=method_color(method),
-                        dash=PUBLISHED_DASH if targets.index(target) else "solid",
-                    ),
-                    marker=dict(symbol="circle-open", size=9),
-                    hovertemplate=f"published · {target} · {drafter}<br>n=%{{x}}<br>"
-                    "speedup=%{y:.2f}<extra></extra>",
+    for (target, drafter), line in each_line(theirs, ("target", "drafter"), sort_by="n"):
+        method = str(line["method"].iloc[0])
+        fig.add_trace(
+            go.Scatter(
+                x=line["n"],
+                y=line["speedup"],
+                mode="lines+markers",
+                name=f"published · {target} · {drafter}",
+                line=dict(
+                    color=method_color(method),
+                    dash=PUBLISHED_DASH if targets.index(target) else "solid",
                 ),
-                row=1,
-                col=2,
-            )
+                marker=dict(symbol="circle-open", size=9),
+                hovertemplate=f"published · {target} · {drafter}<br>n=%{{x}}<br>"
+                "speedup=%{y:.2f}<extra></extra>",
+            ),
+            row=1,
+            col=2,
+        )
     if theirs.empty:
         fig.add_annotation(
             text=f"no published rows for benchmark {benchmark!r}",
