@@ -56,6 +56,10 @@ class Sample:
     value: float
     line: int
 
+    def error(self, where: str, message: str) -> InputFormatError:
+        """An error about this sample of the scrape ``where``: names its line and metric."""
+        return input_error(where, message, line=self.line, field=self.name)
+
 
 def parse_exposition(text: str, where: str) -> list[Sample]:
     """The samples of a Prometheus text exposition (``# HELP`` / ``# TYPE`` skipped).
@@ -166,40 +170,24 @@ def spec_decode_counters(text: str, where: str) -> SpecDecodeCounters:
         if base is None:
             continue
         if not math.isfinite(sample.value) or sample.value < 0 or sample.value != int(sample.value):
-            raise input_error(
-                where,
-                f"counter value {sample.value} is not a non-negative integer",
-                line=sample.line,
-                field=sample.name,
-            )
+            raise sample.error(where, f"counter value {sample.value} is not a non-negative integer")
         seen.add(base)
         models.update(v for k, v in sample.labels.items() if k == "model_name")
         engines.add(sample.labels.get("engine", ""))
         other = {k: v for k, v in sample.labels.items() if k not in SUMMED_LABELS | {"model_name"}}
         if other:
-            raise input_error(
-                where,
-                f"unexpected labels {other} (this importer sums over 'engine' only)",
-                line=sample.line,
-                field=sample.name,
+            raise sample.error(
+                where, f"unexpected labels {other} (this importer sums over 'engine' only)"
             )
         value = int(sample.value)
         if base == PER_POS:
             if "position" not in sample.labels:
-                raise input_error(
-                    where,
-                    "per-position counter without a position label",
-                    line=sample.line,
-                    field=sample.name,
-                )
+                raise sample.error(where, "per-position counter without a position label")
             try:
                 position = int(sample.labels["position"])
             except ValueError:
-                raise input_error(
-                    where,
-                    f"position label {sample.labels['position']!r} is not an integer",
-                    line=sample.line,
-                    field=sample.name,
+                raise sample.error(
+                    where, f"position label {sample.labels['position']!r} is not an integer"
                 ) from None
             per_pos[position] = per_pos.get(position, 0) + value
         elif base == NUM_DRAFTS:

@@ -208,6 +208,13 @@ def _acceptance_run(
     )
 
 
+def _model(value: Any) -> dict[str, Any]:
+    """A profile's model: an object with an ``id`` or ``name``, or the name itself."""
+    if isinstance(value, Mapping):
+        return {"name": str(value.get("id") or value.get("name") or value)}
+    return {"name": str(value or "unknown")}
+
+
 def _profile_runs(
     source: SourceFile, record: Any, line: int | None, options: Options
 ) -> list[ImportedRun]:
@@ -250,18 +257,8 @@ def _profile_runs(
     if f.has("acceptance_length_histogram") and f.mapping("acceptance_length_histogram"):
         histogram, _ = _length_histogram(f, "acceptance_length_histogram", n)
     method = options.method or f.text("method") or DEFAULT_METHOD
-    draft = f.value.get("draft_checkpoint")
-    drafter = (
-        {"name": str(draft.get("id") or draft.get("name") or draft)}
-        if isinstance(draft, Mapping)
-        else {"name": str(draft or "unknown")}
-    )
-    target_raw = f.value.get("target_model")
-    target = (
-        {"name": str(target_raw.get("id") or target_raw.get("name") or target_raw)}
-        if isinstance(target_raw, Mapping)
-        else {"name": str(target_raw or "unknown")}
-    )
+    drafter = _model(f.value.get("draft_checkpoint"))
+    target = _model(f.value.get("target_model"))
     conditions = f.value.get("measurement_conditions")
     dataset = options.dataset or (
         str(conditions.get("dataset"))
