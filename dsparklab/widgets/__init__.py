@@ -3,7 +3,6 @@
 from dsparklab.widgets.explorer import (
     Explorer,
     ExplorerState,
-    make_explorer_widget,
     sync_figure,
 )
 from dsparklab.widgets.live import LiveView, latest_live_run
@@ -13,6 +12,5 @@ __all__ = [
     "ExplorerState",
     "LiveView",
     "latest_live_run",
-    "make_explorer_widget",
     "sync_figure",
 ]

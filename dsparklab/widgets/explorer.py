@@ -137,11 +137,25 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
 
 
 class Explorer:
-    """Controls + linked figures over one run set (see :func:`make_explorer_widget`).
+    """The explorer dashboard over one run set: controls + linked figures.
 
     The ipywidgets controls and the ``FigureWidget``s are made on first use of
-    :attr:`widget` (or :meth:`display` with ``interactive=True``); headless, only the
-    static builders run.
+    :attr:`widget` (the box with the three ``FigureWidget``s, ``.figure_widgets``) or of
+    :meth:`display` with ``interactive=True``; headless, only the static builders run.
+
+    Parameters
+    ----------
+    by_position
+        ``compute_acceptance_by_position(positions, steps=steps,
+        by=("method", "n", "dataset"))``.
+    annotated
+        ``annotate_positions(positions, steps=steps)`` (for the request strips); None for
+        runs without token-level rows (the strip says there are none).
+    token_labels
+        Token id -> text for the strips (``dsparklab.lab.notebook.load_token_text``).
+    dataset, method, n, view
+        Initial control values (default: the first of each; ``view`` is
+        ``"conditional"`` or ``"survival"``).
     """
 
     def __init__(
@@ -400,46 +414,3 @@ class Explorer:
 
         for name, fig in self.figures().items():
             show(fig, f"explorer_{name}", out_dir=out_dir)
-
-
-def make_explorer_widget(
-    by_position: pd.DataFrame,
-    annotated: pd.DataFrame | None,
-    *,
-    token_labels: TokenLabels | None = None,
-    dataset: str | None = None,
-    method: str | None = None,
-    n: int | None = None,
-    view: View = "conditional",
-) -> Explorer:
-    """The explorer dashboard over one run set.
-
-    Parameters
-    ----------
-    by_position
-        ``compute_acceptance_by_position(positions, steps=steps,
-        by=("method", "n", "dataset"))``.
-    annotated
-        ``annotate_positions(positions, steps=steps)`` (for the request strips); None for
-        runs without token-level rows (the strip says there are none).
-    token_labels
-        Token id -> text for the strips (``dsparklab.lab.notebook.load_token_text``).
-    dataset, method, n, view
-        Initial control values (default: the first of each; ``view`` is
-        ``"conditional"`` or ``"survival"``).
-
-    Returns
-    -------
-    Explorer
-        ``.widget`` is the ipywidgets box with the three ``FigureWidget``s
-        (``.figure_widgets``); ``.display(interactive=...)`` shows it, or static figures.
-    """
-    return Explorer(
-        by_position,
-        annotated,
-        token_labels=token_labels,
-        dataset=dataset,
-        method=method,
-        n=n,
-        view=view,
-    )

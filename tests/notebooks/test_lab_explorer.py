@@ -15,7 +15,7 @@ from plotly.callbacks import Points
 from dsparklab import analysis as A
 from dsparklab.errors import UnknownMethodError
 from dsparklab.lab.notebook import load_runs
-from dsparklab.widgets import Explorer, make_explorer_widget, sync_figure
+from dsparklab.widgets import Explorer, sync_figure
 from dsparklab.widgets.explorer import FIGURE_CLASSES
 
 pytestmark = pytest.mark.notebooks
@@ -38,7 +38,7 @@ def frames(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def explorer(frames) -> Explorer:
-    return make_explorer_widget(*frames)
+    return Explorer(*frames)
 
 
 def _listen(widget: go.FigureWidget) -> list[str]:
@@ -139,9 +139,9 @@ def test_sync_figure_replaces_traces_when_they_do_not_line_up():
 
 def test_bad_initial_values_are_named(frames):
     with pytest.raises(UnknownMethodError, match="unknown explorer method 'medusa'"):
-        make_explorer_widget(*frames, method="medusa")
+        Explorer(*frames, method="medusa")
     with pytest.raises(UnknownMethodError, match="view"):
-        make_explorer_widget(*frames, view="both")  # type: ignore[arg-type]
+        Explorer(*frames, view="both")  # type: ignore[arg-type]
 
 
 def test_static_display_saves_the_three_figures(explorer: Explorer, tmp_path: Path):
