@@ -23,7 +23,6 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -37,6 +36,7 @@ from dsparklab.plots import (
     plot_survival_curves,
 )
 from dsparklab.plots._common import empty_figure
+from dsparklab.widgets._dashboard import Dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
     return in_place
 
 
-class Explorer:
+class Explorer(Dashboard):
     """The explorer dashboard over one run set: controls + linked figures.
 
     The ipywidgets controls and the ``FigureWidget``s are made on first use of
@@ -158,6 +158,8 @@ class Explorer:
         ``"conditional"`` or ``"survival"``).
     """
 
+    figure_prefix = "explorer"
+
     def __init__(
         self,
         by_position: pd.DataFrame,
@@ -169,6 +171,7 @@ class Explorer:
         n: int | None = None,
         view: View = "conditional",
     ) -> None:
+        super().__init__()
         for name in ("method", "n", "dataset", "position"):
             if name not in by_position.columns:
                 raise TraceSchemaError(
@@ -194,8 +197,6 @@ class Explorer:
             view=view,
         )
         self.state.request = self._default_request()
-        self._widget: Any = None
-        self.figure_widgets: dict[str, go.FigureWidget] = {}
         self.updates: dict[str, int] = dict.fromkeys(FIGURES, 0)
 
     def _set_options(self, by_position: pd.DataFrame) -> None:
@@ -307,13 +308,6 @@ class Explorer:
         self.redraw()
 
     # -- the interactive dashboard -------------------------------------------------
-    @property
-    def widget(self) -> Any:
-        """The ipywidgets box (controls + three FigureWidgets), made on first use."""
-        if self._widget is None:
-            self._widget = self._build()
-        return self._widget
-
     def _build(self) -> Any:
         import ipywidgets as W
 
@@ -403,14 +397,3 @@ class Explorer:
             self.redraw(("strip",))
 
     # -- output ------------------------------------------------------------------------
-    def display(self, *, interactive: bool, out_dir: str | Path = "") -> None:
-        """Show the dashboard, or (``interactive=False``) its three figures statically."""
-        from IPython.display import display
-
-        if interactive:
-            display(self.widget)
-            return
-        from dsparklab.lab.notebook import show
-
-        for name, fig in self.figures().items():
-            show(fig, f"explorer_{name}", out_dir=out_dir)

@@ -25,6 +25,7 @@ from dsparklab.analysis import compute_acceptance_by_position_any, compute_accep
 from dsparklab.errors import TraceSchemaError
 from dsparklab.plots import plot_accept_len_over_time, plot_acceptance_over_time
 from dsparklab.store import read_run_json, read_trace
+from dsparklab.widgets._dashboard import Dashboard
 from dsparklab.widgets.explorer import Explorer, sync_figure, widget_json
 
 logger = logging.getLogger(__name__)
@@ -32,12 +33,15 @@ logger = logging.getLogger(__name__)
 LIVE_CLASS = "dsparklab-live"
 
 
-class LiveView:
+class LiveView(Dashboard):
     """A live (or finished) ``interval`` run's figures, refreshed from its directory."""
+
+    figure_prefix = "live"
 
     def __init__(
         self, run_dir: Path | str | None, *, refresh_s: float = 5.0, value: str = "survival"
     ) -> None:
+        super().__init__()
         self.run_dir = Path(run_dir) if run_dir else None
         self.refresh_s = refresh_s
         self.value = value
@@ -47,8 +51,6 @@ class LiveView:
         self.intervals = -1
         self.refreshes = 0
         self.explorer: Explorer | None = None
-        self.figure_widgets: dict[str, go.FigureWidget] = {}
-        self._widget: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.load()
@@ -121,26 +123,10 @@ class LiveView:
             "accept_len_over_time": plot_accept_len_over_time(frame),
         }
 
-    def display(self, *, interactive: bool, out_dir: str | Path = "") -> None:
-        """The live widget (front end) or the figures once (headless)."""
-        from IPython.display import display
-
-        if interactive:
-            display(self.widget)
-            self.start()
-            return
-        from dsparklab.lab.notebook import show
-
-        for name, fig in self.figures().items():
-            show(fig, f"live_{name}", out_dir=out_dir)
+    def _on_displayed(self) -> None:
+        self.start()
 
     # -- the live widget -----------------------------------------------------------------
-    @property
-    def widget(self) -> Any:
-        if self._widget is None:
-            self._widget = self._build()
-        return self._widget
-
     def _build(self) -> Any:
         import ipywidgets as W
 

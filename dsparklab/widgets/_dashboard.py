@@ -1,0 +1,52 @@
+"""What the explorer and the live view share: a widget made on first use, and a static
+fallback that shows the same figures when there is no front end (papermill, reports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+
+class Dashboard:
+    """Base of the widget dashboards; subclasses build ``figures()`` and ``_build()``.
+
+    ``figure_prefix`` names the static figures (``<prefix>_<figure>``) that
+    :func:`dsparklab.lab.notebook.show` records.
+    """
+
+    figure_prefix = "dashboard"
+
+    def __init__(self) -> None:
+        self._widget: Any = None
+        self.figure_widgets: dict[str, go.FigureWidget] = {}
+
+    def figures(self) -> dict[str, go.Figure]:
+        raise NotImplementedError
+
+    def _build(self) -> Any:
+        raise NotImplementedError
+
+    def _on_displayed(self) -> None:
+        """Called once the interactive widget is on screen (the live view starts polling)."""
+
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets box, made on first use (headless runs never import ipywidgets)."""
+        if self._widget is None:
+            self._widget = self._build()
+        return self._widget
+
+    def display(self, *, interactive: bool, out_dir: str | Path = "") -> None:
+        """Show the widget, or (``interactive=False``) its figures statically."""
+        from IPython.display import display
+
+        if interactive:
+            display(self.widget)
+            self._on_displayed()
+            return
+        from dsparklab.lab.notebook import show
+
+        for name, fig in self.figures().items():
+            show(fig, f"{self.figure_prefix}_{name}", out_dir=out_dir)
