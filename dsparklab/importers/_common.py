@@ -513,6 +513,22 @@ def worst_check(
     return [check(quantity(case), reported, computed, definition=definition, tolerance=tolerance)]
 
 
+def largest_difference_check(
+    quantity: str,
+    reported: Sequence[float] | np.ndarray,
+    computed: Sequence[float] | np.ndarray,
+    *,
+    definition: str,
+    tolerance: float,
+) -> Check:
+    """Two vectors that must agree, as one check: their largest difference (NaNs skipped) vs 0."""
+    differences = np.abs(
+        np.asarray(reported, dtype=np.float64) - np.asarray(computed, dtype=np.float64)
+    )
+    largest = float(np.nanmax(differences)) if len(differences) else 0.0
+    return check(quantity, largest, 0.0, definition=definition, tolerance=tolerance)
+
+
 def positive_int_option(value: int | None, name: str) -> int | None:
     if value is not None and value < 1:
         raise InputFormatError(f"--{name} must be >= 1, got {value}")

@@ -48,6 +48,7 @@ from dsparklab.importers._common import (
     imported_engine,
     is_finite_number,
     json_records,
+    largest_difference_check,
     totals_row,
     worst_check,
 )
@@ -278,18 +279,11 @@ def _profile_runs(
         )
     if marginal is not None and conditional is not None:
         derived = conditional_from_marginal(marginal)
-        diff = (
-            np.nanmax(
-                np.abs(np.where(np.isnan(derived), 0.0, derived) - np.nan_to_num(conditional))
-            )
-            if n
-            else 0.0
-        )
         checks.append(
-            check(
+            largest_difference_check(
                 "conditional_accept_rates vs marginal ratios (largest difference)",
-                float(diff),
-                0.0,
+                np.nan_to_num(conditional),
+                np.where(np.isnan(derived), 0.0, derived),
                 definition="a_i = s_i / s_{i-1}",
                 tolerance=1e-5,
             )
@@ -298,14 +292,11 @@ def _profile_runs(
         counts = counts_from_histogram(histogram, n)
         steps = float(histogram.sum())
         if marginal is not None and steps:
-            diff = float(
-                np.nanmax(np.abs(counts["n_accepted"].to_numpy() / steps - np.nan_to_num(marginal)))
-            )
             checks.append(
-                check(
+                largest_difference_check(
                     "marginal_accept_rates vs acceptance_length_histogram (largest difference)",
-                    diff,
-                    0.0,
+                    np.nan_to_num(marginal),
+                    counts["n_accepted"].to_numpy() / steps,
                     definition="s_i = #{L >= i + 2} / steps",
                     tolerance=1e-5,
                 )
