@@ -21,7 +21,7 @@ than the profile's own becomes a run holding only that AL.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,20 +79,33 @@ def _length_histogram(f: Fields, key: str, n: int | None) -> tuple[np.ndarray, i
     return dense, n
 
 
-def _rate_map(f: Fields, key: str) -> dict[int, float] | None:
+def _numbers_by_int(
+    f: Fields, key: str, *, keys: str, valid: Callable[[int, float], bool], expected: str
+) -> dict[int, float] | None:
+    """An object of finite numbers keyed by integers (strings after JSON); None if absent.
+
+    ``keys`` names what a key is; ``valid`` accepts a (key, number) pair, else the error
+    says ``expected``.
+    """
     raw = f.mapping(key, optional=True)
     if raw is None:
         return None
-    out = {}
+    out: dict[int, float] = {}
     for k, v in raw.items():
         try:
-            length = int(k)
+            number = int(k)
         except (TypeError, ValueError):
-            raise f.error(f"{key}[{k!r}]", "key is not an integer length") from None
-        if not is_finite_number(v) or not 0 <= v <= 1:
-            raise f.error(f"{key}[{k!r}]", f"expected a rate in [0, 1], got {v!r}")
-        out[length] = float(v)
+            raise f.error(f"{key}[{k!r}]", f"key is not an integer {keys}") from None
+        if not is_finite_number(v) or not valid(number, v):
+            raise f.error(f"{key}[{k!r}]", f"expected {expected}, got {v!r}")
+        out[number] = float(v)
     return out
+
+
+def _rate_map(f: Fields, key: str) -> dict[int, float] | None:
+    return _numbers_by_int(
+        f, key, keys="length", valid=lambda _, rate: 0 <= rate <= 1, expected="a rate in [0, 1]"
+    )
 
 
 def _per_request(f: Fields) -> tuple[str | None, dict[str, float]]:
@@ -242,18 +255,16 @@ def _profile_runs(
             raise f.error(key, f"{len(vector)} entries for num_speculative_tokens = {n}")
     mean_step = f.number("mean_accept_length", low=0.0, optional=True)
     mean_request = f.number("mean_accept_length_per_request", low=0.0, optional=True)
-    by_k_raw = f.mapping("accept_length_by_k", optional=True) or {}
-    by_k: dict[int, float] = {}
-    for k, v in by_k_raw.items():
-        try:
-            window = int(k)
-        except (TypeError, ValueError):
-            raise f.error(f"accept_length_by_k[{k!r}]", "key is not an integer window") from None
-        if window < 1 or not is_finite_number(v):
-            raise f.error(
-                f"accept_length_by_k[{k!r}]", f"expected a window >= 1 and a finite AL, got {v!r}"
-            )
-        by_k[window] = float(v)
+    by_k = (
+        _numbers_by_int(
+            f,
+            "accept_length_by_k",
+            keys="window",
+            valid=lambda window, _: window >= 1,
+            expected="a window >= 1 and a finite AL",
+        )
+        or {}
+    )
     histogram = None
     if f.has("acceptance_length_histogram") and f.mapping("acceptance_length_histogram"):
         histogram, _ = _length_histogram(f, "acceptance_length_histogram", n)
