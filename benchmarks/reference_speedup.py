@@ -23,9 +23,9 @@ import pandas as pd
 import torch
 
 from dsparklab.engines.layout import parse_ns
-from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine
 from dsparklab.engines.reference.bench import (
     add_benchmark_arguments,
+    benchmark_engine,
     benchmark_prompts,
     markdown_table,
     model_set,
@@ -131,28 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     ns = parse_ns(args.n)
     models = model_set(args)
-    engines: dict[str, ReferenceEngine] = {
-        "none": ReferenceEngine(
-            models.target,
-            config=ReferenceConfig(
-                method="none",
-                num_speculative_tokens=0,
-                max_new_tokens=args.max_new_tokens,
-                trace_enabled=False,
-            ),
-        )
+    engines = {
+        label: benchmark_engine(models, method, n, max_new_tokens=args.max_new_tokens, trace=False)
+        for label, method, n in [
+            ("none", "none", 0),
+            *((f"{m}-n{n}", m, n) for m in ("dspark", "eagle3") for n in ns),
+        ]
     }
-    for method in ("dspark", "eagle3"):
-        for n in ns:
-            config = ReferenceConfig(
-                method=method,
-                num_speculative_tokens=n,
-                max_new_tokens=args.max_new_tokens,
-                trace_enabled=False,
-            )
-            engines[f"{method}-n{n}"] = ReferenceEngine(
-                models.target, models.drafter(method), config=config
-            )
     prompts = benchmark_prompts(args, models, engines)
     timings = time_interleaved(engines, prompts, rounds=args.rounds)
     table = summarize(timings)

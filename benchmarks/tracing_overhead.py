@@ -24,9 +24,10 @@ import pandas as pd
 import torch
 
 from dsparklab.engines.layout import parse_list
-from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine, record_row
+from dsparklab.engines.reference import ReferenceEngine, record_row
 from dsparklab.engines.reference.bench import (
     add_benchmark_arguments,
+    benchmark_engine,
     benchmark_prompts,
     markdown_table,
     model_set,
@@ -90,14 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     for label in parse_list(args.configs):
         method, _, n = label.partition("-n")
         for trace in (True, False):
-            config = ReferenceConfig(
-                method=method,
-                num_speculative_tokens=int(n or 0),
-                max_new_tokens=args.max_new_tokens,
-                trace_enabled=trace,
-            )
-            engines[f"{label}/{'on' if trace else 'off'}"] = ReferenceEngine(
-                models.target, models.drafter(method), config=config
+            engines[f"{label}/{'on' if trace else 'off'}"] = benchmark_engine(
+                models, method, int(n or 0), max_new_tokens=args.max_new_tokens, trace=trace
             )
     prompts = benchmark_prompts(args, models, engines)
     timings = time_interleaved(engines, prompts, rounds=args.rounds)

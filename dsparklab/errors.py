@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 class DSparkLabError(Exception):
@@ -28,6 +30,18 @@ class TraceSchemaError(DSparkLabError, ValueError):
             if part
         )
         super().__init__(f"{where}: {message}" if where else message)
+
+
+def require_columns(frame: Any, columns: Iterable[str], *, what: str, hint: str) -> None:
+    """Raise TraceSchemaError naming the first column ``frame`` lacks, the ones it has, and
+    ``hint`` (where a frame with that column comes from)."""
+    for name in columns:
+        if name not in frame.columns:
+            raise TraceSchemaError(
+                f"{what} needs column {name!r}, which the frame lacks; it has "
+                f"{sorted(map(str, frame.columns))} ({hint})",
+                field=name,
+            )
 
 
 class UnknownMethodError(DSparkLabError, KeyError):

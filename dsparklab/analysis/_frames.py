@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from dsparklab.errors import TraceSchemaError
+from dsparklab import errors
 
 # A request is identified by its run and its id: request ids need not be unique across runs.
 UNIT_COLUMNS = ("run_id", "request_id")
@@ -25,14 +25,8 @@ def as_columns(by: str | Iterable[str] | None) -> tuple[str, ...]:
 
 def require_columns(frame: pd.DataFrame, columns: Iterable[str], *, what: str) -> None:
     """Raise TraceSchemaError naming the first missing column and the ones available."""
-    for name in columns:
-        if name not in frame.columns:
-            raise TraceSchemaError(
-                f"{what} needs column {name!r}, which the frame lacks; it has "
-                f"{sorted(map(str, frame.columns))} (read it with dsparklab.store.read_trace, "
-                "or pass steps= for prompt_id / num_verified)",
-                field=name,
-            )
+    hint = "read it with dsparklab.store.read_trace, or pass steps= for prompt_id / num_verified"
+    errors.require_columns(frame, columns, what=what, hint=hint)
 
 
 def with_default_run(frame: pd.DataFrame) -> pd.DataFrame:

@@ -11,21 +11,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dsparklab.errors import TraceSchemaError, UnknownMethodError
+from dsparklab.errors import TraceSchemaError, UnknownMethodError, require_columns
 from dsparklab.plots.settings import settings
 from dsparklab.plots.style import method_shade
 
 
 def require(frame: pd.DataFrame, columns: Iterable[str], *, what: str) -> None:
     """Raise TraceSchemaError naming the first missing column and the source to use."""
-    for name in columns:
-        if name not in frame.columns:
-            raise TraceSchemaError(
-                f"{what} needs column {name!r}, which the frame lacks; it has "
-                f"{sorted(map(str, frame.columns))} (build it with the dsparklab.analysis "
-                "function named in the builder's docstring)",
-                field=name,
-            )
+    hint = "build it with the dsparklab.analysis function named in the builder's docstring"
+    require_columns(frame, columns, what=what, hint=hint)
 
 
 def choose(name: str, value: str, options: Mapping[str, Any]) -> Any:

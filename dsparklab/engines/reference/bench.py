@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from dsparklab.engines.layout import parse_list
 from dsparklab.engines.reference.collect import ModelSet
+from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ReferenceEngine
 from dsparklab.prompts import encode_prompt, load_prompts
 
@@ -48,6 +49,19 @@ def model_set(args: argparse.Namespace) -> ModelSet:
     """The models :func:`add_benchmark_arguments` names."""
     name = {r: getattr(args, r) or f"{args.tier}-{r}" for r in ("target", "dspark", "eagle3")}
     return ModelSet(name["target"], {"dspark": name["dspark"], "eagle3": name["eagle3"]})
+
+
+def benchmark_engine(
+    models: ModelSet, method: Method, n: int, *, max_new_tokens: int, trace: bool
+) -> ReferenceEngine:
+    """A greedy reference engine for ``method`` at window ``n`` ('none': target only)."""
+    config = ReferenceConfig(
+        method=method,
+        num_speculative_tokens=n,
+        max_new_tokens=max_new_tokens,
+        trace_enabled=trace,
+    )
+    return ReferenceEngine(models.target, models.drafter(method), config=config)
 
 
 def benchmark_prompts(
