@@ -17,6 +17,18 @@ import pandas as pd
 from dsparklab.store import POSITIONS_SCHEMA, STEPS_SCHEMA, TraceWriter, new_run_json
 
 TARGET = "tiny-target"
+# rate [S, n] (per-position acceptance probability), rng -> the confidence head's output [S, n]
+ConfidenceModel = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
+def noisy_confidence(sd: float) -> ConfidenceModel:
+    """An informative head: the acceptance probability plus N(0, sd) noise, clipped to [0, 1]."""
+    return lambda rate, rng: np.clip(rate + rng.normal(0, sd, rate.shape), 0, 1)
+
+
+def uniform_confidence(lo: float, hi: float) -> ConfidenceModel:
+    """A head that ignores the acceptance probability: uniform on [lo, hi]."""
+    return lambda rate, rng: rng.uniform(lo, hi, rate.shape)
 
 
 @dataclass
@@ -50,7 +62,7 @@ def build_run(
     steps_per_request: int | Sequence[int] = 10,
     accept: float | Sequence[float] = 0.7,
     seed: int = 0,
-    confidence: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    confidence: ConfidenceModel | None = None,
     flip_rate: float = 0.2,
     draft_time: float | Callable[[int], float] = 0.002,
     verify_time: float = 0.010,

@@ -5,23 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_synth import build_run
+from analysis_synth import build_run, noisy_confidence
 
 from dsparklab.analysis import compute_adaptive_verification
 from dsparklab.errors import DSparkLabError
 
 
-def test_one_step_known_answers():
-    positions = pd.DataFrame(
+def one_step_positions(accepted: list[bool], confidence: list[float]) -> pd.DataFrame:
+    """Positions rows of a single step (run "r", request "q"), one row per drafted position."""
+    return pd.DataFrame(
         {
             "run_id": "r",
             "request_id": "q",
             "step": 0,
-            "position": [0, 1, 2],
-            "accepted": [True, True, False],
-            "confidence": [0.9, 0.8, 0.5],
+            "position": range(len(accepted)),
+            "accepted": accepted,
+            "confidence": confidence,
         }
-    )  # prefix confidence: 0.9, 0.72, 0.36
+    )
+
+
+def test_one_step_known_answers():
+    # prefix confidence: 0.9, 0.72, 0.36
+    positions = one_step_positions([True, True, False], [0.9, 0.8, 0.5])
     table = compute_adaptive_verification(positions, by=(), taus=[0.0, 0.3, 0.5, 0.8, 0.95])
     assert table["verified_per_step"].tolist() == [3, 3, 2, 1, 0]
     assert table["tokens_per_step"].tolist() == [3, 3, 3, 2, 1]
@@ -36,7 +42,7 @@ def test_full_verification_at_tau_zero_and_monotone_in_tau():
         accept=0.7,
         n_requests=30,
         seed=1,
-        confidence=lambda p, g: np.clip(p + g.normal(0, 0.2, p.shape), 0, 1),
+        confidence=noisy_confidence(0.2),
     )
     table = compute_adaptive_verification(run.positions, by="n")
     first = table.iloc[0]
@@ -57,16 +63,7 @@ def test_runs_without_confidence_are_left_out_and_empty_taus_refused():
 
 def test_censored_steps_are_counted():
     # recorded run verified only 1 of 3 positions and accepted it: the rest is unknown
-    positions = pd.DataFrame(
-        {
-            "run_id": "r",
-            "request_id": "q",
-            "step": 0,
-            "position": [0, 1, 2],
-            "accepted": [True, False, False],
-            "confidence": [0.99, 0.99, 0.99],
-        }
-    )
+    positions = one_step_positions([True, False, False], [0.99, 0.99, 0.99])
     steps = pd.DataFrame({"run_id": "r", "request_id": "q", "step": [0], "num_verified": [1]})
     table = compute_adaptive_verification(positions, steps=steps, by=(), taus=[0.0, 0.995])
     assert table["n_censored"].tolist() == [1, 0]

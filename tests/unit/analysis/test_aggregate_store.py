@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_synth import build_run, write_run
+from analysis_synth import build_run, noisy_confidence, write_run
 
 from dsparklab.analysis import (
     aggregate_store,
@@ -32,7 +32,7 @@ def store(tmp_path_factory):
             accept=0.7,
             n_requests=12,
             seed=2,
-            confidence=lambda p, g: np.clip(p + g.normal(0, 0.2, p.shape), 0, 1),
+            confidence=noisy_confidence(0.2),
         ),
         build_run(
             run_id="ds5",

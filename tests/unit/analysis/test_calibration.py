@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_synth import build_run, concat
+from analysis_synth import build_run, concat, noisy_confidence, uniform_confidence
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
 from dsparklab.analysis import (
@@ -62,7 +62,7 @@ def test_auroc_on_a_grid_is_within_the_tie_bound():
         accept=[0.9, 0.7, 0.6, 0.5],
         n_requests=80,
         seed=5,
-        confidence=lambda p, g: np.clip(p + g.normal(0, 0.25, p.shape), 0, 1),
+        confidence=noisy_confidence(0.25),
     )
     exact = compute_calibration(run.positions, by="n", per_position=False)
     grid = compute_calibration(run.positions, by="n", per_position=False, levels=1000)
@@ -78,7 +78,7 @@ def test_per_position_rows_use_reached_rows_and_prefix_uses_the_running_product(
         accept=0.7,
         n_requests=30,
         seed=2,
-        confidence=lambda p, g: g.uniform(0.2, 1.0, p.shape),
+        confidence=uniform_confidence(0.2, 1.0),
     )
     table = compute_calibration(run.positions, by="n")
     acceptance = compute_acceptance_by_position(run.positions, by="n", n_boot=0)
@@ -129,9 +129,7 @@ def test_fitted_temperature_recovers_the_one_used_to_make_labels():
 
 
 def test_reliability_bins_add_up():
-    run = build_run(
-        n=3, accept=0.6, n_requests=40, seed=4, confidence=lambda p, g: g.uniform(0, 1, p.shape)
-    )
+    run = build_run(n=3, accept=0.6, n_requests=40, seed=4, confidence=uniform_confidence(0, 1))
     rel = compute_reliability(run.positions, by="n", per_position=False, n_bins=8)
     summary = compute_calibration(run.positions, by="n", per_position=False, n_bins=8)
     for score, part in rel.groupby("score"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_synth import build_run
+from analysis_synth import Run, build_run
 
 from dsparklab.analysis import (
     TOKEN_CLASSES,
@@ -50,12 +50,17 @@ def test_classify_token(text, expected):
     assert expected in TOKEN_CLASSES
 
 
+def regression_diff(base: Run, new: Run, **options) -> pd.DataFrame:
+    """compute_regression_diff of new against base, each side with its own steps."""
+    return compute_regression_diff(
+        base.positions, new.positions, base_steps=base.steps, new_steps=new.steps, **options
+    )
+
+
 def test_shifted_acceptance_gives_the_closed_form_delta():
     base = build_run(run_id="b", n=4, accept=0.5, n_requests=80, seed=1)
     new = build_run(run_id="n", n=4, accept=0.8, n_requests=80, seed=2)
-    diff = compute_regression_diff(
-        base.positions, new.positions, base_steps=base.steps, new_steps=new.steps, n_boot=400
-    )
+    diff = regression_diff(base, new, n_boot=400)
     row = diff.iloc[0]
     assert row["metric"] == "accept_len"
     expected = compute_iid_accept_len(0.8, 4) - compute_iid_accept_len(0.5, 4)
@@ -71,14 +76,7 @@ def test_shifted_acceptance_gives_the_closed_form_delta():
 def test_position_level_finds_the_position_that_regressed():
     base = build_run(run_id="b", n=4, accept=[0.8, 0.8, 0.8, 0.8], n_requests=60, seed=1)
     new = build_run(run_id="n", n=4, accept=[0.8, 0.8, 0.3, 0.8], n_requests=60, seed=2)
-    diff = compute_regression_diff(
-        base.positions,
-        new.positions,
-        base_steps=base.steps,
-        new_steps=new.steps,
-        level="position",
-        n_boot=300,
-    )
+    diff = regression_diff(base, new, level="position", n_boot=300)
     rates = diff[diff["metric"] == "accept_rate"].set_index("position")
     significant = rates[(rates["delta_hi"] < 0) | (rates["delta_lo"] > 0)].index.tolist()
     assert significant == [2]
@@ -92,14 +90,7 @@ def test_worst_prompts_are_the_ones_made_worse():
     hurt = new.positions["request_id"].isin(["n/req0003", "n/req0007"])
     # those two prompts now reject everything from position 1 on
     new.positions.loc[hurt & (new.positions["position"] >= 1), "accepted"] = False
-    prompt_diff = compute_regression_diff(
-        base.positions,
-        new.positions,
-        base_steps=base.steps,
-        new_steps=new.steps,
-        level="prompt",
-        n_boot=200,
-    )
+    prompt_diff = regression_diff(base, new, level="prompt", n_boot=200)
     worst = compute_worst_prompts(prompt_diff, k=2)
     assert sorted(worst["prompt_id"]) == ["p0003", "p0007"]
     assert worst["significant"].all()

@@ -19,7 +19,7 @@ from dsparklab.store import (
     validate_trace,
 )
 from dsparklab.store.schema import SCHEMA_VERSION_KEY
-from tests.conftest import make_run_json, write_run
+from tests.conftest import make_run_json, step_rows, write_run
 
 
 def test_round_trip_joins_run_columns(good_run: Path) -> None:
@@ -72,23 +72,10 @@ def test_empty_selection_keeps_columns(good_run: Path) -> None:
 
 def test_exception_marks_failed_and_keeps_rows(tmp_path: Path) -> None:
     run = tmp_path / "run"
+    (step,), _ = step_rows([0], n=0)  # one step that drafted nothing: no positions rows
     with pytest.raises(RuntimeError, match="boom"):
         with TraceWriter(run, make_run_json(), flush_rows=1000) as writer:
-            writer.add(
-                "steps",
-                dict(
-                    request_id="r0",
-                    prompt_id="p",
-                    dataset="humaneval",
-                    step=0,
-                    context_len=1,
-                    num_drafted=0,
-                    num_verified=0,
-                    accepted_len=0,
-                    draft_time_s=0.0,
-                    verify_time_s=0.0,
-                ),
-            )
+            writer.add("steps", step)
             raise RuntimeError("boom")
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "failed"
