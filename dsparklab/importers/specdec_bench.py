@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dsparklab.analysis.definitions import (
+    accept_len_from_marginal,
     accepted_tokens,
     check,
     conditional_from_marginal,
@@ -283,7 +284,7 @@ def _profile_runs(
             check(
                 "mean_accept_length vs marginal_accept_rates",
                 mean_step,
-                1.0 + float(np.nansum(marginal)),
+                accept_len_from_marginal(marginal),
                 definition="per_step: 1 + sum_i s_i (rates rounded to 6 decimals)",
                 tolerance=1e-6 * (n + 1),
             )
