@@ -23,14 +23,7 @@ import pandas as pd
 import torch
 
 from dsparklab.engines.layout import parse_ns
-from dsparklab.engines.reference.bench import (
-    add_benchmark_arguments,
-    benchmark_engine,
-    benchmark_prompts,
-    markdown_table,
-    model_set,
-    time_interleaved,
-)
+from dsparklab.engines.reference import bench
 
 GOAL_DSPARK_N7 = 2.0
 
@@ -38,7 +31,7 @@ GOAL_DSPARK_N7 = 2.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", default="3..7", help="speculative tokens, e.g. 3..7")
-    add_benchmark_arguments(parser, rounds=3)
+    bench.add_benchmark_arguments(parser, rounds=3)
     parser.add_argument("--json", type=Path, help="also write the table here")
     return parser.parse_args(argv)
 
@@ -105,7 +98,7 @@ def card_tables(timings: pd.DataFrame, method: str, ns: list[int]) -> str:
     )
     return (
         f"{method}, decode-time (reference engine), n = {top}:\n\n"
-        f"{markdown_table(positions, digits=3)}\n\n{markdown_table(lengths, digits=3)}"
+        f"{bench.markdown_table(positions, digits=3)}\n\n{bench.markdown_table(lengths, digits=3)}"
     )
 
 
@@ -130,16 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     ns = parse_ns(args.n)
-    models = model_set(args)
+    models = bench.model_set(args)
     engines = {
-        label: benchmark_engine(models, method, n, max_new_tokens=args.max_new_tokens, trace=False)
+        label: bench.benchmark_engine(
+            models, method, n, max_new_tokens=args.max_new_tokens, trace=False
+        )
         for label, method, n in [
             ("none", "none", 0),
             *((f"{m}-n{n}", m, n) for m in ("dspark", "eagle3") for n in ns),
         ]
     }
-    prompts = benchmark_prompts(args, models, engines)
-    timings = time_interleaved(engines, prompts, rounds=args.rounds)
+    prompts = bench.benchmark_prompts(args, models, engines)
+    timings = bench.time_interleaved(engines, prompts, rounds=args.rounds)
     table = summarize(timings)
     print(
         f"reference engine, {len(prompts)} prompts ({args.dataset}), {args.max_new_tokens} "
@@ -147,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} thread(s); target {models.target_ref.name}"
     )
     print()
-    print(markdown_table(table))
+    print(bench.markdown_table(table))
     print()
     for line in verdicts(table, ns):
         print(line)

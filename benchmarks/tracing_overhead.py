@@ -24,15 +24,7 @@ import pandas as pd
 import torch
 
 from dsparklab.engines.layout import parse_list
-from dsparklab.engines.reference import ReferenceEngine, record_row
-from dsparklab.engines.reference.bench import (
-    add_benchmark_arguments,
-    benchmark_engine,
-    benchmark_prompts,
-    markdown_table,
-    model_set,
-    time_interleaved,
-)
+from dsparklab.engines.reference import ReferenceEngine, bench, record_row
 from dsparklab.store import TraceWriter, new_run_json
 
 GOAL = 0.03
@@ -42,7 +34,7 @@ CONFIGS = "dspark-n3,dspark-n7,eagle3-n7,none"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=CONFIGS, help="comma list of METHOD-nK / none")
-    add_benchmark_arguments(parser, rounds=5)
+    bench.add_benchmark_arguments(parser, rounds=5)
     return parser.parse_args(argv)
 
 
@@ -86,16 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    models = model_set(args)
+    models = bench.model_set(args)
     engines: dict[str, ReferenceEngine] = {}
     for label in parse_list(args.configs):
         method, _, n = label.partition("-n")
         for trace in (True, False):
-            engines[f"{label}/{'on' if trace else 'off'}"] = benchmark_engine(
+            engines[f"{label}/{'on' if trace else 'off'}"] = bench.benchmark_engine(
                 models, method, int(n or 0), max_new_tokens=args.max_new_tokens, trace=trace
             )
-    prompts = benchmark_prompts(args, models, engines)
-    timings = time_interleaved(engines, prompts, rounds=args.rounds)
+    prompts = bench.benchmark_prompts(args, models, engines)
+    timings = bench.time_interleaved(engines, prompts, rounds=args.rounds)
     timings["config"] = timings["label"].str.split("/").str[0]
     timings["trace"] = timings["label"].str.split("/").str[1]
     rows = []
@@ -127,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = table.copy()
     for column in ("overhead (CPU)", "overhead (wall)", "overhead (wall, means)", "store share"):
         shown[column] = shown[column].map(lambda v: f"{100 * v:+.1f}%")
-    print(markdown_table(shown, digits=4))
+    print(bench.markdown_table(shown, digits=4))
     print()
     for column in ("overhead (CPU)", "overhead (wall)"):
         worst = table[column].max()
