@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dsparklab.zoo.hidden import capture_hidden_states
+from dsparklab.zoo.training.config import DrafterEvalConfig
 
 logger = logging.getLogger(__name__)
 
@@ -223,14 +224,15 @@ def eagle3_start_correct(
 def evaluate_drafters(
     target: Any,
     sequences: Sequence[tuple[Sequence[int], int]],
+    settings: DrafterEvalConfig,
     *,
     dspark: Any | None = None,
     eagle3: Any | None = None,
-    max_n: int = 7,
-    dspark_anchors: int | None = None,
-    seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Offline acceptance of each given drafter over (ids, prompt_len) sequences.
+
+    ``settings`` gives the windows (up to ``max_n``), the DSpark anchors per sequence and
+    the seed.
 
     Returns
     -------
@@ -238,7 +240,8 @@ def evaluate_drafters(
         ``{"dspark": summary, "eagle3": summary}`` for the drafters given, each an
         :func:`acceptance_summary` (DSpark adds ``confidence_mean`` per position).
     """
-    torch.manual_seed(seed)
+    max_n, dspark_anchors = settings.max_n, settings.dspark_anchors
+    torch.manual_seed(settings.seed)
     results: dict[str, dict[str, Any]] = {}
     if dspark is not None:
         if dspark.block_size < max_n:

@@ -16,7 +16,12 @@ from __future__ import annotations
 from pydantic import Field
 
 from dsparklab.zoo.distill import DistillConfig
-from dsparklab.zoo.training.config import DSparkConfig, Eagle3Config, FrozenConfig
+from dsparklab.zoo.training.config import (
+    DrafterEvalConfig,
+    DSparkConfig,
+    Eagle3Config,
+    FrozenConfig,
+)
 
 DSPARK_NAME = "smol-dspark"
 EAGLE3_NAME = "smol-eagle3"
@@ -54,7 +59,7 @@ class CalibrationConfig(FrozenConfig):
     seed: int = Field(default=5, description="seed for the sequence and anchor choice")
 
 
-class SmolEvalConfig(FrozenConfig):
+class SmolEvalConfig(DrafterEvalConfig):
     """The evaluation written on the cards (held-out prompts, offline acceptance)."""
 
     datasets: tuple[str, ...] = Field(
@@ -65,10 +70,6 @@ class SmolEvalConfig(FrozenConfig):
         default=("gsm8k", "humaneval"), description="sets the learning curve is measured on"
     )
     curve_prompts: int = Field(default=20, description="prompts per set for the curve")
-    gen_len: int = Field(default=128, description="greedy tokens per prompt")
-    max_n: int = Field(default=7, description="largest speculation window evaluated")
-    dspark_anchors: int | None = Field(default=None, description="anchors per sequence")
-    seed: int = Field(default=4, description="seed for anchor sampling")
 
 
 class SmolConfig(FrozenConfig):

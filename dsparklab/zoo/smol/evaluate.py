@@ -105,15 +105,7 @@ def evaluate_smol(
     for name in ec.datasets:
         records, sequences = eval_sequences(cfg, target, tokenizer, name, ec.prompts, cache)
         answers = [r["response_ids"] for r in records]
-        acceptance = evaluate_drafters(
-            target,
-            sequences,
-            dspark=dspark,
-            eagle3=eagle3,
-            max_n=ec.max_n,
-            dspark_anchors=ec.dspark_anchors,
-            seed=ec.seed,
-        )
+        acceptance = evaluate_drafters(target, sequences, ec, dspark=dspark, eagle3=eagle3)
         ratios = [distinct_ratio(a) for a in answers]
         entry = {
             "prompts": len(records),
@@ -157,10 +149,9 @@ def learning_curve(
                 summary = evaluate_drafters(
                     target,
                     sequences,
+                    ec,
                     dspark=drafter if method == "dspark" else None,
                     eagle3=drafter if method == "eagle3" else None,
-                    max_n=ec.max_n,
-                    seed=ec.seed,
                 )[method]
                 rows.append(
                     {

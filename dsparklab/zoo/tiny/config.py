@@ -12,7 +12,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from dsparklab.zoo.training.config import DSparkConfig, Eagle3Config, FrozenConfig
+from dsparklab.zoo.training.config import (
+    DrafterEvalConfig,
+    DSparkConfig,
+    Eagle3Config,
+    FrozenConfig,
+)
 
 TARGET_NAME = "tiny-target"
 DSPARK_NAME = "tiny-dspark"
@@ -88,8 +93,8 @@ class DistillConfig(FrozenConfig):
     seed: int = Field(default=1, description="seed for prefix sampling")
 
 
-class EvalConfig(FrozenConfig):
-    """The evaluation written on the cards."""
+class EvalConfig(DrafterEvalConfig):
+    """The evaluation written on the cards (held-out prompts, offline acceptance)."""
 
     gen_len: int = Field(default=128, description="greedy tokens per held-out prompt")
     humaneval_prompts: int | None = Field(
@@ -99,12 +104,7 @@ class EvalConfig(FrozenConfig):
         default=None, description="held-out prose prompts used (None: all)"
     )
     batch_size: int = Field(default=16, description="prompts per generation batch")
-    max_n: int = Field(default=7, description="largest speculation window evaluated")
     min_n: int = Field(default=3, description="smallest speculation window evaluated")
-    dspark_anchors: int | None = Field(
-        default=None, description="anchors per sequence in the DSpark eval (None: every position)"
-    )
-    seed: int = Field(default=4, description="seed for anchor sampling")
 
 
 class TinyConfig(FrozenConfig):

@@ -390,15 +390,7 @@ def evaluate_zoo(
             "prompt_tokens_mean": round(float(np.mean(lengths)), 1),
             "prompt_tokens_max": int(np.max(lengths)),
         }
-    acceptance = evaluate_drafters(
-        target,
-        humaneval_sequences,
-        dspark=dspark,
-        eagle3=eagle3,
-        max_n=ec.max_n,
-        dspark_anchors=ec.dspark_anchors,
-        seed=ec.seed,
-    )
+    acceptance = evaluate_drafters(target, humaneval_sequences, ec, dspark=dspark, eagle3=eagle3)
     return {
         "degeneracy": degeneracy,
         "acceptance": acceptance,

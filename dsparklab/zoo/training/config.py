@@ -1,4 +1,5 @@
-"""The drafters' settings: architecture and training run of DSpark and Eagle3.
+"""The drafters' settings: architecture and training run of DSpark and Eagle3, and how
+they are evaluated offline.
 
 Each tier's recipe (``TinyConfig``, ``SmolConfig``) holds one of each; the values it
 ran with are dumped into the checkpoints' cards.
@@ -57,3 +58,14 @@ class Eagle3Config(FrozenConfig):
     lr: float = Field(default=2e-3, description="peak AdamW learning rate")
     warmup_steps: int = Field(default=50, description="linear warmup steps, then cosine to 10%")
     seed: int = Field(default=3, description="seed for init and packing")
+
+
+class DrafterEvalConfig(FrozenConfig):
+    """How the cards' offline acceptance is measured; each tier's eval config extends it."""
+
+    gen_len: int = Field(default=128, description="greedy tokens per prompt")
+    max_n: int = Field(default=7, description="largest speculation window evaluated")
+    dspark_anchors: int | None = Field(
+        default=None, description="anchors per sequence in the DSpark eval (None: every position)"
+    )
+    seed: int = Field(default=4, description="seed for anchor sampling")
