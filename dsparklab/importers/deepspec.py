@@ -35,13 +35,12 @@ from dsparklab.importers._common import (
     ImportedRun,
     Options,
     SourceFile,
-    counter_row,
     imported_engine,
     json_records,
     largest_difference_check,
-    totals_row,
     worst_check,
 )
+from dsparklab.store.rows import counter_row, totals_row
 
 RATES = "accept_rates_by_position"
 BIN_LOW = ("bin_lower", "bin_lo", "lower", "lo", "bin_start")

@@ -32,8 +32,8 @@ from dsparklab.importers._common import (
     imported_engine,
     input_error,
     marginal_counter_rows,
-    totals_row,
 )
+from dsparklab.store.rows import totals_row
 
 PREFIX = "vllm:spec_decode_"
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"

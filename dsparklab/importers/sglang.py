@@ -40,9 +40,9 @@ from dsparklab.importers._common import (
     imported_engine,
     numbered_records,
     request_id,
-    totals_row,
     worst_check,
 )
+from dsparklab.store.rows import totals_row
 
 CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")

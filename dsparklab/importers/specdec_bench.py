@@ -44,15 +44,14 @@ from dsparklab.importers._common import (
     ImportedRun,
     Options,
     SourceFile,
-    counter_row,
     histogram_counter_rows,
     imported_engine,
     is_finite_number,
     json_records,
     largest_difference_check,
-    totals_row,
     worst_check,
 )
+from dsparklab.store.rows import counter_row, totals_row
 
 LENGTHS = "Acceptance_Length_Histogram"
 ENGINE = "specdec_bench"

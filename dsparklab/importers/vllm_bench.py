@@ -30,8 +30,8 @@ from dsparklab.importers._common import (
     imported_engine,
     json_records,
     marginal_counter_rows,
-    totals_row,
 )
+from dsparklab.store.rows import totals_row
 
 RATES = "spec_decode_per_position_acceptance_rates"
 

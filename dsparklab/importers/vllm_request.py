@@ -47,9 +47,9 @@ from dsparklab.importers._common import (
     imported_engine,
     numbered_records,
     request_id,
-    totals_row,
     worst_check,
 )
+from dsparklab.store.rows import totals_row
 
 METRICS = "metrics.speculative_decoding"
 OLD = "speculative_decoding_stats"

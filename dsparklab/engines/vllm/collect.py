@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -49,10 +49,10 @@ from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import ConfigError, DSparkLabError
-from dsparklab.importers._common import totals_row
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
+from dsparklab.store.rows import totals_row
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -167,14 +167,12 @@ def _computed_steps(req: CollectedRequest) -> list[dict[str, Any]]:
 
 
 def write_run(
-    run_dir: Path,
+    out: Path,
+    spec: RunSpec,
     run_json: Mapping[str, Any],
     requests: Sequence[CollectedRequest],
     *,
-    n: int,
-    dataset: str,
-    tap_steps: pd.DataFrame | None,
-    tap_positions: pd.DataFrame | None,
+    taps: TapTables | None,
     exact_ids: bool = True,
     prometheus: DraftStats | None = None,
     overwrite: bool = True,
@@ -183,33 +181,33 @@ def write_run(
 
     Parameters
     ----------
-    run_dir, run_json
-        Where the run goes and its metadata (``new_run_json``).
+    out, spec
+        The output root and the run (written to ``out / spec.name``; ``spec.n`` is 0 for
+        target-only).
+    run_json
+        The run's metadata (``new_run_json``).
     requests
         What vLLM returned per prompt.
-    n
-        The run's num_speculative_tokens (0 for target-only).
-    tap_steps, tap_positions
-        The taps' ``steps``/``positions`` tables (``read_trace`` of the tap run), or None.
+    taps
+        The taps' tables, or None (target-only, or no tap recorded).
     exact_ids
         Offline runs: the tap's prompt_id equals the caller id; serve runs: it contains
         the X-Request-Id the collector sent.
     prometheus
         vLLM's aggregate counters over exactly these requests, to check against the trace.
     """
+    run_dir, n, dataset = out / spec.name, spec.n, spec.dataset_dir
     report = RunReport(run_dir=run_dir, num_requests=len(requests), stats=DraftStats.new(n))
-    have_taps = tap_steps is not None and not tap_steps.empty
     id_map: dict[str, str] = {}
     by_prompt: dict[str, pd.DataFrame] = {}
     pos_by_req: dict[str, pd.DataFrame] = {}
-    if have_taps:
-        assert tap_steps is not None
-        id_map = _match_ids(requests, tap_steps["prompt_id"], exact=exact_ids)
-        by_prompt = {k: g.sort_values("step") for k, g in tap_steps.groupby("prompt_id")}
-        if tap_positions is not None and not tap_positions.empty:
+    if taps is not None and not taps.steps.empty:
+        id_map = _match_ids(requests, taps.steps["prompt_id"], exact=exact_ids)
+        by_prompt = {k: g.sort_values("step") for k, g in taps.steps.groupby("prompt_id")}
+        if not taps.positions.empty:
             pos_by_req = {
                 k: g.sort_values(["step", "position"])
-                for k, g in tap_positions.groupby("request_id")
+                for k, g in taps.positions.groupby("request_id")
             }
     with TraceWriter(run_dir, run_json, overwrite=overwrite) as writer:
         for req in requests:
@@ -381,7 +379,14 @@ def _none_if_nan(value: Any) -> Any:
     return value
 
 
-def read_tap_runs(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+class TapTables(NamedTuple):
+    """The taps' ``steps`` and ``positions`` tables (``read_trace`` of the tap runs)."""
+
+    steps: pd.DataFrame
+    positions: pd.DataFrame
+
+
+def read_tap_runs(run_dirs: Iterable[str | Path]) -> TapTables:
     """Steps and positions of the taps' run directories (any status), concatenated."""
     steps, positions = [], []
     for run_dir in dict.fromkeys(str(d) for d in run_dirs):
@@ -390,8 +395,8 @@ def read_tap_runs(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.Data
         steps.append(read_trace(run_dir, "steps"))
         positions.append(read_trace(run_dir, "positions"))
     if not steps:
-        return pd.DataFrame(), pd.DataFrame()
-    return pd.concat(steps, ignore_index=True), pd.concat(positions, ignore_index=True)
+        return TapTables(pd.DataFrame(), pd.DataFrame())
+    return TapTables(pd.concat(steps, ignore_index=True), pd.concat(positions, ignore_index=True))
 
 
 # -- offline: vllm.LLM ------------------------------------------------------------------------
@@ -614,8 +619,8 @@ def _collect_engine(
         finally:
             del llm
             _release_engine()
-    tap_steps, tap_positions = read_tap_runs(tap_dirs)
-    if n and tap_steps.empty:
+    taps = read_tap_runs(tap_dirs)
+    if n and taps.steps.empty:
         logger.warning(
             "the taps recorded nothing for %s n=%d (plugin not loaded in the workers?); "
             "runs keep vLLM's accepted counts only",
@@ -635,15 +640,7 @@ def _collect_engine(
         )
         reports.append(
             write_run(
-                Path(options.out) / spec.name,
-                meta,
-                results,
-                n=n,
-                dataset=spec.dataset_dir,
-                tap_steps=tap_steps,
-                tap_positions=tap_positions,
-                exact_ids=True,
-                prometheus=prom if n else None,
+                Path(options.out), spec, meta, results, taps=taps, prometheus=prom if n else None
             )
         )
     return reports
@@ -761,7 +758,7 @@ def _wait_for_taps(
     timeout: float,
     poll: float = 1.0,
     settle: float = 15.0,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+) -> TapTables:
     """Read the workers' tap runs until every request's steps are there (or timeout).
 
     With vLLM's per-step counts in the responses, "there" means that many steps; without
@@ -773,7 +770,8 @@ def _wait_for_taps(
     last_count, stable_since = -1, time.monotonic()
     while True:
         dirs = sorted(p.parent for p in tap_dir.rglob("run.json"))
-        steps, positions = read_tap_runs(dirs)
+        tables = read_tap_runs(dirs)
+        steps = tables.steps
         if not steps.empty:
             ids = _match_ids(wanted, steps["prompt_id"], exact=False)
             counts = steps.groupby("prompt_id")["step"].nunique()
@@ -787,7 +785,7 @@ def _wait_for_taps(
                     last_count, stable_since = total, time.monotonic()
                 done = time.monotonic() - stable_since >= settle
             if done:
-                return steps, positions
+                return tables
         if time.monotonic() >= deadline:
             logger.warning(
                 "taps in %s incomplete after %.0f s (the workers flush every "
@@ -795,7 +793,7 @@ def _wait_for_taps(
                 tap_dir,
                 timeout,
             )
-            return steps, positions
+            return tables
         time.sleep(poll)
 
 
@@ -854,9 +852,7 @@ def collect_serve(
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
-        tap_steps, tap_positions = (
-            _wait_for_taps(taps, results, timeout=tap_timeout) if n else (None, None)
-        )
+        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if n else None
         meta = _run_json(
             spec,
             target_ref,
@@ -866,16 +862,7 @@ def collect_serve(
             mode="serve",
             extra={"server_url": url, "served_model": model, "tap_dir": str(taps)},
         )
-        write_run(
-            out / spec.name,
-            meta,
-            results,
-            n=n,
-            dataset=spec.dataset_dir,
-            tap_steps=tap_steps,
-            tap_positions=tap_positions,
-            exact_ids=False,
-        )
+        write_run(out, spec, meta, results, taps=tables, exact_ids=False)
     return out
 
 

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 import dsparklab.analysis as A
-from dsparklab.importers._common import counter_row, totals_row
 from dsparklab.store import TraceWriter, list_runs, read_run_json, read_trace, validate_trace
+from dsparklab.store.rows import counter_row, totals_row
 from tests.conftest import make_run_json, write_run
 
 

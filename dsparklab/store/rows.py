@@ -1,0 +1,75 @@
+"""Rows of the aggregate tables (``counters``, ``totals``) with every column present.
+
+Whoever fills these tables (importers, the vLLM collector) builds its rows here, so a
+column added to the schema is added once; NaN rates and lengths are stored as null.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def counter_row(
+    position: int,
+    *,
+    scope: str = "run",
+    request_id: str | None = None,
+    interval: int | None = None,
+    n_drafted: int | None = None,
+    n_reached: int | None = None,
+    n_accepted: int | None = None,
+    accept_rate: float | None = None,
+    survival: float | None = None,
+) -> dict[str, Any]:
+    """One ``counters`` row (every column present; NaN rates stored as null)."""
+    return {
+        "scope": scope,
+        "request_id": request_id,
+        "interval": interval,
+        "position": int(position),
+        "n_drafted": None if n_drafted is None else int(n_drafted),
+        "n_reached": None if n_reached is None else int(n_reached),
+        "n_accepted": None if n_accepted is None else int(n_accepted),
+        "accept_rate": _finite(accept_rate),
+        "survival": _finite(survival),
+    }
+
+
+def totals_row(
+    *,
+    scope: str = "run",
+    request_id: str | None = None,
+    interval: int | None = None,
+    t_start: float | None = None,
+    t_end: float | None = None,
+    num_drafts: int | None = None,
+    num_draft_tokens: int | None = None,
+    num_accepted_tokens: int | None = None,
+    num_output_tokens: int | None = None,
+    reported_accept_len: float | None = None,
+    reported_accept_len_definition: str | None = None,
+    reported_accept_rate: float | None = None,
+) -> dict[str, Any]:
+    """One ``totals`` row (every column present)."""
+    return {
+        "scope": scope,
+        "request_id": request_id,
+        "interval": interval,
+        "t_start": t_start,
+        "t_end": t_end,
+        "num_drafts": num_drafts,
+        "num_draft_tokens": num_draft_tokens,
+        "num_accepted_tokens": num_accepted_tokens,
+        "num_output_tokens": num_output_tokens,
+        "reported_accept_len": _finite(reported_accept_len),
+        "reported_accept_len_definition": reported_accept_len_definition,
+        "reported_accept_rate": _finite(reported_accept_rate),
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
