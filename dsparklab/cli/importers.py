@@ -98,12 +98,12 @@ def watch(
     Every finished interval is kept; Ctrl-C, a lost server or a restart ends the run
     cleanly and run.json's stop_reason says which.
     """
+    from dsparklab.analysis.definitions import pooled_accept_len
     from dsparklab.importers.watch import watch as run_watch
 
     def progress(index: int, delta: object) -> None:
         drafts = getattr(delta, "num_drafts", 0)
-        accepted = getattr(delta, "num_accepted_tokens", 0)
-        al = 1.0 + accepted / drafts if drafts else float("nan")
+        al = pooled_accept_len(drafts, getattr(delta, "num_accepted_tokens", 0))
         typer.echo(f"interval {index}: {drafts} drafts, AL {al:.3f}")
 
     result = run_watch(

@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsparklab.analysis.definitions import check, pooled_accept_len
+from dsparklab.analysis.definitions import accept_len_from_marginal, check, pooled_accept_len
 from dsparklab.importers._common import (
     ImportedRun,
     InputFormatError,
@@ -276,7 +276,7 @@ def delta_totals(
 
 
 def counter_checks(c: SpecDecodeCounters) -> list:
-    survival_sum = sum(c.accepted_per_pos) / c.num_drafts if c.num_drafts else math.nan
+    survival = [a / c.num_drafts for a in c.accepted_per_pos] if c.num_drafts else []
     return [
         check(
             "num_accepted_tokens_total",
@@ -288,7 +288,7 @@ def counter_checks(c: SpecDecodeCounters) -> list:
         check(
             "acceptance_length (1 + accepted / drafts)",
             pooled_accept_len(c.num_drafts, c.num_accepted_tokens),
-            1.0 + survival_sum,
+            accept_len_from_marginal(survival) if c.num_drafts else math.nan,
             definition="per_step: 1 + accepted / D = 1 + sum_i s_i",
         ),
     ]

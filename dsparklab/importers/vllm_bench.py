@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsparklab.analysis.definitions import (
+    accept_len_from_marginal,
     check,
     counts_from_marginal_rates,
     draft_acceptance_rate,
@@ -88,7 +89,7 @@ def _one(
         check(
             "spec_decode_acceptance_length vs per-position rates",
             length,
-            1.0 + float(sum(rates)),
+            accept_len_from_marginal(rates),
             definition="1 + sum_i s_i",
             tolerance=1e-9 * n,
         ),
