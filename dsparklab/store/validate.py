@@ -258,8 +258,7 @@ def _check_counters(counters: pd.DataFrame, n: int, granularity: str, report: Ru
         "position",
         "duplicate (scope, request_id, interval, position) at position {position}",
     )
-    for name in ("n_drafted", "n_reached", "n_accepted"):
-        _flag(report, frame[frame[name] < 0], name, f"{name} " + "{" + name + "} is negative")
+    _flag_negative(report, frame, ("n_drafted", "n_reached", "n_accepted"))
     _flag(
         report,
         frame[frame["n_accepted"] > frame["n_reached"]],
@@ -331,8 +330,11 @@ def _check_totals(
         "scope",
         "duplicate unit (scope {scope}, request_id {request_id}, interval {interval})",
     )
-    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_output_tokens"):
-        _flag(report, frame[frame[name] < 0], name, f"{name} " + "{" + name + "} is negative")
+    _flag_negative(
+        report,
+        frame,
+        ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_output_tokens"),
+    )
     _flag(
         report,
         frame[frame["num_accepted_tokens"] > frame["num_draft_tokens"]],
@@ -436,6 +438,12 @@ def _load_table(run_dir: Path, table: str, report: RunReport) -> pd.DataFrame:
     if not pieces:
         return _empty_frame(table)
     return pd.concat(pieces, ignore_index=True)
+
+
+def _flag_negative(report: RunReport, frame: pd.DataFrame, names: tuple[str, ...]) -> None:
+    """Flag the rows where any count in ``names`` is negative, one issue per column."""
+    for name in names:
+        _flag(report, frame[frame[name] < 0], name, f"{name} " + "{" + name + "} is negative")
 
 
 def _flag(report: RunReport, bad: pd.DataFrame, field: str, message: str) -> None:

@@ -13,6 +13,8 @@ and the confidence head, and uses 2 layers (see the cards for the measured draft
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from dsparklab.zoo.distill import DistillConfig
@@ -30,6 +32,13 @@ MASK_TOKEN = "<empty_output>"
 # vLLM's Eagle3 default for a 30-layer target: outputs of layers 2, 15 and 27, i.e. the
 # residual stream entering layers 3, 16 and 28 (dsparklab.zoo.hidden's convention).
 AUX_LAYERS = (3, 16, 28)
+# Both drafters see the same hidden states, batches and schedule: only the model differs.
+SHARED_RUN: dict[str, Any] = {
+    "target_layer_ids": AUX_LAYERS,
+    "sequences_per_step": 4,
+    "lr": 1e-3,
+    "warmup_steps": 200,
+}
 
 
 class TrainBudgetConfig(FrozenConfig):
@@ -89,28 +98,12 @@ class SmolConfig(FrozenConfig):
     )
     dspark: DSparkConfig = Field(
         default_factory=lambda: DSparkConfig(
-            num_layers=2,
-            block_size=8,
-            target_layer_ids=AUX_LAYERS,
-            markov_rank=256,
-            sequences_per_step=4,
-            max_anchors=96,
-            steps=8000,
-            lr=1e-3,
-            warmup_steps=200,
+            num_layers=2, block_size=8, markov_rank=256, max_anchors=96, steps=8000, **SHARED_RUN
         ),
         description="DSpark drafter (steps: first estimate; the budget decides)",
     )
     eagle3: Eagle3Config = Field(
-        default_factory=lambda: Eagle3Config(
-            num_layers=1,
-            target_layer_ids=AUX_LAYERS,
-            ttt_steps=3,
-            sequences_per_step=4,
-            steps=4000,
-            lr=1e-3,
-            warmup_steps=200,
-        ),
+        default_factory=lambda: Eagle3Config(num_layers=1, ttt_steps=3, steps=4000, **SHARED_RUN),
         description="Eagle3 drafter (steps: first estimate; the budget decides)",
     )
     calibration: CalibrationConfig = Field(
