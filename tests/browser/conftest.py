@@ -16,9 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 
-from lab_support import built_report, lab_runs  # noqa: E402
-
-from dsparklab.report import ReportResult  # noqa: E402
+# the notebook tests' fixtures: the same run set and report
+from lab_support import report, runs_dir  # noqa: E402, F401
 
 CHROMIUM = "/usr/bin/chromium"
 # Playwright's own browser download cannot be used here: drive Debian's build headless.
@@ -75,16 +74,6 @@ def browser(chromium: str):
             yield instance
         finally:
             instance.close()
-
-
-@pytest.fixture(scope="session")
-def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return lab_runs(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="session")
-def report(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
-    return built_report(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,10 @@
 
 The run set is real: ``dsparklab collect --engine reference`` output on the zoo's tiny
 checkpoints (DSpark, Eagle3 and the target-only baseline, n = 3..7, the code and prose
-sets), with small limits. Both test directories import this module by name, so the runs
+sets), with small limits. Both test directories import this module by name (their
+conftest.py files import the ``runs_dir`` and ``report`` fixtures from here), so the runs
 are collected and the report built once per session (cached on the session's base temp
-dir).
+dir). The checks of an executed notebook's outputs are here too.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import nbformat
 import pytest
 
+from dsparklab.lab.notebook import PLOTLY_MIMETYPE
 from dsparklab.report import ReportError, ReportResult, build_report
 
 # Small parameters: the notebooks' point estimates do not depend on them.
@@ -78,3 +81,27 @@ def built_report(base: Path) -> ReportResult:
         )
     except ReportError as err:  # every notebook must run: show which one did not
         raise AssertionError(str(err)) from err
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return lab_runs(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def report(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
+    return built_report(tmp_path_factory.getbasetemp())
+
+
+def assert_ran_clean(nb: nbformat.NotebookNode) -> None:
+    """No cell of the executed notebook has an error output or wrote to stderr."""
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            assert output.output_type != "error", output.get("evalue")
+            if output.output_type == "stream":
+                assert output.name != "stderr", output.text[:500]
+
+
+def count_figures(nb: nbformat.NotebookNode) -> int:
+    """How many Plotly figures the executed notebook shows."""
+    return sum(PLOTLY_MIMETYPE in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))

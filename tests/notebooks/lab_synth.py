@@ -75,31 +75,18 @@ def write_synthetic_run(
             while emitted < tokens_per_request:
                 context = 20 + emitted
                 verify = 0.010 * (1 + 0.02 * n) * rng.uniform(0.95, 1.05)
-                if method == "none":
-                    writer.add(
-                        "steps",
-                        dict(
-                            request_id=request_id,
-                            prompt_id=prompt_id,
-                            dataset=dataset,
-                            step=step,
-                            context_len=context,
-                            num_drafted=0,
-                            num_verified=0,
-                            accepted_len=0,
-                            draft_time_s=None,
-                            verify_time_s=0.010 * rng.uniform(0.95, 1.05),
-                        ),
-                    )
-                    output.append(int(rng.integers(VOCAB)))
-                    emitted += 1
-                    step += 1
-                    continue
-                p = np.clip(probs - hardness, 0.02, 0.99)  # [n]
-                raw = rng.random(n) < p
-                accepted = np.cumprod(raw).astype(bool)  # [n] prefix-closed
-                accepted_len = int(accepted.sum())
-                draft_time = (0.002 if method == "dspark" else 0.0012 * n) * rng.uniform(0.95, 1.05)
+                if method == "none":  # the target alone: one token a step, nothing drafted
+                    # a second draw replaces the first (kept so the runs' values stay as they were)
+                    verify = 0.010 * rng.uniform(0.95, 1.05)
+                    drafted, accepted_len, draft_time = 0, 0, None
+                else:
+                    p = np.clip(probs - hardness, 0.02, 0.99)  # [n]
+                    raw = rng.random(n) < p
+                    accepted = np.cumprod(raw).astype(bool)  # [n] prefix-closed
+                    accepted_len = int(accepted.sum())
+                    drafted = n
+                    draft_base_s = 0.002 if method == "dspark" else 0.0012 * n
+                    draft_time = draft_base_s * rng.uniform(0.95, 1.05)
                 writer.add(
                     "steps",
                     dict(
@@ -108,13 +95,18 @@ def write_synthetic_run(
                         dataset=dataset,
                         step=step,
                         context_len=context,
-                        num_drafted=n,
-                        num_verified=n,
+                        num_drafted=drafted,
+                        num_verified=drafted,
                         accepted_len=accepted_len,
                         draft_time_s=draft_time,
                         verify_time_s=verify,
                     ),
                 )
+                if method == "none":
+                    output.append(int(rng.integers(VOCAB)))
+                    emitted += 1
+                    step += 1
+                    continue
                 draft = rng.integers(0, VOCAB, n)
                 target = np.where(
                     accepted, draft, (draft + 1 + rng.integers(0, VOCAB - 1, n)) % VOCAB

@@ -16,11 +16,12 @@ import nbformat
 import pandas as pd
 import papermill as pm
 import pytest
+from lab_support import assert_ran_clean, count_figures
 from lab_synth import write_synthetic_runs
 
 import dsparklab.analysis as A
 from dsparklab.importers import import_files
-from dsparklab.lab.notebook import HEADLESS_ENV, PLOTLY_MIMETYPE, load_any_runs, read_records
+from dsparklab.lab.notebook import HEADLESS_ENV, load_any_runs, read_records
 from dsparklab.widgets import LiveView, latest_live_run
 
 FIXTURES = Path(__file__).parents[1] / "unit" / "importers" / "fixtures"
@@ -82,15 +83,8 @@ def executed(mixed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_runs_clean_with_figures(executed: Path) -> None:
     nb = nbformat.read(executed, as_version=4)
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            assert output.output_type != "error", output.get("evalue")
-            if output.output_type == "stream":
-                assert output.name != "stderr", output.text[:500]
-    figures = sum(
-        PLOTLY_MIMETYPE in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])
-    )
-    assert figures >= 5
+    assert_ran_clean(nb)
+    assert count_figures(nb) >= 5
 
 
 def test_records_match_the_analysis(executed: Path, mixed: Path) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import papermill as pm
 import pytest
-from lab_support import EXPECTED_NOTEBOOKS, TEST_PARAMETERS
+from lab_support import EXPECTED_NOTEBOOKS, TEST_PARAMETERS, assert_ran_clean, count_figures
 
 from dsparklab import analysis as A
 from dsparklab.lab.notebook import (
@@ -78,15 +78,8 @@ def test_notebook_runs_clean(report: ReportResult, name: str):
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and len(injected) == 1
     assert "N_BOOT = 50" in injected[0].source and "RUNS = " in injected[0].source
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            assert output.output_type != "error", output.get("evalue")
-            if output.output_type == "stream":
-                assert output.name != "stderr", output.text[:500]
-    figures = sum(
-        PLOTLY_MIMETYPE in o.get("data", {}) for c in nb.cells for o in c.get("outputs", [])
-    )
-    assert figures >= 3
+    assert_ran_clean(nb)
+    assert count_figures(nb) >= 3
 
 
 @pytest.mark.parametrize("name", EXPECTED_NOTEBOOKS)

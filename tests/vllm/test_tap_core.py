@@ -264,19 +264,24 @@ def test_recorder_v1_host_counts() -> None:
     assert [p["target_token"] for p in rec.rows.positions] == [1, 42, None]
 
 
-def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
+def _writer(run_dir: Path, method: str) -> TraceWriter:
+    """A writer for a vLLM run of ``method`` at n = N on dataset "d" (the recorder's rows)."""
     meta = new_run_json(
         run_id="t",
         engine={"name": "vllm"},
-        method="dspark",
+        method=method,
         num_speculative_tokens=N,
         target={"name": "t"},
         drafter={"name": "d"},
         dataset="d",
         sampling={},
     )
+    return TraceWriter(run_dir, meta)
+
+
+def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
     ring = _ring()
-    rec = TraceRecorder(N, dataset="d", writer=TraceWriter(tmp_path / "run", meta))
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
     rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
     rec.stage(_slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7]))
     rec.close()
@@ -287,17 +292,7 @@ def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
 
 
 def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:
-    meta = new_run_json(
-        run_id="t",
-        engine={"name": "vllm"},
-        method="eagle3",
-        num_speculative_tokens=N,
-        target={"name": "t"},
-        drafter=None,
-        dataset="d",
-        sampling={},
-    )
-    rec = TraceRecorder(N, writer=TraceWriter(tmp_path / "run", meta))
+    rec = TraceRecorder(N, writer=_writer(tmp_path / "run", "eagle3"))
     rec.fail("boom")
     from dsparklab.store import read_run_json
 

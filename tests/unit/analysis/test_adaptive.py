@@ -37,13 +37,7 @@ def test_one_step_known_answers():
 
 
 def test_full_verification_at_tau_zero_and_monotone_in_tau():
-    run = build_run(
-        n=5,
-        accept=0.7,
-        n_requests=30,
-        seed=1,
-        confidence=noisy_confidence(0.2),
-    )
+    run = build_run(n=5, accept=0.7, n_requests=30, seed=1, confidence=noisy_confidence(0.2))
     table = compute_adaptive_verification(run.positions, by="n")
     first = table.iloc[0]
     assert first["tau"] == 0.0

@@ -27,12 +27,7 @@ def store(tmp_path_factory):
     runs = [
         build_run(run_id="base", method="none", n=0, n_requests=6, seed=1),
         build_run(
-            run_id="ds3",
-            n=3,
-            accept=0.7,
-            n_requests=12,
-            seed=2,
-            confidence=noisy_confidence(0.2),
+            run_id="ds3", n=3, accept=0.7, n_requests=12, seed=2, confidence=noisy_confidence(0.2)
         ),
         build_run(
             run_id="ds5",

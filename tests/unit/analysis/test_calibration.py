@@ -58,11 +58,7 @@ def test_ece_equals_direct_implementation_and_auroc_brier_equal_sklearn(seed):
 def test_auroc_on_a_grid_is_within_the_tie_bound():
     rng = np.random.default_rng(5)
     run = build_run(
-        n=4,
-        accept=[0.9, 0.7, 0.6, 0.5],
-        n_requests=80,
-        seed=5,
-        confidence=noisy_confidence(0.25),
+        n=4, accept=[0.9, 0.7, 0.6, 0.5], n_requests=80, seed=5, confidence=noisy_confidence(0.25)
     )
     exact = compute_calibration(run.positions, by="n", per_position=False)
     grid = compute_calibration(run.positions, by="n", per_position=False, levels=1000)
@@ -73,13 +69,7 @@ def test_auroc_on_a_grid_is_within_the_tie_bound():
 
 
 def test_per_position_rows_use_reached_rows_and_prefix_uses_the_running_product():
-    run = build_run(
-        n=4,
-        accept=0.7,
-        n_requests=30,
-        seed=2,
-        confidence=uniform_confidence(0.2, 1.0),
-    )
+    run = build_run(n=4, accept=0.7, n_requests=30, seed=2, confidence=uniform_confidence(0.2, 1.0))
     table = compute_calibration(run.positions, by="n")
     acceptance = compute_acceptance_by_position(run.positions, by="n", n_boot=0)
     conditional = table[table["score"] == "confidence"].reset_index(drop=True)
