@@ -7,7 +7,7 @@ checkpoints' own training-time modules, and rejection sampling against its targe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -33,7 +33,7 @@ def context(zoo: Zoo, prompt_ids: list[list[int]]) -> tuple[list[int], torch.Ten
     return ids, torch.stack([h[0] for h in out.hidden_states])  # [layers + 1, T, H]
 
 
-def _aux(hidden: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+def _aux(hidden: torch.Tensor | Sequence[torch.Tensor], layer_ids: list[int]) -> torch.Tensor:
     return torch.cat([hidden[i] for i in layer_ids], dim=-1)
 
 
@@ -78,27 +78,37 @@ def test_dspark_block_pass_matches_training_layers(
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def _decode(zoo: Zoo, method: str, n: int, ids: list[int]) -> tuple[list[int], Generation]:
+def _decode_then_target(
+    zoo: Zoo, method: str, n: int, ids: list[int], layer_ids: list[int]
+) -> tuple[Generation, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode ``ids`` with the engine, then run the target once over prompt + output.
+
+    Returns the generation, the ``[1, T]`` sequence, the target's hidden states of
+    ``layer_ids`` concatenated (the drafter's input) and its last layer's states.
+    """
     engine = zoo.engine(method, n, max_new_tokens=GEN_LEN, stop_at_eos=False)
     result = engine.generate(ids, request_id="anchors")
-    return ids + result.output_token_ids, result
+    x = torch.tensor([ids + result.output_token_ids])
+    out = zoo.target(input_ids=x, output_hidden_states=True)
+    return result, x, _aux(out.hidden_states, layer_ids), out.hidden_states[-1]
 
 
-def _compare_until_rejection(
-    result: Generation, drafts_at: Callable[[int], list[int] | None]
-) -> tuple[int, int]:
-    """(agreeing, compared) drafts of every step, up to and including its first rejection."""
-    agree = total = 0
+def _assert_drafts_agree(result: Generation, drafts_at: Callable[[int], list[int] | None]) -> None:
+    """The decode's drafts equal ``drafts_at(anchor position)`` (None: nothing to compare
+    there), each step's up to and including its first rejection: at most one disagrees, and
+    the drafts compared number at least two thirds of the steps."""
+    agree = compared = 0
     for step in result.steps:
         want = drafts_at(step.context_len - 1)  # the step's anchor position
         if want is None:
             continue
         for row in (p for p in result.positions if p.step == step.step):
-            total += 1
+            compared += 1
             agree += row.draft_token == want[row.position]
             if not row.accepted:
                 break
-    return agree, total
+    assert compared >= 2 * len(result.steps) // 3
+    assert agree >= compared - 1, f"{agree} of {compared} drafts agree"
 
 
 @torch.inference_mode()
@@ -108,13 +118,9 @@ def test_dspark_decode_drafts_equal_training_forward(zoo: Zoo, prompt_ids: list[
     model = zoo.dspark
     block = model.block_size
     ids = prompt_ids[0]
-    sequence, result = _decode(zoo, "dspark", block, ids)
-    x = torch.tensor([sequence])
-    total = x.shape[1]
     layer_ids = model.config.aux_hidden_state_layer_ids
-    out = zoo.target(input_ids=x, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i] for i in layer_ids], dim=-1)
-    last = out.hidden_states[-1]
+    result, x, aux, last = _decode_then_target(zoo, "dspark", block, ids, layer_ids)
+    total = x.shape[1]
     loss_mask = torch.zeros(1, total, dtype=torch.long)
     loss_mask[0, len(ids) - 1 :] = 1
     anchors_n = total - block - (len(ids) - 1)  # every valid anchor
@@ -133,11 +139,7 @@ def test_dspark_decode_drafts_equal_training_forward(zoo: Zoo, prompt_ids: list[
     )
     drafts = (logits.view(anchors_n, block, -1) + bias).argmax(-1).tolist()
     anchors = {a: i for i, a in enumerate(index.view(-1, block)[:, 0].tolist())}
-    agree, compared = _compare_until_rejection(
-        result, lambda a: drafts[anchors[a]] if a in anchors else None
-    )
-    assert compared >= 2 * len(result.steps) // 3
-    assert agree >= compared - 1, f"{agree} of {compared} drafts agree"
+    _assert_drafts_agree(result, lambda a: drafts[anchors[a]] if a in anchors else None)
 
 
 @torch.inference_mode()
@@ -146,13 +148,9 @@ def test_eagle3_decode_drafts_equal_training_forward(zoo: Zoo, prompt_ids: list[
     the same start: the anchor's token with the target's hidden state before it."""
     model = zoo.eagle3
     n = 7
-    ids = prompt_ids[0]
-    sequence, result = _decode(zoo, "eagle3", n, ids)
-    x = torch.tensor([sequence])
-    total = x.shape[1]
     layer_ids = model.config.eagle_aux_hidden_state_layer_ids
-    out = zoo.target(input_ids=x, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i] for i in layer_ids], dim=-1)
+    result, x, aux, _ = _decode_then_target(zoo, "eagle3", n, prompt_ids[0], layer_ids)
+    total = x.shape[1]
     drafts = model(  # speculators' alignment: token t + 1 with hidden state t
         hidden_states=aux[:, :-1],
         input_ids=x[:, 1:],
@@ -161,11 +159,7 @@ def test_eagle3_decode_drafts_equal_training_forward(zoo: Zoo, prompt_ids: list[
         ttt_steps=n,
     )
     table = torch.stack([d[0] for d in drafts], dim=1).tolist()  # [T - 1, n]
-    agree, compared = _compare_until_rejection(
-        result, lambda a: table[a - 1] if a + n <= total - 1 else None
-    )
-    assert compared >= 2 * len(result.steps) // 3
-    assert agree >= compared - 1, f"{agree} of {compared} drafts agree"
+    _assert_drafts_agree(result, lambda a: table[a - 1] if a + n <= total - 1 else None)
 
 
 def test_markov_step_reduced_vocab_matches_loop() -> None:
