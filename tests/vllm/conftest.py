@@ -10,6 +10,7 @@ single-process gloo group stands in for the distributed setup.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -140,12 +141,13 @@ def checkpoint(cpu_dspark: CpuDSpark) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def expected_markov_fn() -> Any:
-    return expected_markov
+def expected_markov_fn(checkpoint: dict[str, Any]) -> Any:
+    """``expected_markov`` with the checkpoint's weights: ``(spec, head_hidden, anchors)``."""
+    return functools.partial(expected_markov, ckpt=checkpoint)
 
 
 def expected_markov(
-    spec: Any, ckpt: dict[str, Any], head_hidden: torch.Tensor, anchors: torch.Tensor
+    spec: Any, head_hidden: torch.Tensor, anchors: torch.Tensor, *, ckpt: dict[str, Any]
 ) -> dict[str, torch.Tensor]:
     """The reference engine's Markov step on the inputs fed to ``spec`` (checkpoint weights)."""
     rows, n = anchors.shape[0], spec.num_speculative_steps

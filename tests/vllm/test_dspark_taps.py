@@ -19,8 +19,9 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch
+from v2_propose import propose_as_v2_runner, wrapped_draft_step
 
-from dsparklab.engines.vllm import dspark_taps, patching, plugin, runs, staging, v2
+from dsparklab.engines.vllm import dspark_taps, patching, plugin, runs
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.store import read_trace, validate_trace
 
@@ -43,6 +44,12 @@ def taps(tmp_path: Path) -> Iterator[Path]:
         patching.uninstall()
 
 
+@pytest.fixture
+def tapped_speculator(cpu_dspark: CpuDSpark, build_speculator: Any, taps: Path) -> Any:
+    """vLLM's DSparkSpeculator (dense drafting) built with the plugin's taps installed."""
+    return build_speculator(cpu_dspark)
+
+
 def _run(spec: Any, head_hidden: torch.Tensor, rows: int) -> torch.Tensor:
     with torch.inference_mode():
         spec._sample_sequential(rows, head_hidden)
@@ -50,14 +57,9 @@ def _run(spec: Any, head_hidden: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def test_dense_taps_equal_reference_markov_step(
-    cpu_dspark: CpuDSpark,
-    build_speculator: Any,
-    feed_speculator: Any,
-    checkpoint: dict[str, Any],
-    taps: Path,
-    expected_markov_fn: Any,
+    cpu_dspark: CpuDSpark, tapped_speculator: Any, feed_speculator: Any, expected_markov_fn: Any
 ) -> None:
-    spec = build_speculator(cpu_dspark)
+    spec = tapped_speculator
     tap = spec.__dict__.get("_dsparklab_tap")
     assert tap is not None
     assert tap.buffers is not None
@@ -66,7 +68,7 @@ def test_dense_taps_equal_reference_markov_step(
     rows = 5
     head_hidden, anchors = feed_speculator(spec, rows, seed=1)
     drafted = _run(spec, head_hidden, rows)
-    exp = expected_markov_fn(spec, checkpoint, head_hidden, anchors)
+    exp = expected_markov_fn(spec, head_hidden, anchors)
 
     assert torch.equal(drafted, exp["tokens"])
     buffers = tap.buffers
@@ -213,39 +215,16 @@ def test_tap_error_fails_open(
 
 
 def test_records_are_keyed_by_request_id(
-    cpu_dspark: CpuDSpark,
-    build_speculator: Any,
-    feed_speculator: Any,
-    checkpoint: dict[str, Any],
-    taps: Path,
-    expected_markov_fn: Any,
+    tapped_speculator: Any, feed_speculator: Any, expected_markov_fn: Any
 ) -> None:
-    """Two draft steps through the plugin's propose wrapper, rows re-sorted in between.
-
-    vLLM's V2 ``propose`` needs Triton kernels to build the draft batch, so the wrapped
-    callable here is a stand-in with the real method's signature whose body is the
-    draft step itself (the real ``_sample_sequential`` on fixed backbone outputs); it is
-    called positionally the way the V2 model runner calls ``propose``.
-    """
-    import inspect
-
-    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
-
-    spec = build_speculator(cpu_dspark)
+    """Two draft steps through the plugin's propose wrapper, rows re-sorted in between
+    (around a stand-in draft step, called as the V2 model runner calls it: v2_propose)."""
+    spec = tapped_speculator
     tap = spec.__dict__["_dsparklab_tap"]
     n = spec.num_speculative_steps
     req_ids = ["a-0123abcd", "b-89abcdef", "c-deadbeef"]
     draft_inputs: dict[str, Any] = {}
-
-    def draft_step(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        rows = draft_inputs["rows"]
-        self._sample_sequential(rows, draft_inputs["hidden"])
-        return self.draft_tokens[:rows]
-
-    draft_step.__signature__ = inspect.signature(  # type: ignore[attr-defined]
-        staging.unwrap(DFlashSpeculator.propose)
-    )
-    propose = v2.wrap_v2_propose(draft_step)
+    propose = wrapped_draft_step(draft_inputs)
 
     def step(order: list[int], sampled: list[int], rejected: list[int], seq: list[int]) -> None:
         batch = SimpleNamespace(
@@ -254,29 +233,22 @@ def test_records_are_keyed_by_request_id(
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             idx_mapping=torch.tensor(order),
         )
-        with torch.inference_mode():
-            propose(
-                spec,
-                batch,  # input_batch
-                {},  # attn_metadata
-                {},  # slot_mappings
-                None,  # last_hidden_states
-                None,  # aux_hidden_states
-                torch.tensor(sampled, dtype=torch.int32),  # num_sampled
-                torch.tensor(rejected, dtype=torch.int32),  # num_rejected
-                torch.tensor([100, 101, 102]),  # last_sampled, per request state
-                None,  # next_prefill_tokens
-                None,  # temperature
-                None,  # seeds
-                num_speculative_tokens=n,
-            )
+        propose_as_v2_runner(
+            propose,
+            spec,
+            batch,
+            torch.tensor(sampled, dtype=torch.int32),
+            torch.tensor(rejected, dtype=torch.int32),
+            torch.tensor([100, 101, 102]),  # last_sampled, per request state
+            num_speculative_tokens=n,
+        )
 
     # step A: prefill done for a, b, c (one token sampled, nothing verified), then a draft
     hidden_a, anchors_a = feed_speculator(spec, 3, seed=5)
     draft_inputs.update(rows=3, hidden=hidden_a)
     step([0, 1, 2], [1, 1, 1], [0, 0, 0], [7, 9, 11])
     drafts_a = spec.draft_tokens[:3].clone()
-    exp_a = expected_markov_fn(spec, checkpoint, hidden_a, anchors_a)
+    exp_a = expected_markov_fn(spec, hidden_a, anchors_a)
     assert torch.equal(drafts_a, exp_a["tokens"])
     # step B: rows re-sorted (c, a, b); c accepted 2 of n, a accepted all, b none
     sampled = {"c": 3, "a": n + 1, "b": 1}

@@ -15,7 +15,6 @@ calls it. The trace must equal the reference engine's Markov step on the same in
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,8 +25,9 @@ import pytest
 pytest.importorskip("vllm")
 
 import torch
+from v2_propose import propose_as_v2_runner, wrapped_draft_step
 
-from dsparklab.engines.vllm import patching, runs, staging, v2
+from dsparklab.engines.vllm import patching, runs
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.store import read_run_json, read_trace, validate_trace
 
@@ -47,7 +47,7 @@ class Harness:
     execute_model: Any
     n: int
     gen: torch.Generator
-    draft_inputs: list[Any]  # (rows, backbone outputs) the draft step reads
+    draft_inputs: dict[str, Any]  # rows and backbone outputs ("hidden") the draft step reads
     # (request id, draft step of that request) -> expected values of its draft
     drafts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -66,7 +66,6 @@ class Harness:
         self,
         rows: list[tuple[str, int, int, int]],  # (request id, num_sampled, num_rejected, token)
         expected_markov: Any,
-        checkpoint: dict[str, Any],
     ) -> dict[str, torch.Tensor]:
         """One verify + draft step over ``rows`` (batch order); returns the expectation."""
         from vllm.v1.worker.gpu.input_batch import InputBatch
@@ -98,25 +97,21 @@ class Harness:
             spec.input_buffers.input_ids[spec._anchor_idx[r]] = last[idx, 0]
         hidden = torch.randn(num_reqs * q, spec.model.config.hidden_size, generator=self.gen) * 2
         anchors = last[torch.tensor(state), 0].clone()
-        self.draft_inputs[:] = [num_reqs, hidden]
-        with torch.inference_mode():
-            self.propose(
-                spec,
-                batch,  # input_batch
-                {},  # attn_metadata
-                {},  # slot_mappings
-                None,  # last_hidden_states
-                None,  # aux_hidden_states
-                torch.tensor([r[1] for r in rows], dtype=torch.int32),  # num_sampled
-                torch.tensor([r[2] for r in rows], dtype=torch.int32),  # num_rejected
-                self.req_states.last_sampled_tokens,  # [max_num_reqs, 1]
-                self.req_states.next_prefill_tokens,
-                torch.zeros(spec.max_num_reqs),  # temperature
-                torch.zeros(spec.max_num_reqs, dtype=torch.int64),  # seeds
-                num_speculative_tokens=n,
-                is_profile=False,  # a keyword the wrapper does not read is passed on
-            )
-        exp = expected_markov(spec, checkpoint, hidden, anchors)
+        self.draft_inputs.update(rows=num_reqs, hidden=hidden)
+        propose_as_v2_runner(
+            self.propose,
+            spec,
+            batch,
+            torch.tensor([r[1] for r in rows], dtype=torch.int32),  # num_sampled
+            torch.tensor([r[2] for r in rows], dtype=torch.int32),  # num_rejected
+            self.req_states.last_sampled_tokens,  # [max_num_reqs, 1]
+            next_prefill_tokens=self.req_states.next_prefill_tokens,
+            temperature=torch.zeros(spec.max_num_reqs),
+            seeds=torch.zeros(spec.max_num_reqs, dtype=torch.int64),
+            num_speculative_tokens=n,
+            is_profile=False,  # a keyword the wrapper does not read is passed on
+        )
+        exp = expected_markov(spec, hidden, anchors)
         for r, (req_id, *_rest) in enumerate(rows):
             self.drafts.setdefault(req_id, []).append(
                 {k: v[r].clone() for k, v in exp.items() if k not in ("base", "sample_hidden")}
@@ -130,7 +125,6 @@ class Harness:
 def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any:
     from vllm.v1.worker.gpu.input_batch import InputBuffers
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
     from vllm.v1.worker.gpu.states import RequestState
 
     patching.install(TapConfig(trace_dir=tmp_path / "taps", run_name="v2", flush_seconds=60))
@@ -140,17 +134,7 @@ def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any
         vocab = cpu_dspark.vllm_config.model_config.get_vocab_size()
         req_states = RequestState(spec.max_num_reqs, 256, 256, n, vocab, torch.device("cpu"))
 
-        draft_inputs: list[Any] = []
-
-        def draft_step(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-            rows, hidden = draft_inputs
-            self._sample_sequential(rows, hidden)
-            return self.draft_tokens[:rows]
-
-        # called with vLLM's propose signature, as the V2 runner calls it
-        draft_step.__signature__ = inspect.signature(  # type: ignore[attr-defined]
-            staging.unwrap(DFlashSpeculator.propose)
-        )
+        draft_inputs: dict[str, Any] = {}
 
         def finish_requests(self: Any, scheduler_output: Any) -> None:
             # the runner's own bookkeeping: finished and preempted states are freed
@@ -163,7 +147,7 @@ def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any
             spec=spec,
             req_states=req_states,
             input_buffers=InputBuffers(spec.max_num_reqs, 256, torch.device("cpu")),
-            propose=v2.wrap_v2_propose(draft_step),
+            propose=wrapped_draft_step(draft_inputs),
             execute_model=runs.wrap_execute_model(finish_requests),
             n=n,
             gen=torch.Generator().manual_seed(11),
@@ -175,10 +159,10 @@ def harness(cpu_dspark: CpuDSpark, build_speculator: Any, tmp_path: Path) -> Any
 
 
 def test_v2_trace_equals_reference_over_resorted_finished_and_preempted_requests(
-    harness: Harness, checkpoint: dict[str, Any], expected_markov_fn: Any
+    harness: Harness, expected_markov_fn: Any
 ) -> None:
     h, n = harness, harness.n
-    step = lambda rows: h.step(rows, expected_markov_fn, checkpoint)  # noqa: E731
+    step = lambda rows: h.step(rows, expected_markov_fn)  # noqa: E731
     for req_id, prompt in (("a-00000001", [5, 6, 7]), ("b-00000002", [8, 9]), ("c-00000003", [4])):
         h.add(req_id, prompt)
     a, b, c, d = "a-00000001", "b-00000002", "c-00000003", "d-00000004"
