@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -30,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import numpy as np
 import pandas as pd
 
 from dsparklab.errors import DSparkLabError, ProvenanceError, TraceSchemaError
 from dsparklab.lab.resources import PUBLISHED_CURVES, PUBLISHED_SPEEDUPS, published_file
+from dsparklab.plain_json import plain_json
 
 logger = logging.getLogger(__name__)
 
@@ -54,30 +53,6 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 # -- recorded values ------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    """``value`` as plain JSON: numpy scalars unwrapped, NaN -> None, frames -> records."""
-    if isinstance(value, pd.DataFrame):
-        return [_plain(r) for r in value.to_dict("records")]
-    if isinstance(value, pd.Series):
-        return _plain(value.to_dict())
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise DSparkLabError(
-        f"record() takes JSON-like values (numbers, strings, lists, dicts, frames); got "
-        f"{type(value).__name__}; convert it first"
-    )
-
-
 def record(name: str, value: Any) -> None:
     """Emit ``value`` under ``name`` as a display output that :func:`read_records` reads.
 
@@ -93,7 +68,7 @@ def record(name: str, value: Any) -> None:
 
     if not isinstance(name, str) or not _NAME.match(name):
         raise DSparkLabError(f"record name {name!r} is not an identifier-like string")
-    plain = _plain(value)
+    plain = plain_json(value)
     text = json.dumps(plain)
     if len(text) > 200:
         text = text[:197] + "..."

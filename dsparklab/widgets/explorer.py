@@ -20,16 +20,15 @@ drafted tokens to strip: pass ``annotated=None`` and the strip says so. A live v
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from dsparklab.errors import TraceSchemaError, UnknownMethodError
+from dsparklab.plain_json import plain_json
 from dsparklab.plots import (
     plot_acceptance_heatmap,
     plot_request_strip,
@@ -88,17 +87,7 @@ def widget_json(value: Any) -> Any:
             "data": [trace.to_plotly_json() for trace in value.data],
             "layout": value.layout.to_plotly_json(),
         }
-    if isinstance(value, dict):
-        return {k: widget_json(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [widget_json(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return plain_json(value, strict=False)
 
 
 def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:

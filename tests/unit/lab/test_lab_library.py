@@ -19,7 +19,6 @@ from dsparklab.lab.notebook import (
     MIMETYPE,
     RUNS_ENV,
     SHIPPED_ENV,
-    _plain,
     figure_json,
     front_end_attached,
     load_published,
@@ -29,6 +28,7 @@ from dsparklab.lab.notebook import (
     resolve_runs,
     shipped_traces,
 )
+from dsparklab.plain_json import plain_json
 from dsparklab.plots.style import (
     FALLBACK_COLORS,
     METHOD_COLORS,
@@ -165,10 +165,14 @@ def test_strip_marks_accepted_rejected_not_reached(small):
 
 def test_plain_values_and_read_records(tmp_path: Path):
     frame = pd.DataFrame({"a": [1, 2], "b": [0.5, np.nan]})
-    assert _plain(frame) == [{"a": 1, "b": 0.5}, {"a": 2, "b": None}]
-    assert _plain({"x": np.float32(1.5), "y": [np.int64(3)]}) == {"x": 1.5, "y": [3]}
+    assert plain_json(frame) == [{"a": 1, "b": 0.5}, {"a": 2, "b": None}]
+    assert plain_json({"x": np.float32(1.5), "y": [np.int64(3)]}) == {"x": 1.5, "y": [3]}
     with pytest.raises(DSparkLabError, match="JSON-like"):
-        _plain(object())
+        plain_json(object())
+    marker = object()  # the widget protocol passes what it does not know through
+    assert plain_json({"k": (np.inf, np.arange(2), marker)}, strict=False) == {
+        "k": [None, [0, 1], marker]
+    }
     nb = new_notebook(cells=[new_code_cell("x")])
     nb.cells[0].outputs = [
         new_output("display_data", data={MIMETYPE: {"name": "a", "value": 1}}),
