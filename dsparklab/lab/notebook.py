@@ -304,28 +304,13 @@ def load_runs(
         Keep only runs of these zoo tiers (``smol``, ``tiny``); token-level views use
         one tier, since token ids and prompt ids mean different things across tiers.
     """
-    from dsparklab.store import list_runs, read_trace
-
     roots = _roots(runs, shipped)
-    table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
-    keep = pd.Series(True, index=table.index)
-    if datasets:
-        keep &= table["dataset"].isin(list(datasets))
-    if tiers:
-        keep &= table["tier"].isin(list(tiers))
+    table = _run_table(roots)
+    keep = _matching(table, {"dataset": datasets, "tier": tiers})
     is_base = table["method"] == BASELINE_METHOD
-    chosen = keep & ~is_base
-    if methods:
-        chosen &= table["method"].isin(list(methods))
-    if n_values:
-        chosen &= table["n"].isin(list(n_values))
+    chosen = keep & ~is_base & _matching(table, {"method": methods, "n": n_values})
     if not chosen.any():
-        raise TraceSchemaError(
-            f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
-            f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}; available: "
-            f"{table[['tier', 'method', 'n', 'dataset']].drop_duplicates().to_dict('records')}",
-            path=roots[0],
-        )
+        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
     token = table["granularity"] == "token"
     if (chosen & ~token).any():
         other = table.loc[chosen & ~token]
@@ -339,16 +324,8 @@ def load_runs(
         logger.warning(message)
         chosen &= token
     selected = table.loc[chosen | (keep & is_base & baseline & token)]
-
-    def read(name: str, rows: pd.DataFrame) -> pd.DataFrame:
-        frames = [
-            read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
-            for root, group in rows.groupby("root", sort=False)
-        ]
-        return pd.concat(frames, ignore_index=True)
-
-    positions = read("positions", table.loc[chosen])
-    steps = read("steps", selected)
+    positions = _read_runs("positions", table.loc[chosen])
+    steps = _read_runs("steps", selected)
     selected = selected.reset_index(drop=True)
     frames = [positions, steps, selected]
     for frame in frames:
@@ -391,36 +368,60 @@ def load_any_runs(
     Unlike :func:`load_runs` it keeps runs without token-level rows (imported with
     ``dsparklab import`` or recorded by ``dsparklab watch``) and never adds baselines.
     """
-    from dsparklab.store import list_runs, read_trace
-
     roots = _roots(runs, shipped)
-    table = pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
-    keep = table["method"] != BASELINE_METHOD
-    for column, wanted in (
-        ("dataset", datasets),
-        ("method", methods),
-        ("n", n_values),
-        ("tier", tiers),
-    ):
-        if wanted:
-            keep &= table[column].isin(list(wanted))
+    table = _run_table(roots)
+    selection = {"dataset": datasets, "method": methods, "n": n_values, "tier": tiers}
+    keep = (table["method"] != BASELINE_METHOD) & _matching(table, selection)
     if not keep.any():
-        raise TraceSchemaError(
-            f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
-            f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}",
-            path=roots[0],
-        )
+        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
     selected = table.loc[keep].reset_index(drop=True)
 
-    def read(name: str) -> pd.DataFrame:
-        frames = [
-            read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
-            for root, group in selected.groupby("root", sort=False)
-        ]
-        return pd.concat(frames, ignore_index=True)
-
     names = ("positions", "steps", "counters", "totals", "calibration")
-    return AnyRuns(roots[0], selected, *(read(name) for name in names))
+    return AnyRuns(roots[0], selected, *(_read_runs(name, selected) for name in names))
+
+
+def _run_table(roots: Sequence[Path]) -> pd.DataFrame:
+    """Every run below ``roots`` (``list_runs``), with the root it was found under."""
+    from dsparklab.store import list_runs
+
+    return pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
+
+
+def _matching(table: pd.DataFrame, wanted: Mapping[str, Sequence[Any]]) -> pd.Series:
+    """Runs whose column values are among those wanted (an empty selection keeps all)."""
+    keep = pd.Series(True, index=table.index)
+    for column, values in wanted.items():
+        if values:
+            keep &= table[column].isin(list(values))
+    return keep
+
+
+def _nothing_matches(
+    roots: Sequence[Path],
+    table: pd.DataFrame,
+    datasets: Sequence[str],
+    methods: Sequence[str],
+    n_values: Sequence[int],
+    tiers: Sequence[str],
+) -> TraceSchemaError:
+    available = table[["tier", "method", "n", "dataset"]].drop_duplicates().to_dict("records")
+    return TraceSchemaError(
+        f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
+        f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}; available: "
+        f"{available}",
+        path=roots[0],
+    )
+
+
+def _read_runs(name: str, rows: pd.DataFrame) -> pd.DataFrame:
+    """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined)."""
+    from dsparklab.store import read_trace
+
+    frames = [
+        read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
+        for root, group in rows.groupby("root", sort=False)
+    ]
+    return pd.concat(frames, ignore_index=True)
 
 
 def load_published(path: str | Path | None = None) -> pd.DataFrame:
