@@ -22,7 +22,6 @@ from dsparklab.cli.common import (
     Overwrite,
     TargetModel,
     Tier,
-    tier_models,
 )
 from dsparklab.errors import ConfigError, UnknownMethodError
 
@@ -89,7 +88,7 @@ def collect(
     ] = None,
 ) -> None:
     """Decode prompt sets and record one trace run per (dataset, method, n)."""
-    from dsparklab.engines.layout import CollectOptions, parse_list, parse_ns
+    from dsparklab.engines.layout import CollectOptions, parse_list, parse_ns, tier_models
 
     serve_options = {"server_url": server_url, "tap_dir": tap_dir}
     given = [f"--{k.replace('_', '-')}" for k, v in serve_options.items() if v is not None]

@@ -38,11 +38,3 @@ ShippedDir = Annotated[
     typer.Option(help="Shipped traces read beside the runs (default: data/traces if present)."),
 ]
 Png = Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")]
-
-
-def tier_models(
-    tier: str, target: str | None, dspark: str | None, eagle3: str | None
-) -> dict[str, str]:
-    """The models a command runs: those named, else the tier's (``TIER-target``...)."""
-    named = {"target": target, "dspark": dspark, "eagle3": eagle3}
-    return {role: value or f"{tier}-{role}" for role, value in named.items()}

@@ -14,7 +14,6 @@ from dsparklab.cli.common import (
     Png,
     TargetModel,
     Tier,
-    tier_models,
 )
 
 
@@ -44,6 +43,7 @@ def demo(
 
     The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
     """
+    from dsparklab.engines.layout import tier_models
     from dsparklab.lab.notebook import DEFAULT_RUNS
     from dsparklab.report.demo import (
         DEMO_LIMIT,

@@ -74,6 +74,14 @@ def parse_list(text: str) -> list[str]:
     return list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
 
 
+def tier_models(
+    tier: str, target: str | None, dspark: str | None, eagle3: str | None
+) -> dict[str, str]:
+    """The models a collection runs: those named, else the tier's (``TIER-target``...)."""
+    named = {"target": target, "dspark": dspark, "eagle3": eagle3}
+    return {role: value or f"{tier}-{role}" for role, value in named.items()}
+
+
 def plan_runs(
     methods: Sequence[str],
     ns: Iterable[int],

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dsparklab.engines.layout import parse_list
+from dsparklab.engines.layout import parse_list, tier_models
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ReferenceEngine
@@ -47,7 +47,7 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> 
 
 def model_set(args: argparse.Namespace) -> ModelSet:
     """The models :func:`add_benchmark_arguments` names."""
-    name = {r: getattr(args, r) or f"{args.tier}-{r}" for r in ("target", "dspark", "eagle3")}
+    name = tier_models(args.tier, args.target, args.dspark, args.eagle3)
     return ModelSet(name["target"], {"dspark": name["dspark"], "eagle3": name["eagle3"]})
 
 
