@@ -3,13 +3,14 @@ fallback that shows the same figures when there is no front end (papermill, repo
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 
 
-class Dashboard:
+class Dashboard(ABC):
     """Base of the widget dashboards; subclasses build ``figures()`` and ``_build()``.
 
     ``figure_prefix`` names the static figures (``<prefix>_<figure>``) that
@@ -22,13 +23,15 @@ class Dashboard:
         self._widget: Any = None
         self.figure_widgets: dict[str, go.FigureWidget] = {}
 
+    @abstractmethod
     def figures(self) -> dict[str, go.Figure]:
-        raise NotImplementedError
+        """The dashboard's figures by name, as the static builders draw them."""
 
+    @abstractmethod
     def _build(self) -> Any:
-        raise NotImplementedError
+        """The ipywidgets box (controls and ``FigureWidget``s)."""
 
-    def _on_displayed(self) -> None:
+    def _on_displayed(self) -> None:  # noqa: B027 (an optional hook, empty by default)
         """Called once the interactive widget is on screen (the live view starts polling)."""
 
     @property

@@ -384,5 +384,3 @@ class Explorer(Dashboard):
             self.n.value = n  # -> _on_run_change redraws everything
         else:
             self.redraw(("strip",))
-
-    # -- output ------------------------------------------------------------------------
