@@ -56,7 +56,9 @@ from dsparklab.zoo.training.report import stage_json
 logger = logging.getLogger(__name__)
 
 STAGES = ("data", "dspark", "eagle3", "calibrate")
-DRAFTER_STAGES = ("dspark", "eagle3")
+# drafter stage -> the checkpoint it writes under the zoo
+DRAFTER_NAMES = {"dspark": DSPARK_NAME, "eagle3": EAGLE3_NAME}
+DRAFTER_STAGES = tuple(DRAFTER_NAMES)
 DISTILL_DIR = Path("data/distill/smol")
 
 
@@ -164,13 +166,12 @@ def train_stage(
         checkpoint_s=cfg.budget.checkpoint_minutes * 60.0,
         milestones=tuple(cfg.budget.curve_tokens),
     )
-    names = {"dspark": DSPARK_NAME, "eagle3": EAGLE3_NAME}
-    if stage not in names:
+    if stage not in DRAFTER_NAMES:
         raise ValueError(f"unknown drafter stage {stage!r}; valid: {', '.join(DRAFTER_STAGES)}")
     run = DrafterRun(
         data,
         target_dir,
-        zoo_dir / names[stage],
+        zoo_dir / DRAFTER_NAMES[stage],
         autocast_bf16=cfg.autocast_bf16,
         vocab=vocab,
         plan=plan,

@@ -96,7 +96,6 @@ class DistillConfig(FrozenConfig):
 class EvalConfig(DrafterEvalConfig):
     """The evaluation written on the cards (held-out prompts, offline acceptance)."""
 
-    gen_len: int = Field(default=128, description="greedy tokens per held-out prompt")
     humaneval_prompts: int | None = Field(
         default=None, description="HumanEval prompts used (None: all 164)"
     )
