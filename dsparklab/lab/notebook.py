@@ -168,9 +168,7 @@ def show(fig: Any, name: str, *, out_dir: str | Path = "") -> None:
     import plotly.io as pio
     from IPython.display import display
 
-    if not _NAME.match(name):
-        raise DSparkLabError(f"figure name {name!r} is not an identifier-like string")
-    fig.update_layout(meta={"dsparklab_figure": name})
+    _name_figure(fig, name)
     html = pio.to_html(
         fig,
         full_html=False,
@@ -184,20 +182,29 @@ def show(fig: Any, name: str, *, out_dir: str | Path = "") -> None:
         raw=True,
     )
     if out_dir:
-        save_figure(fig, name, out_dir=out_dir)
+        _write_figure(fig, name, out_dir)
 
 
 def save_figure(fig: Any, name: str, *, out_dir: str | Path) -> Path:
     """Write ``fig`` as ``<out_dir>/<name>.json``, where the report collects figures."""
-    import plotly.io as pio
+    _name_figure(fig, name)
+    return _write_figure(fig, name, out_dir)
 
+
+def _name_figure(fig: Any, name: str) -> None:
+    """Check the figure name and stamp it into the layout (the report finds it there)."""
     if not _NAME.match(name):
         raise DSparkLabError(f"figure name {name!r} is not an identifier-like string")
     fig.update_layout(meta={"dsparklab_figure": name})
-    target = Path(out_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    pio.write_json(fig, target / f"{name}.json")
-    return target / f"{name}.json"
+
+
+def _write_figure(fig: Any, name: str, out_dir: str | Path) -> Path:
+    import plotly.io as pio
+
+    path = Path(out_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pio.write_json(fig, path)
+    return path
 
 
 # -- inputs -------------------------------------------------------------------------
