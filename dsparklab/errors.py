@@ -44,6 +44,12 @@ def require_columns(frame: Any, columns: Iterable[str], *, what: str, hint: str)
             )
 
 
+class MissingInputError(DSparkLabError, ValueError):
+    """The runs lack what an analysis needs (a baseline, step timings, confidence scores,
+    Markov fields, a second window): nothing is wrong with them, that view just cannot be
+    computed. Notebook sections catch it and say so in one line (``%%section``)."""
+
+
 class UnknownMethodError(DSparkLabError, KeyError):
     """A name (method, metric, dataset...) that no registry knows."""
 

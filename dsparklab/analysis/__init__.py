@@ -58,6 +58,7 @@ from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, classify_token
 from dsparklab.analysis.window import (
     compute_window_scaling,
     count_step_times,
+    require_step_costs,
 )
 
 __all__ = [
@@ -100,4 +101,5 @@ __all__ = [
     "count_calibration",
     "count_step_times",
     "fit_speedup_model",
+    "require_step_costs",
 ]

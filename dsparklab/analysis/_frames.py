@@ -29,6 +29,19 @@ def require_columns(frame: pd.DataFrame, columns: Iterable[str], *, what: str) -
     errors.require_columns(frame, columns, what=what, hint=hint)
 
 
+NO_CONFIDENCE = "only DSpark drafters with a confidence head record one"
+NO_MARKOV = "only DSpark drafters with a Markov head record one"
+
+
+def require_values(frame: pd.DataFrame, column: str, *, what: str, why: str) -> None:
+    """Raise MissingInputError when ``column`` is absent or holds no value: the runs lack
+    this input (``why`` says which runs do), and ``what`` cannot be computed."""
+    if column not in frame.columns or not frame[column].notna().any():
+        methods = sorted(map(str, frame["method"].unique())) if "method" in frame else []
+        of = f" of {', '.join(methods)}" if methods else ""
+        raise errors.MissingInputError(f"{what} needs {column}, which the runs{of} lack ({why})")
+
+
 def with_default_run(frame: pd.DataFrame) -> pd.DataFrame:
     """A frame built by hand may lack ``run_id``: treat it as one run."""
     if "run_id" in frame.columns:

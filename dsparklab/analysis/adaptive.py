@@ -8,11 +8,13 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import (
+    NO_CONFIDENCE,
     UNIT_COLUMNS,
     as_columns,
     combined_codes,
     factorize,
     require_columns,
+    require_values,
     tidy,
 )
 from dsparklab.analysis._kernels import group_sums, step_codes
@@ -78,6 +80,7 @@ def compute_adaptive_verification(
     if len(taus) == 0:
         raise DSparkLabError("taus is empty; pass thresholds, e.g. np.linspace(0, 1, 21)")
     require_columns(positions, ["confidence"], what="compute_adaptive_verification")
+    require_values(positions, "confidence", what="adaptive verification", why=NO_CONFIDENCE)
     frame = annotate_positions(positions, steps=steps)
     require_columns(frame, by, what="compute_adaptive_verification")
     request_code, _ = combined_codes(frame, UNIT_COLUMNS)

@@ -23,11 +23,13 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import (
+    NO_CONFIDENCE,
     as_columns,
     combined_codes,
     factorize,
     group_key_frame,
     require_columns,
+    require_values,
     split_by_code,
     tidy,
 )
@@ -163,6 +165,7 @@ def count_calibration(
     by = as_columns(by)
     frame = annotate_positions(positions, steps=steps)
     require_columns(frame, [*by, "confidence"], what="count_calibration")
+    require_values(frame, "confidence", what="calibration", why=NO_CONFIDENCE)
     pieces = []
     for name in scores:
         score, keep = _score_rows(name)(frame)

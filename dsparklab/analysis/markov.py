@@ -23,7 +23,14 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from dsparklab.analysis._frames import as_columns, factorize, require_columns, tidy
+from dsparklab.analysis._frames import (
+    NO_MARKOV,
+    as_columns,
+    factorize,
+    require_columns,
+    require_values,
+    tidy,
+)
 from dsparklab.analysis._kernels import group_sums
 from dsparklab.analysis.prepare import annotate_positions
 from dsparklab.errors import DSparkLabError
@@ -33,6 +40,7 @@ MARKOV_COLUMNS = ("markov_flip", "markov_bias")
 
 def _markov_rows(positions: pd.DataFrame, steps: pd.DataFrame | None, by: tuple[str, ...]):
     require_columns(positions, MARKOV_COLUMNS, what="Markov attribution")
+    require_values(positions, "markov_flip", what="Markov attribution", why=NO_MARKOV)
     frame = annotate_positions(positions, steps=steps)
     require_columns(frame, by, what="Markov attribution")
     flip = frame["markov_flip"]

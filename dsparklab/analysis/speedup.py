@@ -21,7 +21,12 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, combined_codes, split_by_code
-from dsparklab.analysis.window import BASELINE_METHOD, MATCH_COLUMNS, compute_window_scaling
+from dsparklab.analysis.window import (
+    BASELINE_METHOD,
+    MATCH_COLUMNS,
+    compute_window_scaling,
+    require_step_costs,
+)
 from dsparklab.errors import UnknownMethodError
 
 # method -> drafter kind
@@ -200,6 +205,7 @@ def compute_speedup_model(
     if "method" not in fit_by:
         fit_by = ["method", *fit_by]
     kinds = DRAFTER_KINDS if kinds is None else kinds
+    require_step_costs(steps, baseline_method=baseline_method)
     params = fit_speedup_model(
         steps, fit_by=fit_by, baseline_method=baseline_method, match=match, kinds=kinds
     )

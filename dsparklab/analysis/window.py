@@ -30,7 +30,7 @@ from dsparklab.analysis._kernels import (
     percentile_interval,
 )
 from dsparklab.analysis.acceptance import compute_acceptance_length
-from dsparklab.errors import DSparkLabError
+from dsparklab.errors import DSparkLabError, MissingInputError
 
 logger = logging.getLogger(__name__)
 
@@ -64,25 +64,24 @@ def count_step_times(
     pandas.DataFrame
         Keys plus ``n_steps``, ``sum_tokens`` (emitted: ``accepted_len + 1``),
         ``sum_time`` (``draft_time_s + verify_time_s``; a null draft time counts 0),
-        ``sum_draft`` and ``sum_verify``. Steps without a verify time are left out.
+        ``sum_draft`` and ``sum_verify``; the time sums are NaN in a group holding a step
+        without a verify time.
     """
     by = as_columns(by)
     keys = list(dict.fromkeys([*by, "method", "n", *match]))
     if per_request:
         keys += [c for c in UNIT_COLUMNS if c not in keys]
     require_columns(steps, [*keys, "accepted_len", "verify_time_s"], what="count_step_times")
-    verify = steps["verify_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
-    timed = ~np.isnan(verify)
-    if not timed.all():
-        logger.info("%d of %d steps have no verify time; left out", (~timed).sum(), len(timed))
-    frame = steps.loc[timed]
-    verify = verify[timed]
+    frame = steps
+    # a step without a verify time (a vLLM run records the draft time only) makes its
+    # group's time sums NaN: tokens per step still count, speedup cannot
+    verify = frame["verify_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
     draft = (
         frame["draft_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
         if "draft_time_s" in frame
         else np.zeros(len(frame))
     )
-    draft = np.nan_to_num(draft, nan=0.0)
+    draft = np.where(np.isnan(verify), np.nan, np.nan_to_num(draft, nan=0.0))
     codes, sizes, uniques = factorize(frame, keys)
     cells, count, s = group_sums(
         codes,
@@ -117,6 +116,28 @@ def _baseline_rates(
             with np.errstate(invalid="ignore", divide="ignore"):
                 replicates[m] = sums[:, 0] / sums[:, 1]
     return keys, replicates
+
+
+def require_step_costs(steps: pd.DataFrame, *, baseline_method: str = BASELINE_METHOD) -> None:
+    """Raise :class:`~dsparklab.errors.MissingInputError` unless ``steps`` can give a
+    measured speedup: target-only baseline steps, and a verify time on every step of both
+    (decided from which columns are filled, whatever engine wrote them)."""
+    require_columns(steps, ["method", "verify_time_s"], what="require_step_costs")
+    is_base = steps["method"] == baseline_method
+    if not is_base.any():
+        raise MissingInputError(
+            f"no target-only baseline run (method {baseline_method!r}): a speedup is measured "
+            "against one; collect --method none on the same datasets"
+        )
+    for name, part in (("speculative", steps.loc[~is_base]), ("baseline", steps.loc[is_base])):
+        untimed = part["verify_time_s"].isna()
+        if len(part) and untimed.all():
+            engines = sorted(map(str, part["engine"].unique())) if "engine" in part else []
+            raise MissingInputError(
+                f"the {name} runs' steps carry no verify time (verify_time_s is empty"
+                f"{' in ' + ', '.join(engines) + ' runs' if engines else ''}): speedup needs "
+                "step timings"
+            )
 
 
 def compute_window_scaling(
@@ -186,7 +207,7 @@ def compute_window_scaling(
     base_keys, base_boot = _baseline_rates(counts.loc[is_base], match, n_boot, seed)
     method = counts.loc[~is_base].reset_index(drop=True)
     if method.empty:
-        raise DSparkLabError(
+        raise MissingInputError(
             f"no steps of a speculative method (all runs have method {baseline_method!r}); "
             "pass the method runs' steps too"
         )

@@ -35,6 +35,9 @@ NotebooksDir = Annotated[
 ]
 ShippedDir = Annotated[
     Path | None,
-    typer.Option(help="Shipped traces read beside the runs (default: data/traces if present)."),
+    typer.Option(
+        help="Demo traces read beside the runs (e.g. data/traces, the smol tier's shipped "
+        "runs); default: the runs alone."
+    ),
 ]
 Png = Annotated[bool, typer.Option(help="Static PNGs through kaleido + Chromium.")]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +23,7 @@ def lab(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1; 0 picks a free one.")] = 0,
     open_browser: Annotated[bool, typer.Option(help="Open a web browser.")] = False,
 ) -> None:
-    """Open JupyterLab on the notebooks; Ctrl-C stops it and its kernels."""
+    """Open JupyterLab on the notebooks; Ctrl-C, SIGTERM or SIGHUP stops it and its kernels."""
     from dsparklab.lab.notebook import resolve_runs, shipped_traces
     from dsparklab.lab.server import start_lab
 
@@ -39,8 +42,26 @@ def lab(
     typer.echo(f"JupyterLab on the runs in {runs_dir}:\n  {server.url('lab')}")
     typer.echo(f"(log: {server.log}; Ctrl-C to stop)")
     try:
-        server.process.wait()
+        with stop_on_signals(signal.SIGTERM, signal.SIGHUP):
+            server.process.wait()
     except KeyboardInterrupt:
         typer.echo("stopping JupyterLab")
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def stop_on_signals(*signals: signal.Signals) -> Iterator[None]:
+    """Within the block, these signals stop the command as Ctrl-C does (KeyboardInterrupt),
+    so a service manager's or a closed terminal's stop also stops JupyterLab's process
+    group; the previous handlers come back afterwards."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

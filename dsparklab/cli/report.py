@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,21 +11,60 @@ import typer
 
 from dsparklab.cli.common import NotebooksDir, Png, ShippedDir, fail
 
+_NOT_A_LITERAL = object()
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """``["N_BOOT=200", 'DATASETS=["prose"]']`` -> ``{"N_BOOT": 200, "DATASETS": ["prose"]}``.
 
-    Values are JSON when they parse as JSON, else strings.
+def _literal(text: str) -> Any:
+    """``text`` as JSON (``true``, ``null``, ``[1, 2]``) or as a Python literal (``True``,
+    ``None``, ``{'n': 3}``), as papermill users write either; else :data:`_NOT_A_LITERAL`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_A_LITERAL
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    if isinstance(default, list | tuple):
+        return isinstance(value, list | tuple)
+    return isinstance(value, type(default))
+
+
+def parse_params(items: list[str], declared: dict[str, Any]) -> dict[str, Any]:
+    """``["N_BOOT=200", "SHIPPED=False", 'DATASETS=["prose"]']`` -> typed values.
+
+    ``declared`` holds the notebooks' parameters with their defaults
+    (:func:`dsparklab.report.build.notebook_parameters`). A value is read as JSON or as a
+    Python literal and must be of its default's type; a string parameter also takes the
+    bare text (``RUNS=runs/mine``). An unknown name, or a value of the wrong type (such as
+    ``SHIPPED=no``), is refused with one line: never a silently truthy string.
     """
     params: dict[str, Any] = {}
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name.isidentifier():
             fail(f"--param {item!r}: expected NAME=VALUE, e.g. --param N_BOOT=200")
-        try:
-            params[name] = json.loads(text)
-        except json.JSONDecodeError:
-            params[name] = text
+        if name not in declared:
+            fail(f"--param {item!r}: no notebook takes {name}; they take {sorted(declared)}")
+        default = declared[name]
+        value = _literal(text)
+        if isinstance(default, str) and not isinstance(value, str):
+            value = text
+        if value is _NOT_A_LITERAL or not _same_kind(value, default):
+            fail(
+                f"--param {item!r}: {name} takes a {type(default).__name__} like its default "
+                f"{default!r}; write it as a JSON or Python literal, e.g. {name}={default!r}"
+            )
+        params[name] = value
     return params
 
 
@@ -56,10 +96,14 @@ def report(
 
     Figures are written inside the report, OUT/figures/<notebook>/<figure>.{json,html,png},
     so the report directory is self-contained (relative links, one shared plotly.min.js).
-    ``--param SHIPPED=false`` leaves the shipped traces out.
+    Only --runs is read: --shipped DIR (or --param SHIPPED=True, for data/traces) adds the
+    traces shipped with the lab. --param values are JSON or Python literals (True, None,
+    ["humaneval"]) of the parameter's type; anything else is refused.
     """
     from dsparklab.report import build_report
+    from dsparklab.report.build import discover_notebooks, notebook_parameters
 
+    declared = notebook_parameters(discover_notebooks(notebooks, notebook or None))
     result = build_report(
         runs,
         out,
@@ -67,7 +111,7 @@ def report(
         names=notebook or None,
         shipped=shipped,
         zoo_dir=zoo,
-        parameters=parse_params(param or []),
+        parameters=parse_params(param or [], declared),
         png=png,
         show_code=show_code,
     )

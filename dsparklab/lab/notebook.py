@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,10 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from dsparklab.errors import DSparkLabError, ProvenanceError, TraceSchemaError
+from dsparklab.errors import DSparkLabError, MissingInputError, ProvenanceError, TraceSchemaError
 from dsparklab.lab.resources import PUBLISHED_CURVES, PUBLISHED_SPEEDUPS, published_file
+from dsparklab.lab.sections import RECORD_NAME as SECTIONS_RECORD
+from dsparklab.lab.sections import SectionLog, run_section
 from dsparklab.plain_json import plain_json
 
 logger = logging.getLogger(__name__)
@@ -112,11 +114,30 @@ def front_end_attached() -> bool:
     return bool(getattr(kernel, "_allow_stdin", False))
 
 
+# the sections of this kernel's notebook (one notebook per kernel)
+_SECTIONS = SectionLog()
+
+
+def section_magic(line: str, cell: str) -> None:
+    """``%%section <title>``: run the cell; if the runs lack what it needs, one line says
+    so and the page goes on (see :mod:`dsparklab.lab.sections`)."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    before = list(_SECTIONS.not_computed)
+    message = run_section(line, cell, get_ipython().user_ns, _SECTIONS, show=display)
+    if message:
+        display({"text/markdown": f"*{message}*", "text/plain": message}, raw=True)
+    if _SECTIONS.not_computed != before:
+        record(SECTIONS_RECORD, _SECTIONS.not_computed)
+
+
 def setup(*, log_level: int = logging.WARNING) -> bool:
     """Theme, table display and figure rendering for a notebook; returns :func:`front_end_attached`.
 
     Headless, it embeds plotly.js once (so the exported HTML renders offline). With a
-    front end, figures render through JupyterLab's plotly mimetype renderer.
+    front end, figures render through JupyterLab's plotly mimetype renderer. It registers
+    the ``%%section`` cell magic (:func:`section_magic`).
     """
     import plotly.io as pio
     from IPython.display import display
@@ -124,6 +145,11 @@ def setup(*, log_level: int = logging.WARNING) -> bool:
     from dsparklab.plots.style import register_template
 
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.register_magic_function(section_magic, magic_kind="cell", magic_name="section")
     pio.templates.default = register_template()
     pio.renderers.default = "plotly_mimetype"
     pd.set_option("display.precision", 3)
@@ -265,12 +291,42 @@ class Runs:
     steps: pd.DataFrame
     runs: pd.DataFrame
 
-    def dataset_labels(self, datasets: Sequence[str]) -> list[str]:
-        """The ``dataset`` labels present for these plain dataset names, in tier order
-        (largest model first)."""
-        table = self.runs[self.runs["raw_dataset"].isin(list(datasets))]
+    def dataset_labels(self, datasets: Sequence[str] = ()) -> list[str]:
+        """The ``dataset`` labels present for these plain dataset names (empty: all), in
+        tier order (largest model first)."""
+        table = self.runs
+        if datasets:
+            table = table[table["raw_dataset"].isin(list(datasets))]
         ordered = table.sort_values(["tier", "raw_dataset"], key=_tier_order)
         return list(dict.fromkeys(ordered["dataset"]))
+
+    def only_datasets(self, datasets: Collection[str]) -> Runs:
+        """These runs restricted to the ``dataset`` labels given."""
+        wanted = list(datasets)
+        return Runs(
+            root=self.root,
+            positions=self.positions[self.positions["dataset"].isin(wanted)],
+            steps=self.steps[self.steps["dataset"].isin(wanted)],
+            runs=self.runs[self.runs["dataset"].isin(wanted)].reset_index(drop=True),
+        )
+
+    @property
+    def largest_n(self) -> int:
+        """The largest window among the method runs."""
+        return int(self.positions["n"].max())
+
+    def summary(self) -> pd.DataFrame:
+        """The runs in one line per (tier, engine, dataset, method): windows and status."""
+        table = self.runs.assign(n=self.runs["n"].astype(int))
+        return (
+            table.groupby(["tier", "engine", "dataset", "method"], sort=True)
+            .agg(
+                n=("n", lambda ns: " ".join(map(str, sorted(set(ns))))),
+                runs=("run_id", "size"),
+                status=("status", lambda st: ", ".join(sorted(set(map(str, st))))),
+            )
+            .reset_index()
+        )
 
 
 # Figures list the realistic tier first.
@@ -290,6 +346,7 @@ def load_runs(
     baseline: bool = True,
     shipped: bool = False,
     tiers: Sequence[str] = (),
+    single_tier: bool = False,
 ) -> Runs:
     """Read the positions and steps of the selected runs (empty selection = everything).
 
@@ -310,9 +367,21 @@ def load_runs(
     tiers
         Keep only runs of these zoo tiers (``smol``, ``tiny``); token-level views use
         one tier, since token ids and prompt ids mean different things across tiers.
+    single_tier
+        With no ``tiers`` given, keep the most realistic tier present (:data:`TIER_ORDER`,
+        then by name): for views that show tokens.
+
+    Raises
+    ------
+    MissingInputError
+        No token-level run matches the selection (the message lists what there is).
     """
     roots = _roots(runs, shipped)
     table = _run_table(roots)
+    if single_tier and not tiers:
+        token_tiers = table.loc[table["granularity"] == "token", "tier"].astype(str)
+        if len(token_tiers):
+            tiers = [min(token_tiers.unique(), key=lambda t: (TIER_ORDER.get(t, 99), t))]
     keep = _matching(table, {"dataset": datasets, "tier": tiers})
     is_base = table["method"] == BASELINE_METHOD
     chosen = keep & ~is_base & _matching(table, {"method": methods, "n": n_values})
@@ -327,7 +396,7 @@ def load_runs(
             "leave them out: notebooks/06_imported_and_live shows them"
         )
         if not (chosen & token).any():
-            raise TraceSchemaError(message, path=roots[0])
+            raise MissingInputError(message)
         logger.warning(message)
         chosen &= token
     selected = table.loc[chosen | (keep & is_base & baseline & token)]
@@ -341,6 +410,105 @@ def load_runs(
         for frame in frames:
             frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
     return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
+
+
+# the comparison a notebook makes when BASE and NEW are not given: the seeds' regression
+# (one method, its smallest against its largest window), Eagle3 first
+COMPARISON_PREFERENCE = ("eagle3", "dspark")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two run sets compared prompt by prompt (see :func:`load_comparison`)."""
+
+    base: Runs
+    new: Runs
+    base_selection: dict[str, Any]
+    new_selection: dict[str, Any]
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """``("eagle3 n=3", "eagle3 n=7")``: one label per side, from its selection."""
+        return (_selection_label(self.base_selection), _selection_label(self.new_selection))
+
+
+def _selection_label(selection: Mapping[str, Any]) -> str:
+    return " ".join(
+        f"n={value}" if key == "n" else str(value) if key == "method" else f"{key}={value}"
+        for key, value in selection.items()
+    )
+
+
+def default_comparison(table: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
+    """BASE and NEW from what the runs hold: one method's smallest against its largest
+    window (Eagle3 first, then DSpark, then any), else two methods at a shared window.
+
+    ``table`` lists token-level method runs (``method``, ``n``).
+    """
+    methods = sorted(
+        table["method"].unique(),
+        key=lambda m: (COMPARISON_PREFERENCE.index(m) if m in COMPARISON_PREFERENCE else 99, m),
+    )
+    for method in methods:
+        ns = sorted({int(n) for n in table.loc[table["method"] == method, "n"]})
+        if len(ns) > 1:
+            return {"method": method, "n": ns[0]}, {"method": method, "n": ns[-1]}
+    by_n = table.groupby("n")["method"].unique()
+    for n, present in sorted(by_n.items(), reverse=True):
+        ordered = [m for m in methods if m in set(present)]
+        if len(ordered) > 1:
+            return {"method": ordered[0], "n": int(n)}, {"method": ordered[1], "n": int(n)}
+    have = table[["method", "n"]].drop_duplicates().to_dict("records")
+    raise MissingInputError(
+        f"a comparison needs two run sets (one method at two windows, or two methods at one "
+        f"window); the runs hold {have}"
+    )
+
+
+def load_comparison(
+    runs: str | Path,
+    base: Mapping[str, Any] | None = None,
+    new: Mapping[str, Any] | None = None,
+    *,
+    datasets: Sequence[str] = (),
+    shipped: bool = False,
+    tiers: Sequence[str] = (),
+) -> Comparison:
+    """The two sides of a comparison, each read with :func:`load_runs` (no baselines).
+
+    Parameters
+    ----------
+    base, new
+        ``{"method": ..., "n": ...}`` selections; empty or None: :func:`default_comparison`
+        on the runs present.
+    datasets, shipped, tiers
+        As in :func:`load_runs`; one tier is kept (token ids are compared).
+    """
+    every = load_runs(runs, datasets=datasets, shipped=shipped, tiers=tiers, single_tier=True)
+    if not base or not new:
+        base, new = default_comparison(every.runs[every.runs["method"] != BASELINE_METHOD])
+    tier = sorted(set(every.runs["tier"].astype(str)))
+    sides = [
+        load_runs(
+            runs,
+            datasets=datasets,
+            methods=[side["method"]],
+            n_values=[side["n"]],
+            baseline=False,
+            shipped=shipped,
+            tiers=tier,
+        )
+        for side in (base, new)
+    ]
+    # prompts are paired within a dataset: keep the datasets both sides decoded
+    shared = set(sides[0].runs["dataset"]) & set(sides[1].runs["dataset"])
+    if not shared:
+        raise MissingInputError(
+            f"the two run sets share no dataset (base: {sorted(set(sides[0].runs['dataset']))}, "
+            f"new: {sorted(set(sides[1].runs['dataset']))}); prompts are compared within one"
+        )
+    both = [side.only_datasets(shared) for side in sides]
+    return Comparison(both[0], both[1], dict(base), dict(new))
 
 
 @dataclass(frozen=True)
@@ -410,13 +578,12 @@ def _nothing_matches(
     methods: Sequence[str],
     n_values: Sequence[int],
     tiers: Sequence[str],
-) -> TraceSchemaError:
+) -> MissingInputError:
     available = table[["tier", "method", "n", "dataset"]].drop_duplicates().to_dict("records")
-    return TraceSchemaError(
+    return MissingInputError(
         f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
         f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}; available: "
-        f"{available}",
-        path=roots[0],
+        f"{available}"
     )
 
 

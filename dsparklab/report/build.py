@@ -21,6 +21,7 @@ still run; :class:`ReportError` is raised at the end.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import logging
@@ -79,6 +80,23 @@ def discover_notebooks(
     if not found:
         raise DSparkLabError(f"no notebooks matching {NOTEBOOK_GLOB} in {notebooks_dir}")
     return found
+
+
+def notebook_parameters(notebooks: Sequence[Path]) -> dict[str, Any]:
+    """Every parameter the notebooks declare (their ``parameters`` cells), with its
+    default: ``{"N_BOOT": 1000, "SHIPPED": False, "DATASETS": [], ...}``.
+
+    A name declared twice keeps its first default (the notebooks agree on types)."""
+    declared: dict[str, Any] = {}
+    for path in notebooks:
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+        for cell in cells:
+            if "parameters" not in cell.get("metadata", {}).get("tags", []):
+                continue
+            for node in ast.parse("".join(cell["source"])).body:
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                    declared.setdefault(node.targets[0].id, ast.literal_eval(node.value))
+    return declared
 
 
 @contextlib.contextmanager
@@ -176,9 +194,10 @@ def build_report(
         Where the notebooks are (default: the ones shipped with the package), and which
         ones (stems; default every ``NN_*.ipynb``).
     shipped
-        The shipped traces read beside ``runs`` (default: :func:`dsparklab.lab.notebook.
-        shipped_traces`, ``data/traces`` when it exists); the ``SHIPPED`` parameter set to
-        false leaves them out.
+        Traces read beside ``runs`` (the demo passes the ones shipped in ``data/traces``).
+        None: only ``runs``, unless the ``SHIPPED`` parameter is True, which adds
+        :func:`dsparklab.lab.notebook.shipped_traces`. The notebooks get ``SHIPPED``
+        set to whether traces were added.
     zoo_dir
         The zoo whose cards give the findings' learning curves and calibration (default:
         :data:`dsparklab.zoo.ZOO_DIR`).
@@ -206,9 +225,15 @@ def build_report(
 
     start = time.perf_counter()
     runs_path = resolve_runs(runs)
-    traces = _directory(shipped, "shipped traces") if shipped is not None else shipped_traces()
-    if not dict(parameters or {}).get("SHIPPED", True):
-        traces = None
+    parameters = dict(parameters or {})
+    if shipped is None and parameters.get("SHIPPED") is True:
+        shipped = shipped_traces()
+        if shipped is None:
+            raise DSparkLabError(
+                "SHIPPED=True: no shipped traces at data/traces; name them with --shipped DIR"
+            )
+    traces = _directory(shipped, "shipped traces") if shipped is not None else None
+    parameters["SHIPPED"] = traces is not None
     roots = [runs_path]
     if traces is not None and not runs_path.is_relative_to(traces):
         roots.append(traces)

@@ -170,9 +170,12 @@ def run_demo(
     )
     collected = time.perf_counter()
     logger.info("demo runs ready in %.0f s (%s)", collected - start, runs)
+    from dsparklab.lab.notebook import shipped_traces
+
     report = build_report(
         runs,
         out,
+        shipped=shipped_traces(),
         parameters=dict(DEMO_PARAMETERS if parameters is None else parameters),
         png=png,
         progress=progress,

@@ -8,7 +8,7 @@ import pytest
 from analysis_synth import build_run, noisy_confidence
 
 from dsparklab.analysis import compute_adaptive_verification
-from dsparklab.errors import DSparkLabError
+from dsparklab.errors import DSparkLabError, MissingInputError
 
 
 def one_step_positions(accepted: list[bool], confidence: list[float]) -> pd.DataFrame:
@@ -48,9 +48,10 @@ def test_full_verification_at_tau_zero_and_monotone_in_tau():
     assert (table["tokens_per_step"] >= 1).all()
 
 
-def test_runs_without_confidence_are_left_out_and_empty_taus_refused():
+def test_runs_without_confidence_say_so_and_empty_taus_refused():
     eagle = build_run(method="eagle3", n=3, n_requests=4)
-    assert compute_adaptive_verification(eagle.positions).empty
+    with pytest.raises(MissingInputError, match="needs confidence, which the runs of eagle3 lack"):
+        compute_adaptive_verification(eagle.positions)
     with pytest.raises(DSparkLabError, match="taus is empty"):
         compute_adaptive_verification(eagle.positions, taus=[])
 
