@@ -47,9 +47,6 @@ from dsparklab.report.results import NotebookResult, ReportResult
 
 logger = logging.getLogger(__name__)
 
-# A notebook whose metadata holds {"dsparklab": {"granularity": "any"}} reads runs of any
-# granularity; the others need token-level runs (per drafted position).
-ANY_GRANULARITY = "any"
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 KERNEL_NAME = "python3"
 
@@ -164,6 +161,10 @@ def execute_notebook(
     if executed.is_file():
         result.n_plotly_outputs = _count_plotly_outputs(executed)
     result.figures = sorted(p.stem for p in figures_dir.glob("*.json"))
+    if executed.is_file():
+        from dsparklab.lab.notebook import SECTIONS_RECORD, read_records
+
+        result.not_computed = list(read_records(executed).get(SECTIONS_RECORD) or [])
     return result
 
 
@@ -242,22 +243,10 @@ def build_report(
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sources = discover_notebooks(notebooks_dir, names)
-    token_runs = _has_token_runs(roots)
     results = []
     bar = tqdm(sources, desc="notebooks", unit="nb", disable=not progress)
     for source in bar:
         bar.set_postfix_str(source.stem)
-        if not token_runs and _granularity(source) != ANY_GRANULARITY:
-            results.append(
-                NotebookResult(
-                    name=source.stem,
-                    source=source,
-                    executed=out / "notebooks" / source.name,
-                    skipped="the runs hold no token-level rows (imported or live runs); "
-                    "the notebooks marked for any granularity show them",
-                )
-            )
-            continue
         figures_dir = out / "figures" / source.stem
         for stale in figures_dir.glob("*"):
             stale.unlink()
@@ -319,25 +308,6 @@ def _directory(path: str | Path, what: str) -> Path:
     return found.resolve()
 
 
-def _granularity(notebook: Path) -> str:
-    """The run granularity a notebook reads (its metadata), ``"token"`` by default."""
-    meta = json.loads(notebook.read_text(encoding="utf-8")).get("metadata", {})
-    return str((meta.get("dsparklab") or {}).get("granularity", "token"))
-
-
-def _has_token_runs(roots: Sequence[Path]) -> bool:
-    from dsparklab.store import list_runs
-
-    for root in roots:
-        try:
-            table = list_runs(root)
-        except DSparkLabError:
-            continue
-        if "granularity" not in table or (table["granularity"] == "token").any():
-            return True
-    return False
-
-
 def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> None:
     from dsparklab.provenance import hash_path, provenance
     from dsparklab.store import write_json_atomic
@@ -354,7 +324,7 @@ def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> N
                 "name": nb.name,
                 "ok": nb.ok,
                 "error": nb.error,
-                "skipped": nb.skipped,
+                "not_computed": nb.not_computed,
                 "seconds": round(nb.seconds, 2),
                 "figures": nb.figures,
                 "html": nb.html.name if nb.html else None,

@@ -31,7 +31,8 @@ FINDINGS_FIGURES = "findings"
 class Findings:
     """Tables (as records) and notes for the index; empty when no run allows them."""
 
-    tier: str | None = None
+    run_sets: list[str] = field(default_factory=list)
+    acceptance: list[dict[str, Any]] = field(default_factory=list)
     window_table: list[dict[str, Any]] = field(default_factory=list)
     window_columns: list[str] = field(default_factory=list)
     answer: list[dict[str, Any]] = field(default_factory=list)
@@ -59,17 +60,35 @@ def _cards(runs: pd.DataFrame, zoo_dir: Path) -> dict[str, dict[str, Any]]:
     return cards
 
 
+def run_set_labels(runs: pd.DataFrame) -> pd.Series:
+    """run_id -> ``<tier>/<engine>`` (``tiny/vllm``, ``smol/reference``,
+    ``imported/deepspec``): findings are given per run set, whatever the runs are."""
+    label = runs["tier"].fillna("").astype(str) + "/" + runs["engine"].fillna("").astype(str)
+    return pd.Series(label.to_numpy(), index=runs["run_id"].astype(str))
+
+
+def _label(frame: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
+    if "run_id" not in frame.columns:
+        return frame.assign(run_set=pd.Series(dtype=str))
+    return frame.assign(run_set=frame["run_id"].astype(str).map(labels))
+
+
 def compute_findings(
     roots: list[Path], figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
 ) -> Findings:
     """Everything the index's findings section shows; figures saved to ``figures_dir``.
 
-    The most realistic tier present is used (smol before tiny). A missing part (no
-    baseline, no cards, no DSpark runs) leaves its table empty with a note saying why.
+    Computed on the runs under ``roots``, per run set (:func:`run_set_labels`), dataset,
+    method and n, whatever granularity each run has: acceptance by position and AL for
+    every run; AL(n) where a run set holds two windows of one method; speedup where it
+    also holds target-only baselines and step timings. A part the runs cannot give
+    leaves its table empty and adds one note saying why.
     """
-    from dsparklab.analysis import compute_speedup_model, compute_window_scaling
-    from dsparklab.analysis.findings import seeds_answer, speedup_trend
-    from dsparklab.lab.notebook import TIER_ORDER, load_published_curves, load_runs, save_figure
+    from dsparklab.analysis import (
+        compute_acceptance_by_position_any,
+        compute_acceptance_length_any,
+    )
+    from dsparklab.lab.notebook import load_any_runs, load_published_curves, save_figure
     from dsparklab.plots import plot_survival_curves
     from dsparklab.plots.training import plot_learning_curve
     from dsparklab.zoo import ZOO_DIR
@@ -78,67 +97,47 @@ def compute_findings(
     tables = []
     for root in roots:
         try:
-            tables.append(load_runs(root))
+            tables.append(load_any_runs(root))
         except DSparkLabError as err:
             findings.notes.append(f"{root}: {err}")
     if not tables:
         return findings
-    positions = pd.concat([t.positions for t in tables], ignore_index=True)
-    steps = pd.concat([t.steps for t in tables], ignore_index=True)
     runs = pd.concat([t.runs for t in tables], ignore_index=True)
-    tier = min(runs["tier"].astype(str).unique(), key=lambda t: TIER_ORDER.get(t, 99))
-    findings.tier = tier
-    positions = positions[positions["tier"] == tier]
-    steps = steps[steps["tier"] == tier]
-    runs = runs[runs["tier"] == tier]
-    for frame in (positions, steps):
-        frame["dataset"] = frame["raw_dataset"]
-
-    scaling = compute_window_scaling(
-        steps, positions=positions, by=("method", "dataset"), n_boot=n_boot
+    labels = run_set_labels(runs)
+    frames = {
+        name: _label(pd.concat([getattr(t, name) for t in tables], ignore_index=True), labels)
+        for name in ("positions", "steps", "counters", "totals")
+    }
+    findings.run_sets = sorted(set(labels))
+    by = ("run_set", "dataset", "method", "n")
+    lengths = compute_acceptance_length_any(
+        frames["positions"],
+        steps=frames["steps"],
+        counters=frames["counters"],
+        totals=frames["totals"],
+        by=by,
+        n_boot=n_boot,
     )
-    scaling = scaling[scaling["method"] != "none"]
-    if scaling["speedup"].isna().all():
-        findings.notes.append("no target-only baseline runs: speedups cannot be measured")
-    wide: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in scaling.sort_values(["dataset", "method", "n"]).to_dict("records"):
-        cell = wide.setdefault(
-            (row["dataset"], row["method"]), {"dataset": row["dataset"], "method": row["method"]}
-        )
-        n = int(row["n"])
-        cell[f"AL({n})"] = _interval(row["accept_len"], row["accept_len_lo"], row["accept_len_hi"])
-        cell[f"speedup({n})"] = _interval(row["speedup"], row["speedup_lo"], row["speedup_hi"], "x")
-    findings.window_table = list(wide.values())
-    ns = sorted({int(n) for n in scaling["n"]})
-    findings.window_columns = [
-        "dataset",
-        "method",
-        *[f"AL({n})" for n in ns],
-        *[f"speedup({n})" for n in ns],
-    ]
-    trend = speedup_trend(scaling)
-    findings.answer = seeds_answer(trend).to_dict("records")
+    by_position = compute_acceptance_by_position_any(
+        frames["positions"],
+        steps=frames["steps"],
+        counters=frames["counters"],
+        by=by,
+        n_boot=0,
+    )
+    findings.acceptance = _acceptance_rows(lengths, by_position)
+    _window_findings(findings, lengths, roots, n_boot)
 
-    if not scaling["speedup"].isna().all():
-        model = compute_speedup_model(steps, by=("method", "dataset"), n_boot=0)
-        gap = (model["speedup_model"] - model["speedup"]).abs()
-        findings.model_error = {
-            "max_abs_gap": float(gap.max()),
-            "max_relative_error": float(model["model_error"].abs().max()),
-        }
-
-    top = max(ns) if ns else None
-    if top is not None:
-        from dsparklab.analysis import compute_acceptance_by_position
-
-        by_position = compute_acceptance_by_position(
-            positions[positions["n"] == top], by=("method", "n", "dataset"), n_boot=n_boot
-        )
+    if len(by_position):
+        top = int(by_position["n"].max())
+        curves = by_position[by_position["n"] == top]
+        if curves["run_set"].nunique() > 1:
+            curves = curves.assign(dataset=curves["run_set"] + ": " + curves["dataset"])
         fig = plot_survival_curves(
-            by_position,
+            curves,
             n=top,
             published=load_published_curves(),
-            title=f"Survival by position at n = {top} ({tier} tier) beside published curves",
+            title=f"Survival by position at n = {top} beside published curves",
         )
         save_figure(fig, "survival_vs_published", out_dir=figures_dir)
 
@@ -179,3 +178,116 @@ def compute_findings(
                     }
                 )
     return findings
+
+
+def _acceptance_rows(lengths: pd.DataFrame, by_position: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per (run set, dataset, method, n): AL with its interval and definition, and
+    the survival s_i by position."""
+    keys = ["run_set", "dataset", "method", "n"]
+    survival = (
+        by_position.sort_values([*keys, "position"])
+        .groupby(keys, sort=True)["survival"]
+        .agg(lambda s: " ".join(f"{v:.2f}" for v in s))
+    )
+    rows = []
+    for row in lengths.sort_values(keys).to_dict("records"):
+        key = tuple(row[k] for k in keys)
+        rows.append(
+            {
+                "run set": row["run_set"],
+                "dataset": row["dataset"],
+                "method": row["method"],
+                "n": int(row["n"]),
+                "AL": _interval(row["accept_len"], row["accept_len_lo"], row["accept_len_hi"]),
+                "AL definition": row.get("definition", ""),
+                "survival by position": survival.get(key, ""),
+            }
+        )
+    return rows
+
+
+def _window_findings(
+    findings: Findings, lengths: pd.DataFrame, roots: list[Path], n_boot: int
+) -> None:
+    """AL(n) per (run set, dataset, method) with two windows or more; speedup(n), the
+    seeds' answer and the model's error where baselines and step timings exist."""
+    from dsparklab.analysis import compute_speedup_model, compute_window_scaling
+    from dsparklab.analysis.findings import seeds_answer, speedup_trend
+    from dsparklab.errors import MissingInputError
+    from dsparklab.lab.notebook import load_runs
+
+    keys = ["run_set", "dataset", "method"]
+    windows = lengths.groupby(keys)["n"].transform("nunique")
+    several = lengths[windows > 1]
+    if several.empty:
+        findings.notes.append(
+            "window scaling: every (run set, dataset, method) holds one window only; "
+            "collect a second n to see AL(n)"
+        )
+    wide: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in several.sort_values([*keys, "n"]).to_dict("records"):
+        cell = wide.setdefault(
+            (row["run_set"], row["dataset"], row["method"]),
+            {"run set": row["run_set"], "dataset": row["dataset"], "method": row["method"]},
+        )
+        cell[f"AL({int(row['n'])})"] = _interval(
+            row["accept_len"], row["accept_len_lo"], row["accept_len_hi"]
+        )
+    scalings, models = [], []
+    for root in roots:
+        try:
+            token = load_runs(root)
+        except MissingInputError:
+            continue
+        steps = _label(
+            token.steps.assign(dataset=token.steps["raw_dataset"]), run_set_labels(token.runs)
+        )
+        for run_set, part in steps.groupby("run_set", sort=True):
+            if (part["method"] != "none").sum() == 0:
+                continue
+            try:
+                models.append(
+                    compute_speedup_model(part, by=("run_set", "method", "dataset"), n_boot=0)
+                )
+            except MissingInputError as err:
+                findings.notes.append(f"{run_set}: speedup not measured: {err}")
+                continue
+            scalings.append(
+                compute_window_scaling(part, by=("run_set", "method", "dataset"), n_boot=n_boot)
+            )
+    ns = sorted({int(n) for n in several["n"]})
+    if scalings:
+        scaling = pd.concat(scalings, ignore_index=True)
+        scaling = scaling[scaling["method"] != "none"]
+        for row in scaling.sort_values([*keys, "n"]).to_dict("records"):
+            cell = wide.setdefault(
+                (row["run_set"], row["dataset"], row["method"]),
+                {"run set": row["run_set"], "dataset": row["dataset"], "method": row["method"]},
+            )
+            cell[f"speedup({int(row['n'])})"] = _interval(
+                row["speedup"], row["speedup_lo"], row["speedup_hi"], "x"
+            )
+        ns = sorted({*ns, *(int(n) for n in scaling["n"])})
+        labelled = scaling.assign(dataset=scaling["run_set"] + ": " + scaling["dataset"])
+        findings.answer = seeds_answer(speedup_trend(labelled)).to_dict("records")
+        model = pd.concat(models, ignore_index=True)
+        gap = (model["speedup_model"] - model["speedup"]).abs()
+        findings.model_error = {
+            "max_abs_gap": float(gap.max()),
+            "max_relative_error": float(model["model_error"].abs().max()),
+        }
+    if not findings.answer:
+        findings.notes.append(
+            "the seeds' question (does DSpark's speedup rise from the smallest to the largest "
+            "window while Eagle3's does not?) needs both methods' speedups at two windows "
+            "on one dataset; these runs do not hold them"
+        )
+    findings.window_table = list(wide.values())
+    columns = {c for row in wide.values() for c in row}
+    findings.window_columns = [
+        "run set",
+        "dataset",
+        "method",
+        *[f"AL({n})" for n in ns if f"AL({n})" in columns],
+        *[f"speedup({n})" for n in ns if f"speedup({n})" in columns],
+    ]

@@ -43,8 +43,16 @@ git {{ git_sha }}{% if git_dirty %} (dirty){% endif %}</p>
 {% if failed %}<p class="note">{{ failed }} notebook(s) failed: open them below for the
 traceback.</p>{% endif %}
 
-<h2 id="findings">Findings{% if f.tier %} ({{ f.tier }} tier){% endif %}</h2>
+<h2 id="findings">Findings{% if f.run_sets %} ({{ f.run_sets|join(", ") }}){% endif %}</h2>
 {% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}
+{% if f.acceptance %}
+<p>Acceptance per run set (tier/engine), dataset, method and window n: AL with its 95 %
+interval where per-request counts exist, and the survival s_i by drafted position:</p>
+<table id="acceptance">
+<tr>{% for c in f.acceptance[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.acceptance %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% endif %}
 {% if f.answer %}
 <p><b>The seeds' question</b>: Novita reports that from n = 3 to n = 7 DSpark's speedup
 rises while Eagle3's stays flat or falls. Measured here (a trend counts only when the 95 %
@@ -108,9 +116,11 @@ reached), before and after sequential temperature scaling:</p>
 {% for nb in notebooks %}
 <tr><td>{% if nb.html %}<a href="{{ nb.html }}">{{ nb.name }}</a>{% else %}{{ nb.name }}
 {% endif %}</td>
-{% if nb.skipped %}<td>skipped: {{ nb.skipped }}</td>{% else %}
-<td class="{{ 'ok' if nb.ok else 'failed' }}">{{ 'ok' if nb.ok else 'failed: ' ~ nb.error }}</td>
-{% endif %}
+<td><span class="{{ 'ok' if nb.ok else 'failed' }}">
+{{- 'ok' if nb.ok else 'failed: ' ~ nb.error }}</span>
+{% if nb.not_computed %}<details class="not-computed"><summary>{{ nb.not_computed|length }}
+section(s) not computed</summary><ul>{% for s in nb.not_computed %}
+<li>{{ s.section }}: {{ s.reason }}</li>{% endfor %}</ul></details>{% endif %}</td>
 <td>{{ "%.1f"|format(nb.seconds) }} s</td><td>{{ nb.n_figures }}</td>
 <td>{% if nb.executed %}<a href="{{ nb.executed }}">.ipynb</a>{% endif %}</td></tr>
 {% endfor %}
@@ -225,7 +235,7 @@ def write_index(
             "seconds": nb.seconds,
             "html": rel(nb.html) if nb.html else None,
             "executed": rel(nb.executed) if nb.executed.is_file() else None,
-            "skipped": nb.skipped,
+            "not_computed": nb.not_computed,
             "n_figures": nb.n_plotly_outputs,
         }
         for nb in report.notebooks

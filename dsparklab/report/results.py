@@ -20,7 +20,8 @@ class NotebookResult:
     error: str | None = None
     figures: list[str] = field(default_factory=list)
     n_plotly_outputs: int = 0
-    skipped: str | None = None  # why the notebook was not run (not a failure)
+    # sections the runs lacked the inputs for: {"section", "reason"} (not failures)
+    not_computed: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
