@@ -465,6 +465,27 @@ def default_comparison(table: pd.DataFrame) -> tuple[dict[str, Any], dict[str, A
     )
 
 
+def _choose_comparison(
+    methods: pd.DataFrame, base: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """BASE, NEW and the one tier they are read from: the most realistic tier holding BASE,
+    or, with no BASE and NEW given, the most realistic one that holds a comparison."""
+    by_tier = sorted(methods["tier"].astype(str).unique(), key=lambda t: (TIER_ORDER.get(t, 99), t))
+    if base and new:
+        wanted = {key: [value] for key, value in base.items()}
+        held = [t for t in by_tier if _matching(methods[methods["tier"] == t], wanted).any()]
+        return dict(base), dict(new), held[:1]
+    problem = MissingInputError("no runs to compare")
+    for tier in by_tier:
+        try:
+            chosen = default_comparison(methods[methods["tier"] == tier])
+        except MissingInputError as err:
+            problem = err
+            continue
+        return chosen[0], chosen[1], [tier]
+    raise problem
+
+
 def load_comparison(
     runs: str | Path,
     base: Mapping[str, Any] | None = None,
@@ -484,10 +505,8 @@ def load_comparison(
     datasets, shipped, tiers
         As in :func:`load_runs`; one tier is kept (token ids are compared).
     """
-    every = load_runs(runs, datasets=datasets, shipped=shipped, tiers=tiers, single_tier=True)
-    if not base or not new:
-        base, new = default_comparison(every.runs[every.runs["method"] != BASELINE_METHOD])
-    tier = sorted(set(every.runs["tier"].astype(str)))
+    every = load_runs(runs, datasets=datasets, shipped=shipped, tiers=tiers, baseline=False)
+    base, new, tier = _choose_comparison(every.runs, base, new)
     sides = [
         load_runs(
             runs,
@@ -496,7 +515,7 @@ def load_comparison(
             n_values=[side["n"]],
             baseline=False,
             shipped=shipped,
-            tiers=tier,
+            tiers=tier or tiers,
         )
         for side in (base, new)
     ]
@@ -508,7 +527,7 @@ def load_comparison(
             f"new: {sorted(set(sides[1].runs['dataset']))}); prompts are compared within one"
         )
     both = [side.only_datasets(shared) for side in sides]
-    return Comparison(both[0], both[1], dict(base), dict(new))
+    return Comparison(both[0], both[1], base, new)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,13 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from dsparklab import analysis as A
 from dsparklab import plots as P
-from dsparklab.errors import ConfigError, DSparkLabError, TraceSchemaError, UnknownMethodError
+from dsparklab.errors import (
+    ConfigError,
+    DSparkLabError,
+    MissingInputError,
+    TraceSchemaError,
+    UnknownMethodError,
+)
 from dsparklab.lab.notebook import (
     MIMETYPE,
     RUNS_ENV,
@@ -223,7 +229,7 @@ def test_load_runs_errors_and_token_text(tmp_path: Path):
     run = write_synthetic_run(
         tmp_path, method="dspark", n=3, dataset="prose", n_requests=1, tokens_per_request=8
     )
-    with pytest.raises(TraceSchemaError, match="no runs under"):
+    with pytest.raises(MissingInputError, match="no runs under"):
         load_runs(tmp_path, methods=["eagle3"])
     runs = load_runs(tmp_path)
     assert load_token_text(runs) is str, "no tokenizer.json at the synthetic target path"
@@ -251,7 +257,7 @@ def test_shipped_runs_join_labelled_by_tier(tmp_path: Path, monkeypatch: pytest.
     assert set(base["dataset"]) == {"tiny/humaneval", "smol/humaneval"}
     one = load_runs(demo, shipped=True, tiers=["smol"])
     assert set(one.positions["dataset"]) == {"humaneval", "instruct"}, "one tier: plain names"
-    with pytest.raises(TraceSchemaError, match="tiers=\\['large'\\]"):
+    with pytest.raises(MissingInputError, match="tiers=\\['large'\\]"):
         load_runs(demo, shipped=True, tiers=["large"])
 
 

@@ -1,0 +1,123 @@
+"""The lab on the runs a user brings: sections that say what they cannot compute, typed
+--param values, comparisons and tiers chosen from the data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from typer.testing import CliRunner
+
+from dsparklab.cli.app import app
+from dsparklab.cli.report import parse_params
+from dsparklab.errors import MissingInputError
+from dsparklab.lab import notebook as nb
+from dsparklab.lab.notebook import default_comparison, load_comparison, load_runs
+from dsparklab.lab.sections import SectionLog, run_section
+from dsparklab.report.build import discover_notebooks, notebook_parameters
+from tests.notebooks.lab_synth import write_synthetic_run
+
+DECLARED = notebook_parameters(discover_notebooks())
+
+
+def _missing(what: str):
+    raise MissingInputError(what)
+
+
+def test_a_section_without_its_input_says_why_and_its_dependents_follow():
+    shown: list[object] = []
+    log, space = SectionLog(), {"missing": _missing, "kept": 1}
+    assert run_section("One", "x = 2\nx + 1", space, log, show=shown.append) is None
+    assert shown == [3] and space["x"] == 2
+    line = run_section(
+        "Speedup", "kept = 5\nmodel = missing('no baseline')", space, log, show=shown.append
+    )
+    assert line == "Speedup: not computed: no baseline"
+    assert space["kept"] == 1, "a name the skipped section rebound is restored"
+    assert "model" not in space
+    line = run_section("Costs", "y = model + 1", space, log, show=shown.append)
+    assert line == "Costs: not computed: needs `model`, which section 'Speedup' did not compute"
+    assert [s["section"] for s in log.not_computed] == ["Speedup", "Costs"]
+    with pytest.raises(ZeroDivisionError):  # a real error is not swallowed
+        run_section("Broken", "1 / 0", space, log, show=shown.append)
+    # the input arrives: the section computes and leaves the list
+    assert run_section("Speedup", "model = 7", space, log, show=shown.append) is None
+    assert [s["section"] for s in log.not_computed] == ["Costs"]
+
+
+def test_section_magic_in_a_real_kernel_shell_records_what_it_skipped(tmp_path: Path):
+    shell = InteractiveShell.instance()
+    try:
+        nb.setup()
+        result = shell.run_cell(
+            "%%section Lonely\nfrom dsparklab.errors import MissingInputError\n"
+            "raise MissingInputError('nothing to see')"
+        )
+        assert result.success, "a missing input is not a cell error"
+        assert nb._SECTIONS.not_computed[-1] == {"section": "Lonely", "reason": "nothing to see"}
+        assert not shell.run_cell("%%section Bad\nraise ValueError('real')").success
+    finally:
+        InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize(
+    ("item", "value"),
+    [
+        ("SHIPPED=False", False),
+        ("SHIPPED=false", False),
+        ("SHIPPED=True", True),
+        ("N_BOOT=200", 200),
+        ("REFRESH_SECONDS=2", 2),
+        ('DATASETS=["humaneval"]', ["humaneval"]),
+        ("DATASETS=['humaneval']", ["humaneval"]),
+        ("BASE={'method': 'eagle3', 'n': 3}", {"method": "eagle3", "n": 3}),
+        ("RUNS=runs/mine", "runs/mine"),
+        ("LIVE_RUN=123", "123"),
+    ],
+)
+def test_param_spellings_users_type(item: str, value: object):
+    name = item.split("=", 1)[0]
+    assert parse_params([item], DECLARED) == {name: value}
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("SHIPPED=no", "SHIPPED takes a bool like its default False"),
+        ("SHIPPED=1", "SHIPPED takes a bool"),
+        ("N_BOOT=many", "N_BOOT takes a int"),
+        ("DATASETS=humaneval", "DATASETS takes a list"),
+        ("NO_SUCH=1", "no notebook takes NO_SUCH"),
+        ("=1", "expected NAME=VALUE"),
+    ],
+)
+def test_unknown_param_spellings_are_refused_in_one_line(item: str, message: str, tmp_path: Path):
+    result = CliRunner().invoke(
+        app, ["report", "--runs", str(tmp_path), "--out", str(tmp_path / "r"), "--param", item]
+    )
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_comparison_and_tier_come_from_the_runs(tmp_path: Path):
+    for method, n in (("dspark", 7), ("eagle3", 3), ("eagle3", 5)):
+        write_synthetic_run(tmp_path, method=method, n=n, dataset="prose", tier="tiny")
+    write_synthetic_run(tmp_path, method="dspark", n=7, dataset="humaneval", tier="smol")
+    pair = load_comparison(tmp_path)
+    assert pair.labels == ("eagle3 n=3", "eagle3 n=5"), "one method's windows, Eagle3 first"
+    assert set(pair.base.runs["tier"]) == {"tiny"}, "the tier holding the comparison"
+    smol = load_runs(tmp_path, single_tier=True)
+    assert set(smol.runs["tier"]) == {"smol"}, "single_tier keeps the most realistic tier"
+    assert smol.largest_n == 7 and smol.summary()["n"].tolist() == ["7"]
+    # two methods at one window, when no method has two
+    table = pd.DataFrame({"method": ["dspark", "eagle3"], "n": [7, 7]})
+    assert default_comparison(table) == ({"method": "eagle3", "n": 7}, {"method": "dspark", "n": 7})
+    with pytest.raises(MissingInputError, match="needs two run sets"):
+        default_comparison(smol.runs)
+    other = tmp_path / "other"
+    write_synthetic_run(other, method="eagle3", n=3, dataset="prose", tier="tiny")
+    write_synthetic_run(other, method="eagle3", n=7, dataset="humaneval", tier="tiny")
+    with pytest.raises(MissingInputError, match="share no dataset"):
+        load_comparison(other)
