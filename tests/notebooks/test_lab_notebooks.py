@@ -68,6 +68,8 @@ def test_every_notebook_is_in_the_report(report: ReportResult, notebooks: dict[s
     assert sorted(notebooks) == sorted(EXPECTED_NOTEBOOKS)
     assert [nb.name for nb in report.notebooks] == sorted(notebooks)
     assert all(nb.ok for nb in report.notebooks), [nb.error for nb in report.notebooks]
+    # the full tiny run set holds every input: no section goes uncomputed
+    assert [nb.not_computed for nb in report.notebooks] == [[]] * len(report.notebooks)
 
 
 @pytest.mark.parametrize("name", EXPECTED_NOTEBOOKS)
@@ -84,21 +86,25 @@ def test_notebook_runs_clean(report: ReportResult, name: str):
 
 @pytest.mark.parametrize("name", EXPECTED_NOTEBOOKS)
 def test_notebook_is_thin(notebooks: dict[str, Path], name: str):
-    """STYLE: H1 title, setup, one parameters cell of UPPER_CASE literals, recorded values
-    last; no def, no loops, short cells."""
+    """STYLE: H1 title, setup, one parameters cell of UPPER_CASE literals, then only
+    ``%%section`` cells (each records the values it computes, so a section the runs cannot
+    give leaves the others' records); no def, no loops, short cells."""
     nb = nbformat.read(notebooks[name], as_version=4)
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     headings = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
-    assert headings[1] == "## 0 Setup" and "## Recorded values" in headings
-    (params,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert headings[1] == "## 0 Setup"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    (params,) = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     for node in ast.parse(params.source).body:
         assert isinstance(node, ast.Assign) and len(node.targets) == 1
         assert node.targets[0].id.isupper()
         ast.literal_eval(node.value)
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        tree = ast.parse(cell.source)
+    sections = code[code.index(params) + 1 :]
+    assert sections and all(c.source.startswith("%%section ") for c in sections)
+    assert any("nb.record(" in c.source for c in sections)
+    for cell in code:
+        body = cell.source.split("\n", 1)[1] if cell.source.startswith("%%") else cell.source
+        tree = ast.parse(body)
         statement_lines = sum(
             n.end_lineno - n.lineno + 1
             for n in tree.body
@@ -203,13 +209,12 @@ def test_markov_attribution_records(report: ReportResult, tables):
 
 
 def test_regression_diagnosis_records(report: ReportResult, runs_dir: Path):
+    """With BASE and NEW left empty, the runs decide: Eagle3 at its smallest window
+    against its largest, on every dataset both hold."""
     records = read_records(executed(report, "05_regression_diagnosis"))
-    base = load_runs(
-        runs_dir, datasets=["humaneval"], methods=["eagle3"], n_values=[3], baseline=False
-    )
-    new = load_runs(
-        runs_dir, datasets=["humaneval"], methods=["eagle3"], n_values=[7], baseline=False
-    )
+    assert records["comparison"] == ["eagle3 n=3", "eagle3 n=7"]
+    base = load_runs(runs_dir, methods=["eagle3"], n_values=[3], baseline=False)
+    new = load_runs(runs_dir, methods=["eagle3"], n_values=[7], baseline=False)
     sides = dict(base_steps=base.steps, new_steps=new.steps, n_boot=0)
     overall = A.compute_regression_diff(base.positions, new.positions, **sides)
     assert_frame_matches(records["accept_len_delta"], overall, ["dataset"], "delta")

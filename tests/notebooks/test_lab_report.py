@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -160,7 +161,8 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
 
     index = report.index.read_text(encoding="utf-8")
     assert index.index('id="findings"') < index.index("<h2>Notebooks</h2>")
-    assert "Findings (tiny tier)" in index and 'id="seeds-answer"' in index
+    assert "Findings (tiny/reference)" in index and 'id="seeds-answer"' in index
+    assert 'id="acceptance"' in index and "section(s) not computed" not in index
     runs = load_runs(report.runs)
     scaling = compute_window_scaling(runs.steps, by=("method", "dataset"), n_boot=0)
     for row in scaling[scaling["method"] != "none"].to_dict("records"):
@@ -169,30 +171,75 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
     assert "published: " in page.read_text(encoding="utf-8")
 
 
-def test_report_on_imported_runs_only_skips_the_token_notebooks(tmp_path: Path):
-    """`dsparklab import` output alone: the token-level notebooks are skipped with the
-    reason, the imported/live notebook runs, nothing fails."""
+def _import_fixture_runs(runs: Path) -> None:
+    """`dsparklab import` of the committed vLLM Prometheus and DeepSpec fixtures into runs."""
+    fixtures = Path(__file__).resolve().parents[1] / "unit" / "importers" / "fixtures"
+    before, after = fixtures / "vllm_metrics_before.prom", fixtures / "vllm_metrics_after.prom"
+    for command in (
+        ["import", "vllm-metrics", str(before), str(after), "--out", str(runs)],
+        ["import", "deepspec", str(fixtures / "deepspec_metrics.json"), "--out", str(runs)],
+    ):
+        made = CliRunner().invoke(app, command)
+        assert made.exit_code == 0, made.output
+
+
+def _findings_text(index: str) -> str:
+    """The findings section of an index as plain text."""
+    part = index[index.index('id="findings"') : index.index("<h2>Notebooks</h2>")]
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", part)))
+
+
+def test_report_on_imported_runs_only(tmp_path: Path):
+    """`dsparklab import` output alone: every notebook runs; the token-level sections say
+    in one line that the runs hold no token-level rows; the findings are about the
+    imported runs."""
     from dsparklab.errors import DSparkLabError
 
-    fixtures = Path(__file__).resolve().parents[1] / "unit" / "importers" / "fixtures"
     runs = tmp_path / "runs"
-    before, after = fixtures / "vllm_metrics_before.prom", fixtures / "vllm_metrics_after.prom"
-    made = CliRunner().invoke(
-        app, ["import", "vllm-metrics", str(before), str(after), "--out", str(runs)]
-    )
-    assert made.exit_code == 0, made.output
-    report = build_report(
-        runs, tmp_path / "r", parameters={"SHIPPED": False}, png=False, progress=False
-    )
-    status = {
-        nb.name: ("skipped" if nb.skipped else "ok" if nb.ok else "failed")
-        for nb in report.notebooks
-    }
-    assert status.pop("06_imported_and_live") == "ok"
-    assert set(status.values()) == {"skipped"}
+    _import_fixture_runs(runs)
+    report = build_report(runs, tmp_path / "r", png=False, progress=False)
+    assert all(nb.ok for nb in report.notebooks), [nb.error for nb in report.notebooks]
+    by_name = {nb.name: nb for nb in report.notebooks}
+    assert by_name["06_imported_and_live"].figures, "the imported view draws them"
+    for name in ("00_explorer", "02_window_scaling", "05_regression_diagnosis"):
+        first = by_name[name].not_computed[0]
+        assert "no token-level rows" in first["reason"] or "no runs under" in first["reason"]
     index = report.index.read_text(encoding="utf-8")
-    assert "skipped: the runs hold no token-level rows" in index
+    assert "section(s) not computed" in index
+    findings = _findings_text(index)
+    assert "Findings (imported/deepspec, imported/vllm)" in findings
+    assert "imported/deepspec gsm8k unknown 7" in findings, "acceptance of the imported run"
+    assert "holds one window only" in findings and "seeds' question" in findings
     # in a notebook cell a dsparklab error shows as its one line, not a traceback
     assert DSparkLabError("file x: field y: bad")._render_traceback_() == [
         "DSparkLabError: file x: field y: bad"
     ]
+
+
+def test_report_on_a_mixed_store_without_baselines(runs_dir: Path, tmp_path: Path):
+    """Imported runs beside Eagle3 token runs with no baseline, no confidence and no
+    Markov fields: the report exits clean; what cannot be computed says why."""
+    import shutil
+
+    from dsparklab.store import list_runs
+
+    runs = tmp_path / "runs"
+    for path in list_runs(runs_dir)["path"]:
+        if "eagle3" in Path(path).name:
+            shutil.copytree(path, runs / Path(path).relative_to(runs_dir))
+    _import_fixture_runs(runs)
+    result = CliRunner().invoke(
+        app, ["report", "--runs", str(runs), "--out", str(tmp_path / "r"), "--no-png",
+              "--param", "N_BOOT=20"]
+    )
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "r" / "report.json").read_text())
+    skipped = {nb["name"]: [s["section"] for s in nb["not_computed"]] for nb in meta["notebooks"]}
+    assert "Speedup" in skipped["02_window_scaling"]
+    assert "ECE, Brier, AUROC" in skipped["03_confidence_calibration"]
+    assert "Flip rates" in skipped["04_markov_attribution"]
+    assert skipped["05_regression_diagnosis"] == [], "Eagle3 n=3 against n=7"
+    findings = _findings_text((tmp_path / "r" / "index.html").read_text(encoding="utf-8"))
+    assert "tiny/reference: speedup not measured: no target-only baseline run" in findings
+    assert "AL(3)" in findings and "AL(7)" in findings, "window scaling: two windows"
+    assert "imported/vllm" in findings
