@@ -132,24 +132,11 @@ def _isolate_lab_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "lab-workspaces"))
 
 
-def _only_the_test_runs(notebook: Path) -> None:
-    """Point the copy's parameters at the test's runs alone (not the shipped traces)."""
-    nb = json.loads(notebook.read_text())
-    (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
-    source = "".join(cell["source"])
-    for name, value in (("SHIPPED", "False"), ("TIERS", "[]")):
-        line = next(x for x in source.splitlines() if x.startswith(f"{name} ="))
-        source = source.replace(line, f"{name} = {value}")
-    cell["source"] = source
-    notebook.write_text(json.dumps(nb))
-
-
 def test_jupyterlab_explorer_follows_the_n_slider(
     browser, runs_dir: Path, tmp_path: Path, screenshots: Path, monkeypatch: pytest.MonkeyPatch
 ):
     root = tmp_path / "notebooks"  # a copy: autosave never touches the repository's notebooks
     shutil.copytree(notebooks_dir(), root)
-    _only_the_test_runs(root / "00_explorer.ipynb")
     _isolate_lab_settings(tmp_path, monkeypatch)
     server = start_lab(runs_dir, root_dir=root, expose_app=True, log=tmp_path / "lab.log")
     kernels: list[str] = []
