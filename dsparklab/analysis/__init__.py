@@ -27,6 +27,7 @@ from dsparklab.analysis.aggregate import (
     count_acceptance_any,
     count_acceptance_from_counters,
 )
+from dsparklab.analysis.attribution import COMPONENTS, compute_speedup_attribution
 from dsparklab.analysis.calibration import (
     SCORES,
     calibrate_confidence,
@@ -63,6 +64,7 @@ from dsparklab.analysis.window import (
 
 __all__ = [
     "ANALYSES",
+    "COMPONENTS",
     "DRAFTER_KINDS",
     "KEYWORDS",
     "SCORES",
@@ -89,6 +91,7 @@ __all__ = [
     "compute_rate_acceptance",
     "compute_regression_diff",
     "compute_reliability",
+    "compute_speedup_attribution",
     "compute_speedup_model",
     "compute_token_class_acceptance",
     "compute_token_class_diff",

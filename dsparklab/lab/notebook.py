@@ -347,6 +347,7 @@ def load_runs(
     shipped: bool = False,
     tiers: Sequence[str] = (),
     single_tier: bool = False,
+    selection: Mapping[str, Any] | None = None,
 ) -> Runs:
     """Read the positions and steps of the selected runs (empty selection = everything).
 
@@ -370,6 +371,10 @@ def load_runs(
     single_tier
         With no ``tiers`` given, keep the most realistic tier present (:data:`TIER_ORDER`,
         then by name): for views that show tokens.
+    selection
+        Keep only method runs whose run.json matches (:func:`dsparklab.store.
+        matches_selection`): run columns or dotted fields, e.g. ``{"drafter.content_hash":
+        "3f2a", "engine.version": "0.32.0"}``.
 
     Raises
     ------
@@ -385,8 +390,10 @@ def load_runs(
     keep = _matching(table, {"dataset": datasets, "tier": tiers})
     is_base = table["method"] == BASELINE_METHOD
     chosen = keep & ~is_base & _matching(table, {"method": methods, "n": n_values})
+    if selection:
+        chosen &= _selected(table, selection)
     if not chosen.any():
-        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
+        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers, selection)
     token = table["granularity"] == "token"
     if (chosen & ~token).any():
         other = table.loc[chosen & ~token]
@@ -472,8 +479,7 @@ def _choose_comparison(
     or, with no BASE and NEW given, the most realistic one that holds a comparison."""
     by_tier = sorted(methods["tier"].astype(str).unique(), key=lambda t: (TIER_ORDER.get(t, 99), t))
     if base and new:
-        wanted = {key: [value] for key, value in base.items()}
-        held = [t for t in by_tier if _matching(methods[methods["tier"] == t], wanted).any()]
+        held = [t for t in by_tier if _selected(methods[methods["tier"] == t], base).any()]
         return dict(base), dict(new), held[:1]
     problem = MissingInputError("no runs to compare")
     for tier in by_tier:
@@ -495,28 +501,23 @@ def load_comparison(
     shipped: bool = False,
     tiers: Sequence[str] = (),
 ) -> Comparison:
-    """The two sides of a comparison, each read with :func:`load_runs` (no baselines).
+    """The two sides of a comparison, each read with :func:`load_runs` (its steps hold the
+    target-only baselines too, for the speedup attribution).
 
     Parameters
     ----------
     base, new
-        ``{"method": ..., "n": ...}`` selections; empty or None: :func:`default_comparison`
-        on the runs present.
+        Selections by any run.json field (``{"method": "eagle3", "n": 3}``,
+        ``{"drafter.content_hash": "3f2a"}``, ``{"engine.version": "0.32.0"}``; see
+        :func:`dsparklab.store.matches_selection`); empty or None:
+        :func:`default_comparison` on the runs present.
     datasets, shipped, tiers
         As in :func:`load_runs`; one tier is kept (token ids are compared).
     """
     every = load_runs(runs, datasets=datasets, shipped=shipped, tiers=tiers, baseline=False)
     base, new, tier = _choose_comparison(every.runs, base, new)
     sides = [
-        load_runs(
-            runs,
-            datasets=datasets,
-            methods=[side["method"]],
-            n_values=[side["n"]],
-            baseline=False,
-            shipped=shipped,
-            tiers=tier or tiers,
-        )
+        load_runs(runs, datasets=datasets, shipped=shipped, tiers=tier or tiers, selection=side)
         for side in (base, new)
     ]
     # prompts are paired within a dataset: keep the datasets both sides decoded
@@ -590,6 +591,17 @@ def _matching(table: pd.DataFrame, wanted: Mapping[str, Sequence[Any]]) -> pd.Se
     return keep
 
 
+def _selected(table: pd.DataFrame, selection: Mapping[str, Any]) -> pd.Series:
+    """Runs of ``table`` whose run.json matches ``selection``."""
+    from dsparklab.store import matches_selection, read_run_json
+
+    return pd.Series(
+        [matches_selection(read_run_json(path), selection) for path in table["path"]],
+        index=table.index,
+        dtype=bool,
+    )
+
+
 def _nothing_matches(
     roots: Sequence[Path],
     table: pd.DataFrame,
@@ -597,12 +609,14 @@ def _nothing_matches(
     methods: Sequence[str],
     n_values: Sequence[int],
     tiers: Sequence[str],
+    selection: Mapping[str, Any] | None = None,
 ) -> MissingInputError:
     available = table[["tier", "method", "n", "dataset"]].drop_duplicates().to_dict("records")
+    selected = f", selection={dict(selection)}" if selection else ""
     return MissingInputError(
         f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
-        f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}; available: "
-        f"{available}"
+        f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}{selected}; "
+        f"available: {available}"
     )
 
 

@@ -11,6 +11,7 @@ from dsparklab.plots.acceptance import (
     plot_request_strip,
     plot_survival_curves,
 )
+from dsparklab.plots.attribution import plot_speedup_attribution
 from dsparklab.plots.calibration import (
     plot_adaptive_whatif,
     plot_calibration_metrics,
@@ -66,6 +67,7 @@ __all__ = [
     "plot_published_comparison",
     "plot_reliability",
     "plot_request_strip",
+    "plot_speedup_attribution",
     "plot_survival_curves",
     "plot_token_class_deltas",
     "plot_window_scaling",

@@ -1,6 +1,13 @@
 """The trace store: schema v1, the writer engines use, readers and validation."""
 
-from dsparklab.store.reader import find_runs, list_runs, read_run_json, read_trace
+from dsparklab.store.reader import (
+    find_runs,
+    list_runs,
+    matches_selection,
+    read_run_json,
+    read_trace,
+    run_field,
+)
 from dsparklab.store.schema import (
     POSITIONS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -22,9 +29,11 @@ __all__ = [
     "Violation",
     "find_runs",
     "list_runs",
+    "matches_selection",
     "new_run_json",
     "read_run_json",
     "read_trace",
+    "run_field",
     "validate_run",
     "validate_trace",
     "write_json_atomic",

@@ -186,6 +186,41 @@ def list_runs(root: Path | str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def run_field(meta: Mapping[str, Any], key: str) -> Any:
+    """A run.json value by run column (``method``, ``n``, ``tier``...) or dotted path
+    (``drafter.content_hash``, ``engine.version``, ``tags``); None when absent."""
+    columns = run_columns(meta)
+    if key in columns:
+        return columns[key]
+    value: Any = meta
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _selected(value: Any, wanted: Any, key: str) -> bool:
+    """One wanted value: equal; a hash or git sha matched by its prefix; a list field
+    (``tags``) holding it."""
+    if isinstance(value, list):
+        return wanted in value
+    if isinstance(wanted, str) and isinstance(value, str) and key.endswith(("hash", "sha")):
+        return bool(wanted) and value.split(":", 1)[-1].startswith(wanted.split(":", 1)[-1])
+    return bool(value == wanted)
+
+
+def matches_selection(meta: Mapping[str, Any], selection: Mapping[str, Any]) -> bool:
+    """Whether a run's run.json matches every ``key: value`` (a list: any of them) of
+    ``selection``; keys as in :func:`run_field`."""
+    for key, wanted in selection.items():
+        value = run_field(meta, key)
+        options = wanted if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
+        if not any(_selected(value, option, key) for option in options):
+            return False
+    return True
+
+
 def _matches(value: Any, wanted: Any) -> bool:
     if isinstance(wanted, (list, tuple, set, frozenset)):
         return value in wanted

@@ -1,0 +1,195 @@
+"""Where a speedup goes: log S split exactly into tokens per step and the step's costs.
+
+For a side (a set of method runs, or the target-only baseline) over the steps of a group:
+
+.. math::
+
+    S = \\frac{T}{C}, \\qquad T = \\frac{E}{K}, \\qquad
+    C = C_d + C_u + C_o = \\frac{D + U + O}{K\\, t_b}
+
+with :math:`K` steps, :math:`E` emitted tokens, :math:`D, U, O` the draft, verify and other
+time, and :math:`t_b` the matched target-only baseline's time per emitted token. A
+target-only side has :math:`T = 1` and :math:`C = C_u = 1` (one decode step per token).
+
+Between two sides A (base) and B (new),
+:math:`\\Delta \\log S = \\Delta \\log T - \\Delta \\log C`. The token part is
+:math:`\\Delta \\log T`; the cost part :math:`-\\Delta \\log (C_d + C_u + C_o)` is split
+among draft, verify and other by their Shapley values (each component switched from A to
+B, averaged over the :math:`3! = 6` orders), so the four parts sum exactly to
+:math:`\\Delta \\log S`, whatever the order the components are listed in. A common
+scale of the costs (the same baseline on both sides) cancels out of every part.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import as_columns, require_columns
+from dsparklab.analysis._kernels import bootstrap_sums, group_rng, percentile_interval
+from dsparklab.analysis.window import BASELINE_METHOD, MATCH_COLUMNS, require_step_costs
+from dsparklab.errors import DSparkLabError, MissingInputError
+
+COMPONENTS = ("tokens", "draft", "verify", "other")
+COST_COMPONENTS = COMPONENTS[1:]
+# per prompt: steps, emitted tokens, and the draft, verify and other time in units of the
+# matched baseline's time per token (so prompts of different baselines pool)  [.., 5]
+_SUMS = ("n_steps", "emitted", "draft", "verify", "other")
+LEVELS = ("dataset", "prompt")
+
+
+def _prompt_sums(steps: pd.DataFrame, by: list[str], match: list[str]) -> pd.DataFrame:
+    """One row per (by, prompt_id): the five sums of :data:`_SUMS`, times divided by
+    ``t_b``, the matched baseline's time per emitted token (the side is the baseline
+    itself when it holds only target-only steps)."""
+    require_step_costs(steps)
+    require_columns(
+        steps,
+        [*by, *match, "prompt_id", "method", "emitted", "draft_time_s", "verify_time_s"],
+        what="speedup attribution",
+    )
+    frame = steps.assign(
+        draft=steps["draft_time_s"].fillna(0.0).astype(float),
+        verify=steps["verify_time_s"].astype(float),
+        other=(steps["other_time_s"].fillna(0.0).astype(float) if "other_time_s" in steps else 0.0),
+        emitted=steps["emitted"].astype(float),
+        n_steps=1.0,
+    )
+    is_base = frame["method"] == BASELINE_METHOD
+    base = frame.loc[is_base]
+    base_time = base.assign(time=base["draft"] + base["verify"] + base["other"])
+    totals = base_time.groupby(match)[["time", "emitted"]].sum()
+    per_token = (totals["time"] / totals["emitted"]).rename("t_b").reset_index()
+    side = frame.loc[~is_base] if (~is_base).any() else base
+    keys = list(dict.fromkeys([*by, *match, "prompt_id"]))
+    sums = side.groupby(keys, sort=True)[list(_SUMS)].sum().reset_index()
+    sums = sums.merge(per_token, on=match, how="left")
+    if sums["t_b"].isna().any():
+        missing = sums.loc[sums["t_b"].isna(), match].drop_duplicates().to_dict("records")
+        raise MissingInputError(f"no target-only baseline matches {missing}")
+    for name in COST_COMPONENTS:
+        sums[name] = sums[name] / sums["t_b"]
+    return sums.drop(columns=["t_b", *(c for c in match if c not in by)])
+
+
+def _shapley_cost_parts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Shapley split of ``-(log sum b - log sum a)`` among the components ``[..., 3]``."""
+    n = a.shape[-1]
+    parts = np.zeros(np.broadcast_shapes(a.shape, b.shape))
+    for order in itertools.permutations(range(n)):
+        current = np.array(np.broadcast_to(a, parts.shape), dtype=float)
+        before = -np.log(current.sum(axis=-1))
+        for i in order:
+            current[..., i] = np.broadcast_to(b, parts.shape)[..., i]
+            after = -np.log(current.sum(axis=-1))
+            parts[..., i] += after - before
+            before = after
+    return parts / math.factorial(n)
+
+
+def _parts(sums_a: np.ndarray, sums_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[..., 5]`` sums per side -> log S of each side and the four parts ``[..., 4]``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tokens_a = sums_a[..., 1] / sums_a[..., 0]
+        tokens_b = sums_b[..., 1] / sums_b[..., 0]
+        cost_a = sums_a[..., 2:] / sums_a[..., :1]
+        cost_b = sums_b[..., 2:] / sums_b[..., :1]
+        log_a = np.log(tokens_a) - np.log(cost_a.sum(axis=-1))
+        log_b = np.log(tokens_b) - np.log(cost_b.sum(axis=-1))
+        token_part = np.log(tokens_b) - np.log(tokens_a)
+        cost_parts = _shapley_cost_parts(cost_a, cost_b)
+    return log_a, log_b, np.concatenate([token_part[..., None], cost_parts], axis=-1)
+
+
+def compute_speedup_attribution(
+    base_steps: pd.DataFrame,
+    new_steps: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("dataset",),
+    level: str = "dataset",
+    match: Sequence[str] = MATCH_COLUMNS,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """How the change of log speedup from ``base`` to ``new`` splits into tokens per step,
+    draft, verify and other cost (see the module docstring for the formula).
+
+    Parameters
+    ----------
+    base_steps, new_steps
+        The steps of each side's runs *and* of their target-only baseline runs (the
+        baseline gives :math:`t_b`). A side holding only baseline steps is the baseline
+        itself: ``compute_speedup_attribution(baseline_steps, method_steps)`` splits
+        the method's own log S.
+    by
+        Groups compared (``dataset`` by default); prompts are paired within a group on
+        ``prompt_id``, and only prompts both sides decoded count.
+    level
+        ``"dataset"`` (one decomposition per group, with a paired percentile bootstrap
+        over prompts: a prompt drawn counts on both sides) or ``"prompt"`` (one per
+        prompt, point values).
+    match
+        Run columns pairing a side's runs with its baseline.
+    n_boot, ci, seed
+        Bootstrap replicates (0: no intervals), level and seed.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group [and prompt] and component (:data:`COMPONENTS`):
+        ``delta_log_speedup`` with ``lo``/``hi``, ``share`` (of the total change), and on
+        every row the group's ``base_speedup``, ``new_speedup``, ``total`` (=
+        :math:`\\Delta \\log S`, the sum of the four parts) and ``n_prompts``.
+    """
+    by = list(as_columns(by))
+    if level not in LEVELS:
+        raise DSparkLabError(f"unknown attribution level {level!r}; expected one of {LEVELS}")
+    if not 0.0 < ci < 1.0:
+        raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
+    match = list(match)
+    a = _prompt_sums(base_steps, by, match)
+    b = _prompt_sums(new_steps, by, match)
+    paired = a.merge(b, on=[*by, "prompt_id"], suffixes=("_a", "_b"), sort=True)
+    if paired.empty:
+        raise MissingInputError(
+            "the two run sets share no prompt (dataset, prompt_id): nothing to pair"
+        )
+    cols_a = [f"{s}_a" for s in _SUMS]
+    cols_b = [f"{s}_b" for s in _SUMS]
+    rows = []
+    keys = [*by, "prompt_id"] if level == "prompt" else by
+    for key, group in paired.groupby(keys, sort=True) if keys else [((), paired)]:
+        key = key if isinstance(key, tuple) else (key,)
+        sums_a = group[cols_a].to_numpy(float)  # [P, 5]
+        sums_b = group[cols_b].to_numpy(float)
+        log_a, log_b, parts = _parts(sums_a.sum(0), sums_b.sum(0))
+        lo = hi = np.full(len(COMPONENTS), np.nan)
+        if n_boot > 0 and level == "dataset" and len(group) > 1:
+            rng = group_rng(seed, ("attribution", *key))
+            both = bootstrap_sums(np.concatenate([sums_a, sums_b], axis=1), n_boot, rng)
+            lo, hi = percentile_interval(_parts(both[:, :5], both[:, 5:])[2], ci)
+        total = float(log_b - log_a)
+        for i, component in enumerate(COMPONENTS):
+            rows.append(
+                {
+                    **dict(zip(keys, key, strict=True)),
+                    "component": component,
+                    "delta_log_speedup": float(parts[i]),
+                    "lo": float(lo[i]),
+                    "hi": float(hi[i]),
+                    "share": float(parts[i] / total) if total else np.nan,
+                    "total": total,
+                    "base_speedup": float(np.exp(log_a)),
+                    "new_speedup": float(np.exp(log_b)),
+                    "n_prompts": len(group),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+__all__ = ["COMPONENTS", "compute_speedup_attribution"]
