@@ -385,13 +385,20 @@ def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
     return mark(execute_model, original)
 
 
-def lazy_tap(owner: Any, model_runner: str, wanted: bool = True) -> SpecTap | None:
-    """The tap kept on ``owner``, made on first use (None, kept too, when not ``wanted``)."""
+def lazy_tap(
+    owner: Any,
+    model_runner: str,
+    wanted: bool = True,
+    factory: Callable[..., SpecTap] = SpecTap,
+    **extra: Any,
+) -> SpecTap | None:
+    """The tap kept on ``owner``, made on first use (None, kept too, when not ``wanted``);
+    ``factory`` and ``extra`` as :func:`make_tap` takes them."""
     if TAP_ATTR not in owner.__dict__:
         tap = None
         try:
             if wanted:
-                tap = make_tap(owner, model_runner=model_runner)
+                tap = make_tap(owner, model_runner=model_runner, factory=factory, **extra)
         except Exception as err:
             logger.error("dsparklab: could not attach the taps (%s); tracing is off", err)
         owner.__dict__[TAP_ATTR] = tap

@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ class SpecTap:
         level: str,
         model_runner: str = "v2",
         buffers: TapBuffers | None = None,
+        extra_fields: Mapping[str, torch.dtype] | None = None,
     ) -> None:
         self.recorder = recorder
         self.n = n
@@ -81,6 +82,9 @@ class SpecTap:
         if buffers is not None:
             for name, tensor in buffers.tensors().items():
                 specs[name] = ((max_num_reqs, n), tensor.dtype)
+        # per-(row, position) fields a subclass stages itself (``[max_num_reqs, n]``)
+        for name, dtype in (extra_fields or {}).items():
+            specs[name] = ((max_num_reqs, n), dtype)
         self.ring = StagingRing(specs, device, num_slots=STAGING_SLOTS)
         self._t0: float | None = None
 

@@ -2,8 +2,10 @@
 ``GPUModelRunner.propose_draft_token_ids``.
 
 The verification of the previous drafts is known on the host (``sampled_token_ids``:
-emitted tokens per row, -1 padded, or lists; ``spec_decode_metadata.num_draft_tokens``);
-no Markov head and no confidence, so those fields stay null.
+emitted tokens per row, -1 padded, or lists; ``spec_decode_metadata.num_draft_tokens``).
+The drafted tokens' log-probabilities come from the draft model's ``compute_logits``
+(:mod:`~dsparklab.engines.vllm.eagle3_taps`); no Markov head and no confidence, so those
+fields stay null.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.core import HostSlot
+from dsparklab.engines.vllm.eagle3_taps import Eagle3V1Tap
 from dsparklab.engines.vllm.runs import lazy_tap
 from dsparklab.engines.vllm.staging import SpecTap, wrap_propose
 from dsparklab.errors import DSparkLabError
@@ -45,13 +48,16 @@ def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | Non
         num_verified=verified,
         seq_base=[c + int(sched.get(r, 0)) for c, r in zip(computed, req_ids, strict=True)],
     )
+    if isinstance(tap, Eagle3V1Tap):
+        tap.begin()
     tap.start_timer(slot)
     return slot
 
 
 def v1_tap(runner: Any) -> SpecTap | None:
     """The runner's tap, made on first use (None, kept too, without a drafter)."""
-    return lazy_tap(runner, "v1", wanted=getattr(runner, "drafter", None) is not None)
+    drafter = getattr(runner, "drafter", None)
+    return lazy_tap(runner, "v1", wanted=drafter is not None, factory=Eagle3V1Tap, drafter=drafter)
 
 
 def _check_draft_tensor(out: Any) -> None:

@@ -1,0 +1,160 @@
+r"""Eagle3 on Model Runner V1: the drafted token's log-probability, from vLLM's own logits.
+
+vLLM 0.32's V1 proposer (``SpecDecodeBaseProposer`` in
+``vllm/v1/spec_decode/llm_base_proposer.py``, which ``EagleProposer`` in
+``vllm/v1/spec_decode/eagle.py`` extends) drafts position :math:`i` of every request with
+``_greedy_sample``: ``self.model.compute_logits(h_i).argmax(dim=-1)``. The logits are
+computed in full (for Eagle3 with a reduced draft vocabulary, ``compute_logits`` scatters
+them into the target vocabulary with ``-inf`` elsewhere) and dropped after the argmax; no
+softmax is taken. So the tap wraps the draft model's ``compute_logits`` on the instance
+and, while a ``propose`` is under way, keeps per call
+
+.. math::
+
+    \text{draft\_logprob}_{r,i} = \max_v z_{r,i}[v] - \log \sum_v e^{z_{r,i}[v]}
+
+(``[R]`` float32, one full-vocabulary log-sum-exp per drafted position, as the DSpark taps'
+``full`` level pays): the log-softmax at temperature 1 of the drafted token, since a greedy
+draft is the argmax. Where vLLM drafts probabilistically (``draft_sample_method
+probabilistic`` and a batch with sampled requests) the token is sampled from
+``softmax(z / T)`` and vLLM keeps that distribution (``take_last_draft_probs()``, ``[R, n,
+V]``): the tap takes the drafted token's probability from it instead.
+
+Not recorded (null), with the reason in run.json's ``draft_logprob_source``: at tap level
+``light``; with ``use_local_argmax_reduction`` (vLLM takes a distributed top-1 through
+``get_top_tokens``, no full logits exist); with ``use_heterogeneous_vocab`` (the argmax is
+taken over logits constrained after ``compute_logits``). Eagle3 has no Markov head and no
+confidence head: ``base_logprob``, ``markov_*`` and ``confidence`` stay null.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from dsparklab.engines.vllm.core import LEVEL_FIELDS, HostSlot
+from dsparklab.engines.vllm.staging import SpecTap, mark
+
+logger = logging.getLogger(__name__)
+
+DRAFT_LOGPROB = "draft_logprob"
+# draft_logprob_source values written into run.json
+FROM_LOGITS = "compute_logits: log-softmax (T = 1) of the greedy draft"
+FROM_PROBS = "vLLM's draft probabilities (probabilistic drafts, softmax(z / T))"
+
+
+def draft_logprob_unavailable(drafter: Any, level: str) -> str | None:
+    """Why the drafted token's log-probability cannot be taken (None: it can)."""
+    if DRAFT_LOGPROB not in LEVEL_FIELDS.get(level, frozenset()):
+        return f"not recorded: tap level {level!r}"
+    if getattr(drafter, "use_local_argmax_reduction", False):
+        return "not recorded: use_local_argmax_reduction (vLLM computes no full logits)"
+    if getattr(drafter, "use_heterogeneous_vocab", False):
+        return "not recorded: use_heterogeneous_vocab (the argmax is over constrained logits)"
+    if getattr(drafter, "parallel_drafting", False):
+        return "not recorded: parallel drafting (one compute_logits call for all positions)"
+    if not callable(getattr(getattr(drafter, "model", None), "compute_logits", None)):
+        return "not recorded: the draft model has no compute_logits"
+    return None
+
+
+def top_logprob(logits: torch.Tensor) -> torch.Tensor:
+    """``[R]`` float32 log-softmax of each row's argmax: ``max - logsumexp``."""
+    x = logits.float()
+    return x.amax(dim=-1) - torch.logsumexp(x, dim=-1)
+
+
+class Eagle3V1Tap(SpecTap):
+    """A V1 model runner's tap (Eagle3), with the drafted tokens' log-probabilities."""
+
+    def __init__(self, *, drafter: Any, **kwargs: Any) -> None:
+        reason = draft_logprob_unavailable(drafter, kwargs["level"])
+        fields = {DRAFT_LOGPROB: torch.float32} if reason is None else None
+        super().__init__(extra_fields=fields, **kwargs)
+        self.drafter = drafter
+        self.recording = reason is None
+        self.source: str | None = None
+        self._collecting = False
+        self._calls: list[torch.Tensor] = []
+        self._warned = False
+        if reason is None:
+            wrap_compute_logits(drafter.model, self)
+        self._set_source(reason)
+
+    def _set_source(self, source: str | None) -> None:
+        if source is None or source == self.source:
+            return
+        self.source = source
+        if self.recorder.writer is not None:
+            self.recorder.writer.update_meta(draft_logprob_source=source)
+
+    def begin(self) -> None:
+        """A ``propose`` starts: collect its ``compute_logits`` calls."""
+        self._calls = []
+        self._collecting = self.recording
+
+    def observe(self, logits: torch.Tensor) -> None:
+        if self._collecting:
+            self._calls.append(top_logprob(logits))
+
+    def _logprobs(self, drafts: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """``[rows, k]`` log-probabilities of this step's drafts, or None."""
+        k = int(drafts.shape[1])
+        take = getattr(self.drafter, "take_last_draft_probs", None)
+        probs = take() if callable(take) else None
+        if probs is not None:  # sampled drafts: vLLM's own distribution
+            picked = probs[:rows, :k].gather(-1, drafts[:rows, :k].long().unsqueeze(-1))
+            self._set_source(FROM_PROBS)
+            return picked.squeeze(-1).float().clamp_min(torch.finfo(torch.float32).tiny).log()
+        calls = self._calls
+        if len(calls) != k or any(c.shape[0] < rows for c in calls):
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "dsparklab: %d compute_logits calls for a %d-token draft of %d rows; "
+                    "draft_logprob left null for such steps",
+                    len(calls),
+                    k,
+                    rows,
+                )
+            return None
+        self._set_source(FROM_LOGITS)
+        return torch.stack([c[:rows] for c in calls], dim=1)
+
+    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        self._collecting = False
+        if self.recording:
+            rows = len(slot.meta["req_ids"])
+            padded = torch.full(
+                (rows, self.n), float("nan"), dtype=torch.float32, device=drafts.device
+            )
+            values = self._logprobs(drafts, rows)
+            if values is not None:
+                k = min(self.n, int(values.shape[1]))
+                padded[:, :k] = values[:, :k]
+            self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
+            self._calls = []
+        super().after(slot, drafts)
+
+
+def wrap_compute_logits(model: Any, tap: Eagle3V1Tap) -> None:
+    """Wrap ``model.compute_logits`` on the instance: the tap sees every result."""
+    original = model.compute_logits
+    if getattr(original, "__dsparklab_tap__", False):
+        return
+
+    @functools.wraps(original)
+    def compute_logits(*args: Any, **kwargs: Any) -> Any:
+        logits = original(*args, **kwargs)
+        if tap.active and isinstance(logits, torch.Tensor):
+            try:
+                with torch.inference_mode():
+                    tap.observe(logits)
+            except Exception as err:
+                tap.fail("compute_logits (draft log-probability)", err)
+        return logits
+
+    model.compute_logits = mark(compute_logits, original)
