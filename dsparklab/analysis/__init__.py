@@ -49,6 +49,17 @@ from dsparklab.analysis.markov import (
     compute_markov_bias_distribution,
 )
 from dsparklab.analysis.prepare import annotate_positions
+from dsparklab.analysis.projection import (
+    compute_best_n,
+    compute_position_payoff,
+    compute_prefix_agreement,
+    compute_projected_speedup,
+    compute_required_survival,
+    compute_truncated_acceptance,
+    compute_window_prediction,
+    cost_table_from_profile,
+    fitted_cost_table,
+)
 from dsparklab.analysis.scale import aggregate_store
 from dsparklab.analysis.speedup import (
     DRAFTER_KINDS,
@@ -81,6 +92,7 @@ __all__ = [
     "compute_acceptance_over_time",
     "compute_adaptive_verification",
     "compute_auroc",
+    "compute_best_n",
     "compute_brier",
     "compute_calibration",
     "compute_coverage",
@@ -88,15 +100,22 @@ __all__ = [
     "compute_iid_accept_len",
     "compute_markov_attribution",
     "compute_markov_bias_distribution",
+    "compute_position_payoff",
+    "compute_prefix_agreement",
+    "compute_projected_speedup",
     "compute_rate_acceptance",
     "compute_regression_diff",
     "compute_reliability",
+    "compute_required_survival",
     "compute_speedup_attribution",
     "compute_speedup_model",
     "compute_token_class_acceptance",
     "compute_token_class_diff",
+    "compute_truncated_acceptance",
+    "compute_window_prediction",
     "compute_window_scaling",
     "compute_worst_prompts",
+    "cost_table_from_profile",
     "count_acceptance",
     "count_acceptance_any",
     "count_acceptance_from_counters",
@@ -104,5 +123,6 @@ __all__ = [
     "count_calibration",
     "count_step_times",
     "fit_speedup_model",
+    "fitted_cost_table",
     "require_step_costs",
 ]

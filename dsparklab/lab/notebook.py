@@ -32,7 +32,13 @@ import nbformat
 import pandas as pd
 
 from dsparklab.errors import DSparkLabError, MissingInputError, ProvenanceError, TraceSchemaError
-from dsparklab.lab.resources import PUBLISHED_CURVES, PUBLISHED_SPEEDUPS, published_file
+from dsparklab.lab.resources import (
+    PUBLISHED_CURVES,
+    PUBLISHED_SPEEDUPS,
+    cost_profile_file,
+    published_file,
+    shipped_cost_profiles,
+)
 from dsparklab.lab.sections import RECORD_NAME as SECTIONS_RECORD
 from dsparklab.lab.sections import SectionLog, run_section
 from dsparklab.plain_json import plain_json
@@ -652,6 +658,35 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
         )
     method = table["drafter"].map(PUBLISHED_METHODS).fillna(table["drafter"].str.lower())
     return table.assign(method=method, label="published")
+
+
+def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
+    """The step costs to project ``runs``' acceptance on, for their methods and windows.
+
+    ``spec`` is a cost profile shipped with the lab (``"gpu-like"``:
+    :func:`dsparklab.lab.resources.shipped_cost_profiles`), a profile JSON file (see
+    ``docs/metrics.md``), or a directory of runs whose fitted costs stand for another
+    machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
+    """
+    from dsparklab.analysis import cost_table_from_profile, fitted_cost_table
+
+    methods = sorted(set(runs.positions["method"]))
+    ns = range(1, max(int(runs.positions["n"].max()), 1) + 1)
+    text = str(spec)
+    path = cost_profile_file(text) if text in shipped_cost_profiles() else Path(text)
+    if path.is_dir():
+        other = load_runs(path)
+        return fitted_cost_table(other.steps, profile=f"runs {path.name}")
+    if not path.is_file():
+        raise ProvenanceError(
+            f"no cost profile {text!r}: name a shipped one ({shipped_cost_profiles()}), a "
+            "profile JSON file or a directory of runs"
+        )
+    try:
+        profile = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TraceSchemaError(f"not JSON: {err}", path=path) from err
+    return cost_table_from_profile(profile, methods=methods, ns=ns, source=str(path))
 
 
 def confidence_temperatures(runs: pd.DataFrame) -> dict[str, list[float]]:

@@ -1,9 +1,10 @@
 """The files shipped inside the package for the notebooks, found through importlib.resources.
 
-In a checkout, ``dsparklab/lab/notebooks`` and ``dsparklab/lab/published`` are symbolic
-links to the top-level ``notebooks/`` (what users open in JupyterLab) and
-``data/published/``; a wheel carries their files as package data (``pyproject.toml``),
-so each file has one copy.
+In a checkout, ``dsparklab/lab/notebooks``, ``dsparklab/lab/published`` and
+``dsparklab/lab/profiles`` are symbolic links to the top-level ``notebooks/`` (what users
+open in JupyterLab), ``data/published/`` and ``data/profiles/`` (cost profiles for
+projections); a wheel carries their files as package data (``pyproject.toml``), so each
+file has one copy.
 """
 
 from __future__ import annotations
@@ -35,3 +36,13 @@ def notebooks_dir() -> Path:
 def published_file(name: str) -> Path:
     """A published table shipped with the package (:data:`PUBLISHED_SPEEDUPS`, ...)."""
     return _shipped("published") / name
+
+
+def cost_profile_file(name: str) -> Path:
+    """A cost profile shipped with the package (``gpu-like`` -> ``profiles/gpu-like.json``)."""
+    return _shipped("profiles") / f"{name}.json"
+
+
+def shipped_cost_profiles() -> list[str]:
+    """The names of the cost profiles shipped with the package."""
+    return sorted(p.stem for p in _shipped("profiles").glob("*.json"))

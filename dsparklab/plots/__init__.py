@@ -27,6 +27,11 @@ from dsparklab.plots.markov import (
     plot_flip_rates,
     plot_markov_counterfactual,
 )
+from dsparklab.plots.payoff import (
+    plot_position_payoff,
+    plot_projected_speedup,
+    plot_window_prediction,
+)
 from dsparklab.plots.regression import (
     plot_position_deltas,
     plot_prompt_deltas,
@@ -62,6 +67,8 @@ __all__ = [
     "plot_flip_rates",
     "plot_markov_counterfactual",
     "plot_position_deltas",
+    "plot_position_payoff",
+    "plot_projected_speedup",
     "plot_prompt_deltas",
     "plot_prompt_strips",
     "plot_published_comparison",
@@ -70,6 +77,7 @@ __all__ = [
     "plot_speedup_attribution",
     "plot_survival_curves",
     "plot_token_class_deltas",
+    "plot_window_prediction",
     "plot_window_scaling",
     "position_color",
     "register_template",

@@ -55,6 +55,7 @@ def test_shipped_files_are_the_checkout_files():
     assert {p.name for p in shipped} >= {
         *(p.name for p in (REPO / "notebooks").glob("*.ipynb")),
         *(p.name for p in (REPO / "data" / "published").glob("*.csv")),
+        *(p.name for p in (REPO / "data" / "profiles").glob("*.json")),
     }
 
 

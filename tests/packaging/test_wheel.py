@@ -27,8 +27,16 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "data" / "traces" / "smol"
-# What the wheel is built from (pyproject's package data points into the last two).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "dsparklab", "notebooks", "data/published")
+# What the wheel is built from (pyproject's package data points into the last three).
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "dsparklab",
+    "notebooks",
+    "data/published",
+    "data/profiles",
+)
 COMMANDS = ("validate", "collect", "import", "watch", "report", "lab", "demo", "zoo")
 
 
@@ -69,6 +77,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "dsparklab/lab/notebooks/02_window_scaling.ipynb",
         "dsparklab/lab/published/published_kimi_dspark.csv",
         "dsparklab/lab/published/published_position_curves.csv",
+        "dsparklab/lab/profiles/gpu-like.json",
         "dsparklab/report/templates/dsparklab_offline/index.html.j2",
     ):
         assert shipped in names, f"{shipped} is not in {wheel.name}"

@@ -1,0 +1,445 @@
+"""Which window pays: step costs as profiles, every smaller window from one run, the
+marginal position, the best n, and what the published shape would need.
+
+All costs are per step in units of one target-only decode step (the baseline's time per
+token). A *cost table* holds, per (``profile``, ``method``, ``n``), ``draft_cost``
+(:math:`c_{\\mathrm{draft}}(n)`) and ``verify_cost`` (:math:`V(n)`, the whole verify of
+the :math:`n + 1` tokens, so the target-only step is :math:`V(0) = 1`). With a run's
+acceptance the projected speedup is
+
+.. math:: S(n) = \\frac{\\mathrm{AL}(n)}{C(n)}, \\qquad C(n) = c_{\\mathrm{draft}}(n) + V(n).
+
+:func:`fitted_cost_table` makes one from measured steps (the speedup model's fit:
+:math:`V(n) = 1 + \\hat v(n)`), :func:`cost_table_from_profile` from a documented JSON
+profile (e.g. a GPU-like one where verifying 8 tokens costs about one decode step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import as_columns, require_columns
+from dsparklab.analysis.acceptance import compute_acceptance_by_position
+from dsparklab.analysis.speedup import fit_speedup_model
+from dsparklab.errors import MissingInputError, TraceSchemaError
+
+COST_COLUMNS = ("profile", "method", "n", "draft_cost", "verify_cost")
+PAYS = ("yes", "no", "unclear")
+
+
+def fitted_cost_table(
+    steps: pd.DataFrame, *, by: str | Iterable[str] = (), profile: str = "measured"
+) -> pd.DataFrame:
+    """The speedup model's fitted costs of ``steps`` as a cost table (per method and n,
+    and per ``by`` group: ``("dataset",)`` fits each dataset's context lengths apart).
+
+    :math:`c_{\\mathrm{draft}}(n) = \\hat c_0 + \\hat c_1 n` and
+    :math:`V(n) = 1 + \\hat v(n)` (:func:`dsparklab.analysis.fit_speedup_model`).
+    """
+    by = [c for c in as_columns(by) if c != "method"]
+    params = fit_speedup_model(steps, fit_by=("method", *by))
+    table = params.assign(
+        profile=profile,
+        draft_cost=params["draft_cost_fit"],
+        verify_cost=1.0 + params["verify_cost_fit"],
+    )
+    return table[[*by, *COST_COLUMNS]].reset_index(drop=True)
+
+
+def cost_table_from_profile(
+    profile: Mapping[str, Any], *, methods: Iterable[str], ns: Iterable[int], source: str = ""
+) -> pd.DataFrame:
+    """A cost table from a profile mapping (the JSON of ``docs/metrics.md``).
+
+    ``{"name": ..., "verify": {"<tokens verified>": cost, ...}, "draft": {"<method>":
+    {"c0": ..., "c1": ...}}}``: ``verify`` by width :math:`w = n + 1` (``"1"`` is the
+    decode step, 1.0), ``draft`` per method, :math:`c_{\\mathrm{draft}}(n) = c_0 + c_1
+    n`. Every width and method asked for must be there; ``source`` names the file in
+    errors.
+    """
+    name = profile.get("name")
+    if not isinstance(name, str) or not name:
+        raise TraceSchemaError("a cost profile needs a name", path=source or None, field="name")
+    verify, draft = profile.get("verify"), profile.get("draft")
+    if not isinstance(verify, Mapping) or not isinstance(draft, Mapping):
+        field = "verify" if not isinstance(verify, Mapping) else "draft"
+        raise TraceSchemaError("must be an object", path=source or None, field=field)
+    rows = []
+    for method in methods:
+        entry = draft.get(method)
+        if not isinstance(entry, Mapping) or "c0" not in entry:
+            raise TraceSchemaError(
+                f"no draft cost for method {method!r}; give {{'c0': ..., 'c1': ...}}",
+                path=source or None,
+                field=f"draft.{method}",
+            )
+        for n in ns:
+            width = str(int(n) + 1)
+            if width not in verify:
+                raise TraceSchemaError(
+                    f"no verify cost for {width} tokens (n = {n})",
+                    path=source or None,
+                    field=f"verify.{width}",
+                )
+            rows.append(
+                {
+                    "profile": name,
+                    "method": method,
+                    "n": int(n),
+                    "draft_cost": float(entry["c0"]) + float(entry.get("c1", 0.0)) * int(n),
+                    "verify_cost": float(verify[width]),
+                }
+            )
+    return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+
+
+def _survival_curves(
+    positions: pd.DataFrame, steps: pd.DataFrame | None, by: list[str], n_boot: int, seed: int
+) -> pd.DataFrame:
+    """Survival by position of each group's largest-window run (its longest curve)."""
+    largest = positions.groupby(by)["n"].transform("max")
+    top = positions[positions["n"] == largest]
+    return compute_acceptance_by_position(
+        top, steps=steps, by=[*by, "n"], n_boot=n_boot, seed=seed
+    ).rename(columns={"n": "source_n"})
+
+
+def compute_truncated_acceptance(
+    positions: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("method", "dataset"),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """AL at every window :math:`n' \\le n` predicted from each group's largest-n run.
+
+    .. math:: \\widehat{\\mathrm{AL}}(n') = 1 + \\sum_{i < n'} s_i
+
+    with :math:`s_i` the survival of the run at the largest :math:`n`. This holds when a
+    drafted position depends only on the context and the drafted prefix (autoregressive
+    drafters: Eagle3); a block drafter (DSpark) drafts all :math:`n` positions together,
+    so its first :math:`n'` drafts at :math:`n` need not be those at :math:`n'`
+    (:func:`compute_prefix_agreement` measures how often they are).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and :math:`n'`: ``source_n``, ``accept_len`` (+ ``_lo``/``_hi``,
+        the survival bounds summed, a conservative band).
+    """
+    by = list(as_columns(by))
+    curves = _survival_curves(positions, steps, by, n_boot, seed)
+    rows = []
+    for key, part in curves.groupby([*by, "source_n"], sort=True):
+        part = part.sort_values("position")
+        values = dict(zip([*by, "source_n"], key, strict=True))
+        for n in range(1, int(values["source_n"]) + 1):
+            head = part[part["position"] < n]
+            rows.append(
+                {
+                    **values,
+                    "n": n,
+                    "accept_len": 1.0 + float(head["survival"].sum()),
+                    "accept_len_lo": 1.0 + float(head["survival_lo"].sum()),
+                    "accept_len_hi": 1.0 + float(head["survival_hi"].sum()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+    """:math:`S(n) = \\mathrm{AL}(n) / C(n)` for each acceptance row under each profile.
+
+    Parameters
+    ----------
+    acceptance
+        ``method``, ``n``, ``accept_len`` (+ optional ``_lo``/``_hi``) and any grouping
+        columns (``dataset``), e.g. :func:`compute_truncated_acceptance` or
+        :func:`dsparklab.analysis.compute_window_scaling`.
+    costs
+        A cost table (:data:`COST_COLUMNS`), one or several profiles.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The acceptance rows joined with each profile's costs: ``profile``, ``step_cost``
+        (:math:`C(n)`), ``speedup`` (+ ``_lo``/``_hi`` from AL's bounds) and ``label``,
+        ``"projected on <profile>"`` (never a measurement).
+    """
+    require_columns(acceptance, ["method", "n", "accept_len"], what="compute_projected_speedup")
+    require_columns(costs, COST_COLUMNS, what="compute_projected_speedup")
+    # the acceptance's own measured costs and speedups make way for the profile's
+    replaced = ["speedup", "speedup_lo", "speedup_hi", "draft_cost", "verify_cost", "profile"]
+    out = acceptance.drop(columns=replaced, errors="ignore")
+    # a cost table fitted per group (dataset) joins on that group too
+    shared = [c for c in costs.columns if c in out.columns and c not in COST_COLUMNS]
+    out = out.merge(costs, on=["method", "n", *shared], how="inner")
+    out["step_cost"] = out["draft_cost"] + out["verify_cost"]
+    out["speedup"] = out["accept_len"] / out["step_cost"]
+    for bound in ("lo", "hi"):
+        column = f"accept_len_{bound}"
+        out[f"speedup_{bound}"] = out[column] / out["step_cost"] if column in out else np.nan
+    out["label"] = "projected on " + out["profile"].astype(str)
+    return out.reset_index(drop=True)
+
+
+def compute_prefix_agreement(
+    positions: pd.DataFrame,
+    *,
+    steps: pd.DataFrame,
+    by: str | Iterable[str] = ("method", "dataset"),
+) -> pd.DataFrame:
+    """How often a run at window :math:`n'` drafts the same first tokens as the group's
+    largest-window run, at the first step of each prompt (the same context on both).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group, :math:`n'` below the largest and position :math:`i < n'`:
+        ``agreement`` (the fraction of paired prompts whose drafts at :math:`i` are
+        equal), ``prefix_agreement`` (... whose drafts at every :math:`j \\le i` are) and
+        ``n_prompts``.
+    """
+    by = list(as_columns(by))
+    require_columns(
+        positions, [*by, "n", "run_id", "request_id", "step", "position"], what="prefix agreement"
+    )
+    first = positions[positions["step"] == 0]
+    prompts = steps[["run_id", "request_id", "prompt_id"]].drop_duplicates()
+    first = first.merge(prompts, on=["run_id", "request_id"], how="inner")
+    rows = []
+    for key, group in first.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        top = int(group["n"].max())
+        wide = group.pivot_table(
+            index=["prompt_id", "position"], columns="n", values="draft_token", aggfunc="first"
+        )
+        for n in sorted(int(v) for v in group["n"].unique() if int(v) < top):
+            pair = wide[[n, top]].dropna().reset_index()
+            pair = pair[pair["position"] < n]
+            if pair.empty:
+                continue
+            pair["same"] = pair[n] == pair[top]
+            pair = pair.sort_values(["prompt_id", "position"])
+            pair["prefix"] = pair.groupby("prompt_id")["same"].cummin()
+            for position, at in pair.groupby("position", sort=True):
+                rows.append(
+                    {
+                        **dict(zip(by, key, strict=True)),
+                        "n": n,
+                        "source_n": top,
+                        "position": int(position),
+                        "agreement": float(at["same"].mean()),
+                        "prefix_agreement": float(at["prefix"].mean()),
+                        "n_prompts": int(at["prompt_id"].nunique()),
+                    }
+                )
+    columns = [*by, "n", "source_n", "position", "agreement", "prefix_agreement", "n_prompts"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def compute_window_prediction(
+    positions: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    costs: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("method", "dataset"),
+    n_boot: int = 0,
+) -> pd.DataFrame:
+    """Predicted against measured speedup at every smaller window, from one run per group.
+
+    The prediction is :func:`compute_truncated_acceptance` over ``costs`` (default: the
+    steps' own costs fitted per ``by`` group, :func:`fitted_cost_table`); the measurement is
+    :func:`dsparklab.analysis.compute_window_scaling` on the runs at each :math:`n'`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and :math:`n'` run: ``predicted``, ``measured``, ``error`` =
+        predicted / measured - 1 and ``prefix_agreement`` (the fraction of prompts whose
+        first :math:`n'` drafts at :math:`n'` equal those at the largest :math:`n`: 1
+        where the prediction's assumption holds).
+    """
+    from dsparklab.analysis.window import compute_window_scaling
+
+    by = list(as_columns(by))
+    costs = fitted_cost_table(steps, by=by) if costs is None else costs
+    predicted = compute_projected_speedup(
+        compute_truncated_acceptance(positions, steps=steps, by=by, n_boot=n_boot), costs
+    )
+    measured = compute_window_scaling(steps, by=by, n_boot=0)[[*by, "n", "speedup"]]
+    table = predicted[[*by, "n", "source_n", "speedup"]].merge(
+        measured, on=[*by, "n"], suffixes=("_predicted", "_measured")
+    )
+    table = table.rename(columns={"speedup_predicted": "predicted", "speedup_measured": "measured"})
+    table = table[table["n"] < table["source_n"]]
+    agreement = compute_prefix_agreement(positions, steps=steps, by=by)
+    whole = agreement.sort_values("position").groupby([*by, "n"])["prefix_agreement"].last()
+    table = table.merge(whole.reset_index(), on=[*by, "n"], how="left")
+    table["error"] = table["predicted"] / table["measured"] - 1.0
+    return table.sort_values([*by, "n"]).reset_index(drop=True)
+
+
+def compute_position_payoff(
+    positions: pd.DataFrame,
+    *,
+    steps: pd.DataFrame | None,
+    costs: pd.DataFrame,
+    by: str | Iterable[str] = ("method", "dataset"),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Does drafting one more position pay? Per group and window step :math:`m \\to m + 1`.
+
+    With :math:`s_m` the survival of position :math:`m` (0-based; from the group's
+    largest-window run), :math:`\\mathrm{AL}(m) = 1 + \\sum_{i<m} s_i` and the step cost
+    :math:`C(m)` of the cost table:
+
+    .. math::
+
+        \\Delta T = s_m, \\qquad \\Delta C = C(m + 1) - C(m), \\qquad
+        S(m + 1) > S(m) \\iff s_m > s^{*} = \\frac{\\mathrm{AL}(m)}{C(m)}\\, \\Delta C
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group, profile and :math:`m`: ``position`` (:math:`m`), ``n_from``,
+        ``n_to``, ``marginal_tokens`` (:math:`s_m`, + ``_lo``/``_hi``),
+        ``marginal_cost`` (:math:`\\Delta C`, in decode steps), ``break_even``
+        (:math:`s^*`) and ``pays``: ``yes`` when the interval lies above :math:`s^*`,
+        ``no`` below it, ``unclear`` when it straddles.
+    """
+    by = list(as_columns(by))
+    curves = _survival_curves(positions, steps, by, n_boot, seed)
+    rows = []
+    for key, part in curves.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        part = part.sort_values("position")
+        method = part["method"].iloc[0] if "method" in part else None
+        survival = part["survival"].to_numpy(float)
+        for profile, cost in costs[costs["method"] == method].groupby("profile"):
+            step_cost = dict(zip(cost["n"], cost["draft_cost"] + cost["verify_cost"], strict=True))
+            for m in range(1, len(survival)):
+                if m not in step_cost or m + 1 not in step_cost:
+                    continue
+                at = part.iloc[m]
+                al = 1.0 + survival[:m].sum()
+                delta = step_cost[m + 1] - step_cost[m]
+                need = al / step_cost[m] * delta
+                lo, hi = float(at["survival_lo"]), float(at["survival_hi"])
+                if np.isnan(lo) or np.isnan(hi):
+                    lo = hi = float(at["survival"])
+                rows.append(
+                    {
+                        **dict(zip(by, key, strict=True)),
+                        "profile": profile,
+                        "position": m,
+                        "n_from": m,
+                        "n_to": m + 1,
+                        "marginal_tokens": float(at["survival"]),
+                        "marginal_tokens_lo": float(at["survival_lo"]),
+                        "marginal_tokens_hi": float(at["survival_hi"]),
+                        "marginal_cost": float(delta),
+                        "break_even": float(need),
+                        "pays": "yes" if lo > need else "no" if hi < need else "unclear",
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def compute_best_n(
+    scaling: pd.DataFrame, *, by: str | Iterable[str] = ("dataset", "method")
+) -> pd.DataFrame:
+    """The window with the highest speedup per group, and the windows it cannot be told
+    apart from (their interval reaches the best one's lower bound).
+
+    Parameters
+    ----------
+    scaling
+        ``n``, ``speedup``, ``speedup_lo``, ``speedup_hi`` per group, e.g.
+        :func:`dsparklab.analysis.compute_window_scaling` (measured) or
+        :func:`compute_projected_speedup` (add ``profile`` to ``by``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group: ``best_n``, ``speedup`` (+ ``_lo``/``_hi``) there and
+        ``indistinguishable``, the sorted windows (best included) whose upper bound
+        :math:`\\ge` the best's lower bound.
+    """
+    by = list(as_columns(by))
+    require_columns(
+        scaling, [*by, "n", "speedup", "speedup_lo", "speedup_hi"], what="compute_best_n"
+    )
+    rows = []
+    for key, part in scaling.dropna(subset=["speedup"]).groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        best = part.loc[part["speedup"].idxmax()]
+        floor = best["speedup_lo"] if pd.notna(best["speedup_lo"]) else best["speedup"]
+        top = part["speedup_hi"].fillna(part["speedup"])
+        close = sorted(int(n) for n in part.loc[top >= floor, "n"])
+        rows.append(
+            {
+                **dict(zip(by, key, strict=True)),
+                "best_n": int(best["n"]),
+                "speedup": float(best["speedup"]),
+                "speedup_lo": float(best["speedup_lo"]),
+                "speedup_hi": float(best["speedup_hi"]),
+                "indistinguishable": " ".join(map(str, close)),
+            }
+        )
+    if not rows:
+        raise MissingInputError("no speedup to rank: the runs need baselines and step timings")
+    return pd.DataFrame(rows)
+
+
+def compute_required_survival(
+    acceptance: pd.DataFrame,
+    costs: pd.DataFrame,
+    *,
+    low_n: int = 3,
+    high_n: int = 7,
+    by: str | Iterable[str] = ("dataset", "method"),
+) -> pd.DataFrame:
+    """What raising the window from ``low_n`` to ``high_n`` needs to pay under a profile.
+
+    .. math::
+
+        S(n_h) \\ge S(n_l) \\iff \\mathrm{AL}(n_h) - \\mathrm{AL}(n_l) \\ge
+        \\mathrm{AL}(n_l) \\left(\\frac{C(n_h)}{C(n_l)} - 1\\right)
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and profile: ``speedup_low``, ``speedup_high`` (projected),
+        ``extra_al`` (measured :math:`\\mathrm{AL}(n_h) - \\mathrm{AL}(n_l)`),
+        ``needed_extra_al``, ``needed_mean_survival`` (the mean :math:`s_i` over positions
+        :math:`n_l .. n_h - 1` that it takes) and ``rises`` (extra >= needed).
+    """
+    by = list(as_columns(by))
+    projected = compute_projected_speedup(acceptance, costs)
+    rows = []
+    for key, part in projected.groupby([*by, "profile"], sort=True):
+        low, high = part[part["n"] == low_n], part[part["n"] == high_n]
+        if low.empty or high.empty:
+            continue
+        low, high = low.iloc[0], high.iloc[0]
+        extra = float(high["accept_len"] - low["accept_len"])
+        needed = float(low["accept_len"] * (high["step_cost"] / low["step_cost"] - 1.0))
+        rows.append(
+            {
+                **dict(zip([*by, "profile"], key, strict=True)),
+                "speedup_low": float(low["speedup"]),
+                "speedup_high": float(high["speedup"]),
+                "extra_al": extra,
+                "needed_extra_al": needed,
+                "needed_mean_survival": needed / (high_n - low_n),
+                "rises": extra >= needed,
+            }
+        )
+    return pd.DataFrame(rows)
