@@ -40,6 +40,9 @@ def fitted_cost_table(
     :math:`c_{\\mathrm{draft}}(n) = \\hat c_0 + \\hat c_1 n` and
     :math:`V(n) = 1 + \\hat v(n)` (:func:`dsparklab.analysis.fit_speedup_model`).
     """
+    from dsparklab.analysis.window import require_step_costs
+
+    require_step_costs(steps)
     by = [c for c in as_columns(by) if c != "method"]
     params = fit_speedup_model(steps, fit_by=("method", *by))
     table = params.assign(
@@ -402,11 +405,12 @@ def compute_required_survival(
     acceptance: pd.DataFrame,
     costs: pd.DataFrame,
     *,
-    low_n: int = 3,
-    high_n: int = 7,
+    low_n: int | None = None,
+    high_n: int | None = None,
     by: str | Iterable[str] = ("dataset", "method"),
 ) -> pd.DataFrame:
-    """What raising the window from ``low_n`` to ``high_n`` needs to pay under a profile.
+    """What raising the window from ``low_n`` to ``high_n`` (default: each group's
+    smallest and largest n, 3 and 7 in the seeds) needs to pay under a profile.
 
     .. math::
 
@@ -416,7 +420,8 @@ def compute_required_survival(
     Returns
     -------
     pandas.DataFrame
-        One row per group and profile: ``speedup_low``, ``speedup_high`` (projected),
+        One row per group and profile: ``low_n``, ``high_n``, ``speedup_low``,
+        ``speedup_high`` (projected),
         ``extra_al`` (measured :math:`\\mathrm{AL}(n_h) - \\mathrm{AL}(n_l)`),
         ``needed_extra_al``, ``needed_mean_survival`` (the mean :math:`s_i` over positions
         :math:`n_l .. n_h - 1` that it takes) and ``rises`` (extra >= needed).
@@ -425,8 +430,10 @@ def compute_required_survival(
     projected = compute_projected_speedup(acceptance, costs)
     rows = []
     for key, part in projected.groupby([*by, "profile"], sort=True):
-        low, high = part[part["n"] == low_n], part[part["n"] == high_n]
-        if low.empty or high.empty:
+        a = int(part["n"].min()) if low_n is None else low_n
+        b = int(part["n"].max()) if high_n is None else high_n
+        low, high = part[part["n"] == a], part[part["n"] == b]
+        if low.empty or high.empty or a == b:
             continue
         low, high = low.iloc[0], high.iloc[0]
         extra = float(high["accept_len"] - low["accept_len"])
@@ -438,7 +445,9 @@ def compute_required_survival(
                 "speedup_high": float(high["speedup"]),
                 "extra_al": extra,
                 "needed_extra_al": needed,
-                "needed_mean_survival": needed / (high_n - low_n),
+                "low_n": a,
+                "high_n": b,
+                "needed_mean_survival": needed / (b - a) if b > a else np.nan,
                 "rises": extra >= needed,
             }
         )
