@@ -1,0 +1,136 @@
+"""Which window pays: truncated acceptance, profiles, the window prediction, the marginal
+position and the best n, on synthetic runs whose drafts and costs are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from analysis_synth import build_run, concat
+
+from dsparklab.analysis import (
+    compute_acceptance_by_position,
+    compute_best_n,
+    compute_position_payoff,
+    compute_prefix_agreement,
+    compute_projected_speedup,
+    compute_required_survival,
+    compute_truncated_acceptance,
+    compute_window_prediction,
+    cost_table_from_profile,
+    fitted_cost_table,
+)
+from dsparklab.errors import MissingInputError, TraceSchemaError
+
+ACCEPT = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+PROFILE = {
+    "name": "test-gpu",
+    "verify": {str(w): 1.0 + 0.01 * (w - 1) for w in range(1, 9)},
+    "draft": {"eagle3": {"c0": 0.02, "c1": 0.05}, "dspark": {"c0": 0.1}},
+}
+
+
+def _sweep(method: str = "eagle3", ns=(3, 4, 5, 6, 7), **kw):
+    runs = [
+        build_run(
+            run_id=f"{method}-{n}",
+            method=method,
+            n=n,
+            accept=ACCEPT[:n],
+            seed=n,
+            n_requests=40,
+            draft_time=lambda n: 0.001 * (1 + n),
+            **kw,
+        )
+        for n in ns
+    ]
+    base = build_run(run_id="base", method="none", n=0, n_requests=40, seed=99)
+    return concat(*runs, base)
+
+
+def test_truncated_acceptance_is_the_survival_prefix_sum():
+    positions, steps = _sweep(ns=(7,))
+    table = compute_truncated_acceptance(positions, steps=steps, n_boot=0)
+    survival = compute_acceptance_by_position(
+        positions, steps=steps, by=("method", "dataset", "n"), n_boot=0
+    )
+    expected = 1 + np.cumsum(survival.sort_values("position")["survival"].to_numpy())
+    assert table["n"].tolist() == list(range(1, 8)) and set(table["source_n"]) == {7}
+    np.testing.assert_allclose(table["accept_len"], expected, rtol=1e-12)
+
+
+def test_projection_on_a_profile_is_al_over_the_step_cost():
+    positions, steps = _sweep(ns=(3, 7))
+    acceptance = compute_truncated_acceptance(positions, steps=steps, n_boot=0)
+    costs = cost_table_from_profile(PROFILE, methods=["eagle3"], ns=range(1, 8))
+    projected = compute_projected_speedup(acceptance, costs)
+    row = projected[projected["n"] == 5].iloc[0]
+    assert row["speedup"] == pytest.approx(row["accept_len"] / (0.02 + 0.05 * 5 + 1.05))
+    assert set(projected["label"]) == {"projected on test-gpu"}
+    required = compute_required_survival(acceptance, costs)
+    low, high = projected[projected["n"] == 1].iloc[0], projected[projected["n"] == 7].iloc[0]
+    need = low["accept_len"] * (high["step_cost"] / low["step_cost"] - 1)
+    assert required["needed_extra_al"].iloc[0] == pytest.approx(need)
+    assert bool(required["rises"].iloc[0]) == (high["speedup"] >= low["speedup"])
+    with pytest.raises(TraceSchemaError, match="verify.9") as err:
+        cost_table_from_profile(PROFILE, methods=["eagle3"], ns=[8], source="p.json")
+    assert "file p.json" in str(err.value)
+    with pytest.raises(TraceSchemaError, match="draft.dflash"):
+        cost_table_from_profile(PROFILE, methods=["dflash"], ns=[3])
+
+
+def test_window_prediction_and_prefix_agreement_on_synthetic_runs():
+    positions, steps = _sweep()
+    prediction = compute_window_prediction(positions, steps)
+    assert prediction["n"].tolist() == [3, 4, 5, 6] and set(prediction["source_n"]) == {7}
+    # the same per-position acceptance at every n and fitted costs: the prediction holds
+    assert (prediction["error"].abs() < 0.1).all(), prediction
+    assert (prediction["prefix_agreement"] < 0.5).all(), "independent random drafts rarely agree"
+    # make the first drafts of every smaller run those of the n = 7 run: agreement 1
+    top = positions[(positions["n"] == 7) & (positions["step"] == 0)]
+    prompt = steps.drop_duplicates("request_id").set_index("request_id")["prompt_id"]
+    key = top.assign(prompt_id=top["request_id"].map(prompt)).set_index(["prompt_id", "position"])
+    aligned = positions.assign(prompt_id=positions["request_id"].map(prompt))
+    first = aligned["step"] == 0
+    aligned.loc[first, "draft_token"] = [
+        key["draft_token"].get((p, i), t)
+        for p, i, t in aligned.loc[first, ["prompt_id", "position", "draft_token"]].itertuples(
+            index=False
+        )
+    ]
+    agreement = compute_prefix_agreement(aligned.drop(columns="prompt_id"), steps=steps)
+    assert (agreement["prefix_agreement"] == 1.0).all() and len(agreement) == 3 + 4 + 5 + 6
+
+
+def test_position_payoff_break_even_and_best_n():
+    positions, steps = _sweep()
+    costs = fitted_cost_table(steps)
+    payoff = compute_position_payoff(positions, steps=steps, costs=costs, n_boot=50)
+    step_cost = dict(zip(costs["n"], costs["draft_cost"] + costs["verify_cost"], strict=True))
+    row = payoff[payoff["position"] == 3].iloc[0]
+    survival = compute_acceptance_by_position(
+        positions[positions["n"] == 7], steps=steps, by=("n",), n_boot=0
+    )
+    s = survival.sort_values("position")["survival"].to_numpy()
+    assert row["marginal_tokens"] == pytest.approx(s[3])
+    assert row["marginal_cost"] == pytest.approx(step_cost[4] - step_cost[3])
+    assert row["break_even"] == pytest.approx(
+        (1 + s[:3].sum()) / step_cost[3] * row["marginal_cost"]
+    )
+    assert set(payoff["pays"]) <= {"yes", "no", "unclear"}
+    scaling = pd.DataFrame(
+        {
+            "dataset": "d",
+            "method": "m",
+            "n": [3, 4, 5],
+            "speedup": [1.0, 1.3, 1.2],
+            "speedup_lo": [0.9, 1.25, 1.1],
+            "speedup_hi": [1.1, 1.35, 1.26],
+        }
+    )
+    best = compute_best_n(scaling).iloc[0]
+    assert best["best_n"] == 4 and best["indistinguishable"] == "4 5"
+    with pytest.raises(MissingInputError, match="baselines"):
+        compute_best_n(scaling.assign(speedup=np.nan))
+    with pytest.raises(MissingInputError, match="baseline"):
+        fitted_cost_table(steps[steps["method"] != "none"])
