@@ -12,6 +12,7 @@ import typer
 from dsparklab.cli.common import NotebooksDir, Png, ShippedDir, fail
 
 _NOT_A_LITERAL = object()
+COMPARISON_NOTEBOOK = "05_regression_diagnosis"
 
 
 def _literal(text: str) -> Any:
@@ -122,3 +123,63 @@ def report(
     )
     if result.figures.png_message:
         typer.echo(result.figures.png_message)
+
+
+def parse_selection(text: str, *, option: str) -> dict[str, Any]:
+    """``"method=eagle3,n=3"`` -> ``{"method": "eagle3", "n": 3}``: run.json fields (run
+    columns or dotted paths) and values read as literals where they are one, else text."""
+    selection: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"{option} {text!r}: expected KEY=VALUE[,KEY=VALUE...], e.g. method=eagle3,n=3")
+        literal = _literal(value)
+        selection[key.strip()] = value if literal is _NOT_A_LITERAL else literal
+    if not selection:
+        fail(f"{option} is empty; e.g. {option} method=eagle3,n=3")
+    return selection
+
+
+def compare(
+    base: Annotated[
+        str,
+        typer.Option(
+            help="The base run set, KEY=VALUE[,...] over run.json fields: method=eagle3,n=3; "
+            "drafter.content_hash=3f2a (a prefix); engine.version=0.32.0; tier=tiny; "
+            "run_id=...; tags=nightly."
+        ),
+    ],
+    new: Annotated[str, typer.Option(help="The new run set, as --base.")],
+    runs: Annotated[
+        Path, typer.Option(help="A directory of run directories holding both sets.")
+    ] = Path("runs"),
+    out: Annotated[Path, typer.Option(help="Report directory.")] = Path("reports/compare"),
+    dataset: Annotated[
+        list[str] | None, typer.Option(help="Only this dataset; repeatable (default: all).")
+    ] = None,
+    png: Png = True,
+    notebooks: NotebooksDir = None,
+    shipped: ShippedDir = None,
+) -> None:
+    """Compare two run sets as a standalone report: where the speedup went (tokens per
+    step, draft, verify and other cost), then acceptance per dataset, prompt, position and
+    token class (notebook 05_regression_diagnosis)."""
+    from dsparklab.report import build_report
+
+    parameters: dict[str, Any] = {
+        "BASE": parse_selection(base, option="--base"),
+        "NEW": parse_selection(new, option="--new"),
+        "DATASETS": list(dataset or []),
+    }
+    result = build_report(
+        runs,
+        out,
+        notebooks_dir=notebooks,
+        names=[COMPARISON_NOTEBOOK],
+        shipped=shipped,
+        parameters=parameters,
+        png=png,
+    )
+    typer.echo(f"comparison: {result.out / (COMPARISON_NOTEBOOK + '.html')}")
+    for note in result.notebooks[0].not_computed if result.notebooks else []:
+        typer.echo(f"  not computed: {note['section']}: {note['reason']}")
