@@ -22,6 +22,8 @@ Every set is loaded by name through :func:`load_prompts`:
 - ``"jsonl:/path/to/file.jsonl"``: a user-supplied file, one JSON object per line
   (GSM8K, MATH500, AIME, LiveCodeBench, SPEED-Bench...). See :func:`load_jsonl_prompts`
   for the fields read.
+- ``"livecodebench:/path/to/test.jsonl"``: LiveCodeBench ``code_generation_lite`` rows,
+  each made into the prompt LiveCodeBench itself sends (:func:`load_livecodebench_prompts`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ from dsparklab.wheels import WheelFile, wheel_file
 logger = logging.getLogger(__name__)
 
 JSONL_PREFIX = "jsonl:"
+LIVECODEBENCH_PREFIX = "livecodebench:"
+LIVECODEBENCH = "livecodebench"
+# The prompt files a user brings, by prefix: "<prefix>PATH".
+PROMPT_FILE_PREFIXES = (JSONL_PREFIX, LIVECODEBENCH_PREFIX)
 
 # Fields holding the prompt text, tried in this order (first present, non-empty wins).
 TEXT_FIELDS: tuple[str, ...] = (
@@ -137,13 +143,26 @@ def load_prompts(dataset: str, *, limit: int | None = None) -> list[Prompt]:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
     if dataset.startswith(JSONL_PREFIX):
         prompts = load_jsonl_prompts(dataset[len(JSONL_PREFIX) :])
+    elif dataset.startswith(LIVECODEBENCH_PREFIX):
+        prompts = load_livecodebench_prompts(dataset[len(LIVECODEBENCH_PREFIX) :])
     else:
         loader = _LOADERS.get(dataset)
         if loader is None:
-            valid = ", ".join([*sorted(_LOADERS), f"{JSONL_PREFIX}/path/file.jsonl"])
+            files = [f"{prefix}/path/file.jsonl" for prefix in PROMPT_FILE_PREFIXES]
+            valid = ", ".join([*sorted(_LOADERS), *files])
             raise UnknownMethodError(f"unknown prompt set {dataset!r}; valid: {valid}")
         prompts = loader()
     return prompts if limit is None else prompts[:limit]
+
+
+def dataset_label(dataset: str) -> str:
+    """The name runs of a ``--dataset`` value carry: a built-in set's name, a JSONL file's
+    stem, ``livecodebench`` for a LiveCodeBench file."""
+    if dataset.startswith(JSONL_PREFIX):
+        return Path(dataset[len(JSONL_PREFIX) :]).stem
+    if dataset.startswith(LIVECODEBENCH_PREFIX):
+        return LIVECODEBENCH
+    return dataset
 
 
 def prompt_set_names() -> list[str]:
@@ -471,6 +490,103 @@ def _record_id(record: dict[str, Any], dataset: str, path: Path, line: int) -> s
             f"expected a string or integer id, got {value!r}", path=path, line=line, field=field
         )
     return str(value)
+
+
+# --- LiveCodeBench ------------------------------------------------------------------
+# LiveCodeBench's own prompt (LiveCodeBench/LiveCodeBench at 4fa15949,
+# lcb_runner/prompts/code_generation.py: PromptConstants.SYSTEM_MESSAGE_GENERIC, the
+# FORMATTING_* messages and get_generic_question_template_answer). The text is laid out
+# as its OpenAIReason style sends it, one user turn: the system message, a blank line,
+# then the question template.
+LCB_SYSTEM_MESSAGE = (
+    "You are an expert Python programmer. You will be given a question (problem "
+    "specification) and will generate a correct Python program that matches the "
+    "specification and passes all tests. You will NOT return anything except for the program."
+)
+LCB_FORMAT_WITH_STARTER_CODE = (
+    "You will use the following starter code to write the solution to the problem and "
+    "enclose your code within delimiters."
+)
+LCB_FORMAT_WITHOUT_STARTER_CODE = (
+    "Read the inputs from stdin solve the problem and write the answer to stdout (do not "
+    "directly test on the sample inputs). Enclose your code within delimiters as follows."
+)
+# code_generation_lite fields read (LiveCodeBench at 19133f21,
+# lcb_runner/benchmarks/code_generation.py,
+# CodeGenerationProblem); starter_code may be empty (stdin problems)
+LCB_FIELDS = ("question_content", "starter_code", "platform", "question_id", "contest_date")
+
+
+def livecodebench_prompt_text(question_content: str, starter_code: str) -> str:
+    """The prompt LiveCodeBench sends for one problem (generic template, with or without
+    starter code), after its generic system message."""
+    if starter_code:
+        code = f"### Format: {LCB_FORMAT_WITH_STARTER_CODE}\n```python\n{starter_code}\n```\n\n"
+    else:
+        code = (
+            f"### Format: {LCB_FORMAT_WITHOUT_STARTER_CODE}\n```python\n# YOUR CODE HERE\n```\n\n"
+        )
+    return (
+        f"{LCB_SYSTEM_MESSAGE}\n\n### Question:\n{question_content}\n\n{code}"
+        "### Answer: (use the provided format with backticks)\n\n"
+    )
+
+
+def load_livecodebench_prompts(path: Path | str) -> list[Prompt]:
+    """LiveCodeBench ``code_generation_lite`` JSONL rows as prompts, in file order.
+
+    Each line needs :data:`LCB_FIELDS` (``question_content`` a non-empty string,
+    ``starter_code`` a string, possibly empty, ``platform``, ``question_id`` and
+    ``contest_date`` strings); other fields (tests, metadata) are ignored. The id is
+    ``livecodebench/<platform>/<question_id>``; the text is
+    :func:`livecodebench_prompt_text`. The package ``nvidia-livecodebench`` ships the
+    harness and these templates but not the problems: bring the JSONL.
+
+    Raises
+    ------
+    PromptFileError
+        A missing file, a line that is not a JSON object, a missing or mistyped field (by
+        name and line), a repeated id, or no problems.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError("file not found", path=path)
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PromptFileError(
+                    f"not valid JSON ({err.msg})", path=path, line=number
+                ) from err
+            if not isinstance(record, dict):
+                raise PromptFileError("expected a JSON object", path=path, line=number)
+            for field in LCB_FIELDS:
+                value = record.get(field)
+                empty_ok = field == "starter_code"
+                if not isinstance(value, str) or (not value and not empty_ok):
+                    what = "missing" if field not in record else f"a {type(value).__name__}"
+                    raise PromptFileError(
+                        f"expected a {'string' if empty_ok else 'non-empty string'}, got {what}",
+                        path=path,
+                        line=number,
+                        field=field,
+                    )
+            prompt_id = f"{LIVECODEBENCH}/{record['platform']}/{record['question_id']}"
+            if prompt_id in seen:
+                raise PromptFileError(
+                    f"duplicate id {prompt_id!r}", path=path, line=number, field="question_id"
+                )
+            seen.add(prompt_id)
+            text = livecodebench_prompt_text(record["question_content"], record["starter_code"])
+            prompts.append(Prompt(prompt_id, LIVECODEBENCH, text))
+    if not prompts:
+        raise PromptFileError("no problems (the file is empty)", path=path)
+    return prompts
 
 
 _LOADERS: dict[str, Callable[[], list[Prompt]]] = {

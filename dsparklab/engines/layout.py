@@ -36,9 +36,9 @@ class RunSpec:
     @property
     def dataset_dir(self) -> str:
         """The dataset's directory name (a JSONL set is named by its file's stem)."""
-        if self.dataset.startswith("jsonl:"):
-            return Path(self.dataset[len("jsonl:") :]).stem
-        return self.dataset
+        from dsparklab.prompts import dataset_label
+
+        return dataset_label(self.dataset)
 
     @property
     def name(self) -> str:
