@@ -1,13 +1,11 @@
 """The project's own docs: links resolve, the trace contract matches the schema, every
-metric is documented, the how-tos' code runs, and nothing cites a file outside the
-repository."""
+metric is documented, and nothing cites a file outside the repository. The how-tos'
+command blocks run in tests/docs/test_howtos.py, in order, where each page says."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -119,19 +117,6 @@ def test_every_public_metric_is_documented() -> None:
     assert public
     missing = [name for name in public if f"`{name}" not in text]
     assert not missing, f"docs/metrics.md does not document {missing}"
-
-
-@pytest.mark.parametrize("page", sorted(DOCS.glob("howto-*.md")), ids=lambda p: p.name)
-def test_howto_python_runs(page: Path, tmp_path: Path) -> None:
-    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.M | re.S)
-    for code in blocks:
-        script = tmp_path / "snippet.py"
-        script.write_text(code, encoding="utf-8")
-        done = subprocess.run(
-            [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, f"{page.name}: {done.stderr[-2000:]}"
-        assert done.stdout.strip(), f"{page.name}: the snippet printed nothing"
 
 
 def test_nothing_shipped_cites_outside_the_repository() -> None:
