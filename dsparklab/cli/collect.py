@@ -197,7 +197,8 @@ def run_summary(run_dir: Path, name: str) -> str:
     rows = meta.get("rows") or {}
     stats = meta.get("stats") or {}
     steps = int(stats.get("num_steps", rows.get("steps", 0)))
-    head = f"{name}: {meta.get('num_requests', rows.get('requests', 0))} requests, {steps} steps"
+    requests = int(meta.get("num_requests", rows.get("requests", 0)))
+    head = f"{name}: {_count(requests, 'request')}, {_count(steps, 'step')}"
     if meta["status"] != "complete":
         head += f" ({meta['status']})"
     if meta["method"] == "none":
@@ -216,3 +217,7 @@ def run_summary(run_dir: Path, name: str) -> str:
             "requests (run.json checks.totals_vs_trace)"
         )
     return f"{head}, AL {al:.2f}; {totals}"
+
+
+def _count(k: int, noun: str) -> str:
+    return f"{k} {noun}" if k == 1 else f"{k} {noun}s"

@@ -104,6 +104,11 @@ def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_pat
     assert "GET /metrics" in sources["num_speculative_tokens"]
     assert "the taps'" in sources["method"]
 
+    # Eagle3 on Model Runner V1: every drafted position has its log-probability
+    positions = read_trace(run_dir, "positions")
+    assert len(positions) and positions["draft_logprob"].notna().all()
+    assert (positions["draft_logprob"] <= 1e-6).all()
+
     # the last line sums the run up, and its numbers are the run's
     steps = read_trace(run_dir, "steps")
     totals = read_trace(run_dir, "totals")
