@@ -132,7 +132,11 @@ def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert result.output.strip().splitlines()[-1] == str(runs)
+    # the root, then one summary line per run (complete runs, skipped, are summed up too)
+    lines = result.output.strip().splitlines()
+    leaves = ["none", "dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"]
+    assert lines[-6] == str(runs), result.output
+    assert [line.split(":")[0] for line in lines[-5:]] == [f"humaneval/{k}" for k in leaves]
     after = {p: read_run_json(p)["created_at"] for p in (runs / "humaneval").iterdir()}
     assert after == before  # every run was complete: nothing redone
 
