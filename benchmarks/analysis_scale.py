@@ -100,6 +100,7 @@ def _synthetic_run(
             "num_drafted": pa.array(np.full(n_steps, drafted), pa.int32()),
             "num_verified": pa.array(np.full(n_steps, drafted), pa.int32()),
             "accepted_len": pa.array(accepted_len, pa.int32()),
+            "emitted": pa.array(accepted_len + 1, pa.int32()),  # no output cut: synthetic
             "draft_time_s": pa.nulls(n_steps, pa.float64())
             if method == "none"
             else pa.array(0.01 * draft_cost * rng.uniform(0.9, 1.1, n_steps)),

@@ -73,6 +73,7 @@ def step_rows(
                 num_drafted=n,
                 num_verified=n,
                 accepted_len=accepted_len,
+                emitted=accepted_len + 1,
                 draft_time_s=0.01,
                 verify_time_s=0.02,
             )
@@ -98,13 +99,14 @@ def step_rows(
     return steps, positions
 
 
-def request_row(request_id: str = "r0") -> dict[str, Any]:
+def request_row(request_id: str = "r0", *, n_output: int = 2) -> dict[str, Any]:
+    """A request whose output holds ``n_output`` tokens (4, 5, ...)."""
     return dict(
         request_id=request_id,
         prompt_id=f"p-{request_id}",
         dataset="humaneval",
         prompt_token_ids=[1, 2, 3],
-        output_token_ids=[4, 5],
+        output_token_ids=list(range(4, 4 + n_output)),
         output_text="ab",
         wall_time_s=0.5,
     )
@@ -123,7 +125,8 @@ def write_run(
         for step in steps:  # one step at a time, as an engine writes
             writer.add("steps", step)
             writer.add_many("positions", [p for p in positions if p["step"] == step["step"]])
-        writer.add("requests", request_row())
+        # the prefill's token, then what every step emitted
+        writer.add("requests", request_row(n_output=1 + sum(s["emitted"] for s in steps)))
     return run_dir
 
 

@@ -1,8 +1,10 @@
 """Window scaling: acceptance length and measured speedup as the window n grows.
 
 Speedup is measured against the target-only baseline (``method == "none"``) run that
-matches the method run on engine, target, dataset and temperature: a baseline step emits
-one token, a speculative step emits ``accepted_len + 1``.
+matches the method run on engine, target, dataset and temperature. Tokens are what the
+steps emitted (``emitted``: a baseline step one token, a speculative step
+``accepted_len + 1`` except where the output was cut at its end); AL stays what the
+verifier accepted.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def count_step_times(
     Returns
     -------
     pandas.DataFrame
-        Keys plus ``n_steps``, ``sum_tokens`` (emitted: ``accepted_len + 1``),
+        Keys plus ``n_steps``, ``sum_tokens`` (``emitted``: the output tokens the steps
+        added, ``accepted_len + 1`` but where the output was cut),
         ``sum_time`` (``draft_time_s + verify_time_s``; a null draft time counts 0),
         ``sum_draft`` and ``sum_verify``; the time sums are NaN in a group holding a step
         without a verify time.
@@ -71,7 +74,7 @@ def count_step_times(
     keys = list(dict.fromkeys([*by, "method", "n", *match]))
     if per_request:
         keys += [c for c in UNIT_COLUMNS if c not in keys]
-    require_columns(steps, [*keys, "accepted_len", "verify_time_s"], what="count_step_times")
+    require_columns(steps, [*keys, "emitted", "verify_time_s"], what="count_step_times")
     frame = steps
     # a step without a verify time (a vLLM run records the draft time only) makes its
     # group's time sums NaN: tokens per step still count, speedup cannot
@@ -87,7 +90,8 @@ def count_step_times(
         codes,
         sizes,
         {
-            "sum_tokens": frame["accepted_len"].to_numpy(dtype=np.float64) + 1.0,
+            # what the steps added to the output (a null emitted makes the group's NaN)
+            "sum_tokens": frame["emitted"].to_numpy(dtype=np.float64, na_value=np.nan),
             "sum_time": draft + verify,
             "sum_draft": draft,
             "sum_verify": verify,
@@ -187,13 +191,14 @@ def compute_window_scaling(
 
     .. math::
 
-        \\mathrm{speedup} = \\frac{\\sum_k (A_k + 1)\\, t_{b(k)}}{\\sum_k (d_k + u_k)},
+        \\mathrm{speedup} = \\frac{\\sum_k e_k\\, t_{b(k)}}{\\sum_k (d_k + u_k)},
         \\qquad
         c = \\frac{\\sum_k d_k}{\\sum_k t_{b(k)}}, \\qquad
         v = \\frac{\\sum_k u_k}{\\sum_k t_{b(k)}} - 1
 
-    with :math:`A_k` accepted positions, :math:`d_k` draft time and :math:`u_k` verify
-    time of step :math:`k`. With one dataset this is baseline time per token over method
+    with :math:`e_k` the tokens step :math:`k` emitted (``emitted``: :math:`A_k + 1`
+    but where the output was cut), :math:`d_k` its draft time and :math:`u_k` its verify
+    time. With one dataset this is baseline time per token over method
     time per token, and :math:`\\mathrm{speedup} = \\mathrm{tokens\\ per\\ step} /
     (1 + c + v)`. Pooling datasets weights them by emitted tokens; for the published
     convention (an unweighted mean over datasets) group by dataset and average.

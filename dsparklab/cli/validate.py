@@ -22,3 +22,15 @@ def validate(
     typer.echo(f"{len(reports)} runs: {len(reports) - bad} valid, {bad} invalid")
     if bad:
         raise typer.Exit(code=2)
+
+
+def migrate(
+    path: Path = typer.Argument(..., help="A run directory or a directory of runs."),
+) -> None:
+    """Upgrade runs written under an older trace contract in place (schema 1 -> 2: the
+    steps' emitted tokens, derived exactly from the recorded output lengths)."""
+    from dsparklab.store.migrate import migrate_store
+
+    outcomes = migrate_store(path)
+    migrated = sum(o == "migrated" for o in outcomes.values())
+    typer.echo(f"{len(outcomes)} runs: {migrated} migrated, {len(outcomes) - migrated} current")

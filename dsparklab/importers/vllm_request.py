@@ -49,7 +49,7 @@ from dsparklab.importers._common import (
     request_id,
     worst_check,
 )
-from dsparklab.store.rows import totals_row
+from dsparklab.store.rows import emitted_tokens, totals_row
 
 METRICS = "metrics.speculative_decoding"
 OLD = "speculative_decoding_stats"
@@ -291,6 +291,8 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
             assert req.per_step_accepted is not None
             assert req.per_step_drafted is not None
             context = None if req.prompt_tokens is None else req.prompt_tokens + 1
+            # completion_tokens is the output the server returned: each step's share of it
+            emitted = emitted_tokens(req.per_step_accepted, req.completion_tokens)
             for step, (a, d) in enumerate(
                 zip(req.per_step_accepted, req.per_step_drafted, strict=True)
             ):
@@ -304,6 +306,7 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
                         "num_drafted": d,
                         "num_verified": d,
                         "accepted_len": a,
+                        "emitted": emitted[step],
                         "draft_time_s": None,
                         "verify_time_s": None,
                     }

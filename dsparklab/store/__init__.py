@@ -1,4 +1,4 @@
-"""The trace store: schema v1, the writer engines use, readers and validation."""
+"""The trace store: schema v2, the writer engines use, readers and validation."""
 
 from dsparklab.store.reader import (
     find_runs,

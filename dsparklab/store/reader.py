@@ -34,6 +34,8 @@ from dsparklab.store.schema import (
 )
 
 Filters = Mapping[str, Any]
+# older contracts dsparklab upgrades in place
+_MIGRATE_HINT = {1: "; run `dsparklab migrate <runs>` to add the steps' emitted tokens"}
 
 
 def read_run_json(run_dir: Path | str) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def read_run_json(run_dir: Path | str) -> dict[str, Any]:
     if meta["schema_version"] != SCHEMA_VERSION:
         raise TraceSchemaError(
             f"schema version {meta['schema_version']} is not supported (this dsparklab reads "
-            f"{SCHEMA_VERSION})",
+            f"{SCHEMA_VERSION}){_MIGRATE_HINT.get(meta['schema_version'], '')}",
             path=path,
             field="schema_version",
         )
@@ -115,9 +117,10 @@ def check_part_schema(path: Path, table: str) -> pa.Schema:
             field="schema_version",
         )
     if version != str(SCHEMA_VERSION).encode():
+        text = version.decode(errors="replace")
+        hint = _MIGRATE_HINT.get(int(text), "") if text.isdigit() else ""
         raise TraceSchemaError(
-            f"schema version {version.decode(errors='replace')} is not supported "
-            f"(this dsparklab reads {SCHEMA_VERSION})",
+            f"schema version {text} is not supported (this dsparklab reads {SCHEMA_VERSION}){hint}",
             path=path,
             field="schema_version",
         )

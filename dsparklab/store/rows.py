@@ -1,4 +1,5 @@
-"""Rows of the aggregate tables (``counters``, ``totals``) with every column present.
+"""Rows of the aggregate tables (``counters``, ``totals``) with every column present, and
+the steps' ``emitted`` tokens every writer derives the same way.
 
 Whoever fills these tables (importers, the vLLM collector) builds its rows here, so a
 column added to the schema is added once; NaN rates and lengths are stored as null.
@@ -7,7 +8,28 @@ column added to the schema is added once; NaN rates and lengths are stored as nu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+
+def emitted_tokens(accepted_lens: Sequence[int], n_output: int | None) -> list[int | None]:
+    """Each step's ``emitted``, from its ``accepted_len`` (in step order) and the
+    request's output length :math:`L`: the prefill's token first, then each step's
+    :math:`A_k + 1` tokens until the output ends,
+
+    .. math:: e_k = \\min\\Big(A_k + 1,\\ \\max\\big(0,\\ L - 1 - \\sum_{j<k} e_j\\big)\\Big)
+
+    None for every step when the output length is not known.
+    """
+    if n_output is None:
+        return [None] * len(accepted_lens)
+    left = int(n_output) - 1
+    out: list[int | None] = []
+    for accepted in accepted_lens:
+        kept = max(0, min(int(accepted) + 1, left))
+        left -= kept
+        out.append(kept)
+    return out
 
 
 def counter_row(

@@ -1,4 +1,4 @@
-"""The trace contract, schema v1: the one place that says what a run directory holds.
+"""The trace contract, schema v2: the one place that says what a run directory holds.
 
 A run is one (engine, target, drafter, method, n, dataset, sampling) combination::
 
@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+# 2: steps carry ``emitted`` (schema 1 runs: ``dsparklab migrate``, dsparklab/store/migrate.py)
+SCHEMA_VERSION = 2
 # Stamped into every parquet part's key-value metadata.
 SCHEMA_VERSION_KEY = b"dsparklab.schema_version"
 TABLE_KEY = b"dsparklab.table"
@@ -55,6 +56,11 @@ STEPS_SCHEMA = pa.schema(
         # positions sent to the verifier (< num_drafted under adaptive verification)
         pa.field("num_verified", pa.int32(), nullable=False),
         pa.field("accepted_len", pa.int32(), nullable=False),
+        # output tokens the step added once the output was cut at max_new_tokens and at a
+        # stop token: accepted_len + 1 but for a request's last steps; with the prefill's
+        # token, a request's steps add up to its output. Null where the writer does not
+        # see the output (a vLLM worker's own tap store: the front end cuts it)
+        pa.field("emitted", pa.int32()),
         pa.field("draft_time_s", pa.float64()),
         pa.field("verify_time_s", pa.float64()),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -508,6 +509,13 @@ def _check_steps(steps: pd.DataFrame, positions: pd.DataFrame, n: int, report: R
         "need 0 <= accepted_len ({accepted_len}) <= num_verified ({num_verified}) <= "
         "num_drafted ({num_drafted}) <= n=" + str(n),
     )
+    emitted = steps["emitted"]
+    _flag(
+        report,
+        steps[emitted.notna() & ((emitted < 0) | (emitted > steps["accepted_len"] + 1))],
+        "emitted",
+        "need 0 <= emitted ({emitted}) <= accepted_len + 1 ({accepted_len} + 1)",
+    )
     per_request = steps.groupby("request_id")["step"].agg(["min", "max", "nunique"])
     gaps = per_request[
         (per_request["min"] != 0) | (per_request["max"] != per_request["nunique"] - 1)
@@ -560,4 +568,21 @@ def _check_requests(steps: pd.DataFrame, requests: pd.DataFrame, report: RunRepo
         missing.drop_duplicates("request_id"),
         "request_id",
         "request {request_id} has steps but no requests row",
+    )
+    # a request's steps add up to its output: the prefill's token, then what each emitted
+    counted = steps[steps["emitted"].notna()].groupby("request_id")["emitted"].sum()
+    outputs = requests[requests["output_token_ids"].notna()].drop_duplicates("request_id")
+    if outputs.empty or counted.empty:
+        return
+    outputs = outputs.assign(
+        n_output=outputs["output_token_ids"].map(len).astype(np.int64),
+        n_emitted=outputs["request_id"].map(counted).astype(np.float64),
+    )
+    outputs = outputs[outputs["n_emitted"].notna() & (outputs["n_output"] > 0)]
+    _flag(
+        report,
+        outputs[outputs["n_emitted"] + 1 != outputs["n_output"]],
+        "emitted",
+        "request {request_id}: its steps emitted {n_emitted:.0f} tokens after the prefill's, "
+        "but its output holds {n_output} (need 1 + sum of emitted = output length)",
     )

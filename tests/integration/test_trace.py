@@ -113,11 +113,18 @@ def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
         assert 0 < len(output) <= MAX_NEW_TOKENS
         assert row["output_text"] == zoo.tokenizer.decode(output)
         assert row["wall_time_s"] > 0
-        # the steps emitted at least the output (the last step may overshoot)
+        # the steps accepted at least the output (the last step may overshoot); what they
+        # emitted is the output exactly, the prefill's token first
         mine = steps[
             (steps["run_id"] == row["run_id"]) & (steps["request_id"] == row["request_id"])
-        ]
+        ].sort_values("step")
         assert 1 + int((mine["accepted_len"] + 1).sum()) >= len(output)
+        assert 1 + int(mine["emitted"].sum()) == len(output)
+        assert ((mine["emitted"] <= mine["accepted_len"] + 1) & (mine["emitted"] >= 0)).all()
+        overshoot = mine[mine["emitted"] < mine["accepted_len"] + 1]
+        assert overshoot.empty or overshoot["step"].min() >= mine["step"].max() - 1, (
+            "cut at the end"
+        )
         if row["method"] != "none":
             assert output == list(baseline.loc[row["request_id"], "output_token_ids"])
 

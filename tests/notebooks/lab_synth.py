@@ -71,7 +71,8 @@ def write_synthetic_run(
             prompt_id = f"{dataset}/{r:03d}"
             # a per-prompt difficulty, shared by every run of the same dataset
             hardness = np.random.default_rng(zlib.crc32(prompt_id.encode())).normal(0, 0.06)
-            emitted, step, output = 0, 0, []
+            # the prefill's token opens the output; each step then emits accepted_len + 1
+            emitted, step, output = 0, 0, [0]
             while emitted < tokens_per_request:
                 context = 20 + emitted
                 verify = 0.010 * (1 + 0.02 * n) * rng.uniform(0.95, 1.05)
@@ -98,6 +99,7 @@ def write_synthetic_run(
                         num_drafted=drafted,
                         num_verified=drafted,
                         accepted_len=accepted_len,
+                        emitted=accepted_len + 1,
                         draft_time_s=draft_time,
                         verify_time_s=verify,
                     ),

@@ -46,6 +46,7 @@ from dsparklab.engines.reference.models import (
 )
 from dsparklab.engines.stats import DraftStats
 from dsparklab.errors import ConfigError
+from dsparklab.store.rows import emitted_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +57,19 @@ ENGINE_NAME = "reference"
 # records
 # --------------------------------------------------------------------------------------
 class StepRecord(NamedTuple):
-    """One verified step (the ``steps`` table, without the request-level columns)."""
+    """One verified step (the ``steps`` table, without the request-level columns).
+
+    ``emitted``: the output tokens the step added once the output is cut at
+    ``max_new_tokens`` and at a stop token (at most ``accepted_len + 1``; 0 for a step
+    whose tokens were all cut).
+    """
 
     step: int
     context_len: int
     num_drafted: int
     num_verified: int
     accepted_len: int
+    emitted: int
     draft_time_s: float | None
     verify_time_s: float | None
 
@@ -81,6 +88,13 @@ class PositionRecord(NamedTuple):
     markov_bias_norm: float | None
     markov_flip: bool | None
     confidence: float | None
+
+
+def emitted_steps(steps: Sequence[StepRecord], n_output: int) -> list[StepRecord]:
+    """``steps`` with ``emitted`` cut to what the output kept
+    (:func:`dsparklab.store.rows.emitted_tokens`)."""
+    kept = emitted_tokens([s.accepted_len for s in steps], n_output)
+    return [s._replace(emitted=int(k or 0)) for s, k in zip(steps, kept, strict=True)]
 
 
 def record_row(record: StepRecord | PositionRecord, **extra: Any) -> dict[str, Any]:
@@ -319,7 +333,7 @@ class ReferenceEngine:
                 stats.observe_draft(0, 0)
                 if trace:
                     steps.append(
-                        StepRecord(step, context_len, 0, 0, 0, None, time.perf_counter() - tick)
+                        StepRecord(step, context_len, 0, 0, 0, 1, None, time.perf_counter() - tick)
                     )
                 step += 1
                 continue
@@ -348,19 +362,22 @@ class ReferenceEngine:
             stats.observe_draft(n, accepted)
             if trace:
                 steps.append(
-                    StepRecord(step, context_len, n, n, accepted, tock - tick, done - tock)
+                    StepRecord(
+                        step, context_len, n, n, accepted, accepted + 1, tock - tick, done - tock
+                    )
                 )
                 pending.append((step, proposal.tokens, proposal.values, verdict))
             step += 1
         positions = self._position_records(pending) if pending else []
         wall = time.perf_counter() - started
+        output = self._truncate(output)
         return Generation(
             request_id=request_id,
             prompt_token_ids=prompt,
-            output_token_ids=self._truncate(output),
+            output_token_ids=output,
             wall_time_s=wall,
             stats=stats,
-            steps=steps,
+            steps=emitted_steps(steps, len(output)),
             positions=positions,
         )
 

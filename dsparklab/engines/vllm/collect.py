@@ -58,7 +58,7 @@ from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
-from dsparklab.store.rows import totals_row
+from dsparklab.store.rows import emitted_tokens, totals_row
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -192,6 +192,13 @@ def _computed_steps(req: CollectedRequest) -> list[dict[str, Any]]:
     return rows
 
 
+def _with_emitted(rows: list[dict[str, Any]], req: CollectedRequest) -> list[dict[str, Any]]:
+    """The request's step rows with ``emitted``: what each added to the output vLLM
+    returned (which vLLM cut at max_tokens and stop tokens; the taps cannot see that)."""
+    kept = emitted_tokens([r["accepted_len"] for r in rows], len(req.output_token_ids))
+    return [{**row, "emitted": k} for row, k in zip(rows, kept, strict=True)]
+
+
 def write_run(
     out: Path,
     spec: RunSpec,
@@ -264,6 +271,7 @@ def write_run(
             if tap is None or tap.empty:
                 report.requests_without_taps.append(rid)
                 steps = [] if req.per_step_accepted is None else _computed_steps(req)
+                steps = _with_emitted(steps, req)
                 writer.add_many("steps", [{**base, **s} for s in steps])
                 for s in steps:
                     report.stats.observe_draft(s["num_verified"], s["accepted_len"])
@@ -315,7 +323,7 @@ def _write_target_only(
             }
         )
         report.stats.observe_draft(0, 0)
-    writer.add_many("steps", rows)
+    writer.add_many("steps", _with_emitted(rows, req))
 
 
 def _write_tapped(
@@ -380,6 +388,7 @@ def _write_tapped(
             }
         )
         report.stats.observe_draft(ver, acc)
+    steps_out = _with_emitted(steps_out, req)
     writer.add_many("steps", steps_out)
     if positions is not None:
         records = positions.drop(columns=[c for c in positions.columns if c not in _POS_COLS])

@@ -323,6 +323,9 @@ class TraceRecorder:
                     "num_drafted": n_drafted,
                     "num_verified": verified,
                     "accepted_len": accepted,
+                    # the front end cuts the output at max_tokens and stop tokens, out of the
+                    # worker's sight: the collector fills it from the response
+                    "emitted": None,
                     "draft_time_s": pending.draft_time_s,
                     "verify_time_s": None,
                 }

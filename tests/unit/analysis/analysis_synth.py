@@ -118,6 +118,7 @@ def build_run(
             "num_drafted": drafted.astype(np.int32),
             "num_verified": verified.astype(np.int32),
             "accepted_len": accepted_len.astype(np.int32),
+            "emitted": (accepted_len + 1).astype(np.int32),  # no output cut: synthetic
             "draft_time_s": np.nan if method == "none" else dt * rng.uniform(0.9, 1.1, n_steps),
             "verify_time_s": verify_time * rng.uniform(0.9, 1.1, n_steps),
         }
@@ -194,6 +195,8 @@ def write_run(root: Path, run: Run) -> Path:
         by_step = run.positions[pos_cols].to_dict("records")
         writer.add_many("positions", [_plain(r) for r in by_step])
         requests = run.steps.drop_duplicates("request_id")
+        # the prefill's token, then what each step emitted
+        n_output = (run.steps.groupby("request_id")["emitted"].sum() + 1).to_dict()
         writer.add_many(
             "requests",
             [
@@ -202,7 +205,7 @@ def write_run(root: Path, run: Run) -> Path:
                     "prompt_id": r["prompt_id"],
                     "dataset": r["dataset"],
                     "prompt_token_ids": [1, 2, 3],
-                    "output_token_ids": [4, 5],
+                    "output_token_ids": [4] * int(n_output[r["request_id"]]),
                     "output_text": "x",
                     "wall_time_s": 1.0,
                 }

@@ -35,6 +35,7 @@ def steps_of(run_id, method, n, accepted_len, draft, verify, dataset="d", n_requ
                     "prompt_id": f"p{r}",
                     "step": s,
                     "accepted_len": a,
+                    "emitted": a + 1,
                     "num_drafted": n,
                     "num_verified": n,
                     "draft_time_s": draft,

@@ -192,6 +192,22 @@ def missing_request_row(run: Path) -> tuple[str, str | None]:
     return "part-", "request_id"
 
 
+def emitted_beyond_the_output(run: Path) -> tuple[str, str | None]:
+    """Steps that claim more tokens than the request's output holds (the step-count bias
+    the emitted column exists to remove): validate names the requests part and field."""
+    part = _first(run, "requests")
+    _rewrite(part, lambda t: _set_column(t, "output_token_ids", [[4, 5]] * len(t)))
+    return part.name, "emitted"
+
+
+def emitted_above_accepted(run: Path) -> tuple[str, str | None]:
+    part = _first(run, "steps")
+    _rewrite(
+        part, lambda t: _set_column(t, "emitted", [a + 2 for a in t["accepted_len"].to_pylist()])
+    )
+    return part.name, "emitted"
+
+
 # Breaks of the file format itself, which readers must refuse too ...
 FORMAT_BREAKS = [
     missing_run_json,
@@ -217,6 +233,8 @@ INVARIANT_BREAKS = [
     steps_not_contiguous,
     null_in_required_column,
     missing_request_row,
+    emitted_beyond_the_output,
+    emitted_above_accepted,
 ]
 CASES = FORMAT_BREAKS + INVARIANT_BREAKS
 
