@@ -39,6 +39,8 @@ class Findings:
     model_error: dict[str, float] = field(default_factory=dict)
     curve: list[dict[str, Any]] = field(default_factory=list)
     calibration: list[dict[str, Any]] = field(default_factory=list)
+    best_n: list[dict[str, Any]] = field(default_factory=list)
+    attribution: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -211,7 +213,7 @@ def _window_findings(
 ) -> None:
     """AL(n) per (run set, dataset, method) with two windows or more; speedup(n), the
     seeds' answer and the model's error where baselines and step timings exist."""
-    from dsparklab.analysis import compute_speedup_model, compute_window_scaling
+    from dsparklab.analysis import compute_best_n, compute_speedup_model, compute_window_scaling
     from dsparklab.analysis.findings import seeds_answer, speedup_trend
     from dsparklab.errors import MissingInputError
     from dsparklab.lab.notebook import load_runs
@@ -255,6 +257,7 @@ def _window_findings(
             scalings.append(
                 compute_window_scaling(part, by=("run_set", "method", "dataset"), n_boot=n_boot)
             )
+            findings.attribution += _window_attribution(part, n_boot)
     ns = sorted({int(n) for n in several["n"]})
     if scalings:
         scaling = pd.concat(scalings, ignore_index=True)
@@ -268,6 +271,17 @@ def _window_findings(
                 row["speedup"], row["speedup_lo"], row["speedup_hi"], "x"
             )
         ns = sorted({*ns, *(int(n) for n in scaling["n"])})
+        findings.best_n = [
+            {
+                "run set": r["run_set"],
+                "dataset": r["dataset"],
+                "method": r["method"],
+                "best n": r["best_n"],
+                "speedup": _interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], "x"),
+                "cannot be told apart": r["indistinguishable"],
+            }
+            for r in compute_best_n(scaling, by=("run_set", "dataset", "method")).to_dict("records")
+        ]
         labelled = scaling.assign(dataset=scaling["run_set"] + ": " + scaling["dataset"])
         findings.answer = seeds_answer(speedup_trend(labelled)).to_dict("records")
         model = pd.concat(models, ignore_index=True)
@@ -291,3 +305,35 @@ def _window_findings(
         *[f"AL({n})" for n in ns if f"AL({n})" in columns],
         *[f"speedup({n})" for n in ns if f"speedup({n})" in columns],
     ]
+
+
+def _window_attribution(steps: pd.DataFrame, n_boot: int) -> list[dict[str, Any]]:
+    """Per method and dataset of one run set: where the speedup went from the smallest to
+    the largest window (:func:`dsparklab.analysis.compute_speedup_attribution`)."""
+    from dsparklab.analysis import compute_speedup_attribution
+
+    rows = []
+    baseline = steps[steps["method"] == "none"]
+    for method, runs in steps[steps["method"] != "none"].groupby("method", sort=True):
+        ns = sorted({int(n) for n in runs["n"]})
+        if len(ns) < 2:
+            continue
+        sides = [pd.concat([runs[runs["n"] == n], baseline]) for n in (ns[0], ns[-1])]
+        parts = compute_speedup_attribution(*sides, n_boot=n_boot)
+        for dataset, part in parts.groupby("dataset", sort=True):
+            by_part = part.set_index("component")
+            row = {
+                "run set": str(runs["run_set"].iloc[0]),
+                "dataset": dataset,
+                "method": method,
+                "windows": f"{ns[0]} → {ns[-1]}",
+                "speedup": f"{by_part['base_speedup'].iloc[0]:.2f}x → "
+                f"{by_part['new_speedup'].iloc[0]:.2f}x",
+                "Δ log S": f"{by_part['total'].iloc[0]:+.3f}",
+            }
+            for component, values in by_part.iterrows():
+                row[str(component)] = _interval(
+                    values["delta_log_speedup"], values["lo"], values["hi"]
+                )
+            rows.append(row)
+    return rows

@@ -46,12 +46,14 @@ traceback.</p>{% endif %}
 <h2 id="findings">Findings{% if f.run_sets %} ({{ f.run_sets|join(", ") }}){% endif %}</h2>
 {% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% if f.acceptance %}
-<p>Acceptance per run set (tier/engine), dataset, method and window n: AL with its 95 %
-interval where per-request counts exist, and the survival s_i by drafted position:</p>
+<details{% if f.acceptance|length <= 12 %} open{% endif %}><summary>Acceptance per run set
+(tier/engine), dataset, method and window n ({{ f.acceptance|length }} rows): AL with its
+95 % interval where per-request counts exist, and the survival s_i by drafted
+position</summary>
 <table id="acceptance">
 <tr>{% for c in f.acceptance[0] %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for row in f.acceptance %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
-{% endfor %}</table>
+{% endfor %}</table></details>
 {% endif %}
 {% if f.answer %}
 <p><b>The seeds' question</b>: Novita reports that from n = 3 to n = 7 DSpark's speedup
@@ -75,6 +77,23 @@ over requests:</p>
 {% for row in f.window_table %}<tr>{% for c in f.window_columns %}<td>{{ row.get(c, "") }}</td>
 {% endfor %}</tr>{% endfor %}
 </table>
+{% endif %}
+{% if f.best_n %}
+<p>The best window per dataset and method (highest measured speedup), and the windows whose
+95 % interval reaches its lower bound:</p>
+<table id="best-n">
+<tr>{% for c in f.best_n[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.best_n %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% endif %}
+{% if f.attribution %}
+<p>Where the speedup went from the smallest to the largest window: the change of log
+speedup split exactly into tokens per step and the draft, verify and other cost (Shapley
+shares), with paired bootstrap intervals over prompts:</p>
+<table id="attribution">
+<tr>{% for c in f.attribution[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.attribution %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table>
 {% endif %}
 {% if f.model_error %}<p>Speedup model (verify cost per window shared by the methods, block
 draft constant, autoregressive draft linear in n): at most
