@@ -56,9 +56,9 @@ DEFAULT_TIER = "tiny"
 
 
 def _dataset_help() -> str:
-    from dsparklab.prompts import JSONL_PREFIX, prompt_set_names
+    from dsparklab.prompts import PROMPT_FILE_PREFIXES, prompt_set_names
 
-    names = ", ".join([*prompt_set_names(), f"{JSONL_PREFIX}PATH"])
+    names = ", ".join([*prompt_set_names(), *(f"{p}PATH" for p in PROMPT_FILE_PREFIXES)])
     return f"Comma list of prompt sets: {names}."
 
 

@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 
 from dsparklab.engines.checkpoints import resolve_model  # noqa: E402
 from dsparklab.engines.vllm.launch import vllm_distribution  # noqa: E402
-from dsparklab.prompts import prompt_set_names  # noqa: E402
+from dsparklab.prompts import PROMPT_FILE_PREFIXES, prompt_set_names  # noqa: E402
 from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
 from tests.vllm.serving import (  # noqa: E402
@@ -168,7 +168,9 @@ def test_collect_help_lists_every_dataset() -> None:
     listed = re.search(r"Comma list of prompt sets: ([^.]+)\.", text)
     assert listed, text
     names = [n.strip(" │") for n in listed.group(1).replace("│", " ").split(",")]
-    assert [n for n in names if n] == [*prompt_set_names(), "jsonl:PATH"]
+    files = [f"{prefix}PATH" for prefix in PROMPT_FILE_PREFIXES]
+    assert [n for n in names if n] == [*prompt_set_names(), *files]
+    assert {"jsonl:PATH", "livecodebench:PATH"} <= set(files)
     assert {"gsm8k", "aime", "mtbench"} <= set(prompt_set_names())
 
 
