@@ -66,7 +66,8 @@ def count_step_times(
     pandas.DataFrame
         Keys plus ``n_steps``, ``sum_tokens`` (``emitted``: the output tokens the steps
         added, ``accepted_len + 1`` but where the output was cut),
-        ``sum_time`` (``draft_time_s + verify_time_s``; a null draft time counts 0),
+        ``sum_time`` (``draft_time_s + verify_time_s + other_time_s``; a null draft or
+        other time counts 0),
         ``sum_draft`` and ``sum_verify``; the time sums are NaN in a group holding a step
         without a verify time.
     """
@@ -85,6 +86,11 @@ def count_step_times(
         else np.zeros(len(frame))
     )
     draft = np.where(np.isnan(verify), np.nan, np.nan_to_num(draft, nan=0.0))
+    other = (
+        np.nan_to_num(frame["other_time_s"].to_numpy(dtype=np.float64, na_value=np.nan), nan=0.0)
+        if "other_time_s" in frame
+        else np.zeros(len(frame))
+    )
     codes, sizes, uniques = factorize(frame, keys)
     cells, count, s = group_sums(
         codes,
@@ -92,7 +98,7 @@ def count_step_times(
         {
             # what the steps added to the output (a null emitted makes the group's NaN)
             "sum_tokens": frame["emitted"].to_numpy(dtype=np.float64, na_value=np.nan),
-            "sum_time": draft + verify,
+            "sum_time": draft + verify + other,
             "sum_draft": draft,
             "sum_verify": verify,
         },
@@ -191,14 +197,14 @@ def compute_window_scaling(
 
     .. math::
 
-        \\mathrm{speedup} = \\frac{\\sum_k e_k\\, t_{b(k)}}{\\sum_k (d_k + u_k)},
+        \\mathrm{speedup} = \\frac{\\sum_k e_k\\, t_{b(k)}}{\\sum_k (d_k + u_k + o_k)},
         \\qquad
         c = \\frac{\\sum_k d_k}{\\sum_k t_{b(k)}}, \\qquad
-        v = \\frac{\\sum_k u_k}{\\sum_k t_{b(k)}} - 1
+        v = \\frac{\\sum_k (u_k + o_k)}{\\sum_k t_{b(k)}} - 1
 
     with :math:`e_k` the tokens step :math:`k` emitted (``emitted``: :math:`A_k + 1`
-    but where the output was cut), :math:`d_k` its draft time and :math:`u_k` its verify
-    time. With one dataset this is baseline time per token over method
+    but where the output was cut), :math:`d_k` its draft, :math:`u_k` its verify and
+    :math:`o_k` its other time (each the request's share of its batch's). With one dataset this is baseline time per token over method
     time per token, and :math:`\\mathrm{speedup} = \\mathrm{tokens\\ per\\ step} /
     (1 + c + v)`. Pooling datasets weights them by emitted tokens; for the published
     convention (an unweighted mean over datasets) group by dataset and average.
@@ -233,14 +239,15 @@ def compute_window_scaling(
     step_base = method["baseline_step_time"].to_numpy(float)  # [R] NaN without a baseline
     match_code = method["_match"].fillna(-1).to_numpy(dtype=np.int64)
 
-    # per request: steps, tokens, time, draft, verify, tokens x t_b, steps x t_b  [R, 7]
+    # per request: steps, tokens, time, draft, verify (+ other), tokens x t_b, steps x t_b
+    draft_time = method["sum_draft"].to_numpy(float)
     per_unit = np.stack(
         [
             steps_n,
             tokens,
             time,
-            method["sum_draft"].to_numpy(float),
-            method["sum_verify"].to_numpy(float),
+            draft_time,
+            time - draft_time,
             tokens * step_base,
             steps_n * step_base,
         ],

@@ -1,6 +1,8 @@
 """``dsparklab migrate``: bring runs written under an older trace contract up to this one.
 
-Schema 1 -> 2: the steps table gains ``emitted``, the output tokens a step added once the
+Schema 1 -> 2: the steps gain ``batch_size`` and ``other_time_s`` and the totals the
+source's ``tpot_s`` / ``itl_s`` / ``ttft_s`` (null: schema 1 did not record them), and the
+steps gain ``emitted``, the output tokens a step added once the
 output was cut at ``max_new_tokens`` and at a stop token. It is derived exactly from what
 schema 1 recorded: the request's output length :math:`L` (``requests.output_token_ids``,
 else the per-request ``totals.num_output_tokens`` of an import), the prefill's token
@@ -106,6 +108,9 @@ def _rewrite(run_dir: Path, table: str) -> None:
             for t, a, b in zip(tables, bounds[:-1], bounds[1:], strict=True)
         ]
     for path, arrow in zip(parts, tables, strict=True):
+        for spec in schema:  # the other columns v2 added hold nothing schema 1 recorded
+            if spec.name not in arrow.column_names:
+                arrow = arrow.append_column(spec, pa.nulls(arrow.num_rows, spec.type))
         arrow = (
             arrow.select(schema.names)
             .cast(schema)

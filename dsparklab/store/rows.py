@@ -72,6 +72,9 @@ def totals_row(
     reported_accept_len: float | None = None,
     reported_accept_len_definition: str | None = None,
     reported_accept_rate: float | None = None,
+    tpot_s: float | None = None,
+    itl_s: float | None = None,
+    ttft_s: float | None = None,
 ) -> dict[str, Any]:
     """One ``totals`` row (every column present)."""
     return {
@@ -87,6 +90,9 @@ def totals_row(
         "reported_accept_len": _finite(reported_accept_len),
         "reported_accept_len_definition": reported_accept_len_definition,
         "reported_accept_rate": _finite(reported_accept_rate),
+        "tpot_s": _finite(tpot_s),
+        "itl_s": _finite(itl_s),
+        "ttft_s": _finite(ttft_s),
     }
 
 

@@ -61,8 +61,16 @@ STEPS_SCHEMA = pa.schema(
         # token, a request's steps add up to its output. Null where the writer does not
         # see the output (a vLLM worker's own tap store: the front end cuts it)
         pa.field("emitted", pa.int32()),
+        # Step costs are this request's share of what the engine spent on the batch the step
+        # ran in: the batch's time / batch_size, so sums over requests give the batch time
+        # once (batch_size x share gives it back). draft: proposing; verify: the target's
+        # forward over the block (vLLM: the engine step beyond the draft, verify and other
+        # together); other: the rest of the step where the engine times it apart
+        # (scheduling, sampling, bookkeeping); null where not recorded.
+        pa.field("batch_size", pa.int32()),
         pa.field("draft_time_s", pa.float64()),
         pa.field("verify_time_s", pa.float64()),
+        pa.field("other_time_s", pa.float64()),
     ]
 )
 
@@ -153,6 +161,11 @@ TOTALS_SCHEMA = pa.schema(
         pa.field("reported_accept_len", pa.float64()),
         pa.field("reported_accept_len_definition", pa.string()),
         pa.field("reported_accept_rate", pa.float64()),
+        # the cost side the source reported for the unit, in seconds: mean time per output
+        # token after the first, mean inter-token latency, mean time to first token
+        pa.field("tpot_s", pa.float64()),
+        pa.field("itl_s", pa.float64()),
+        pa.field("ttft_s", pa.float64()),
     ]
 )
 

@@ -70,8 +70,10 @@ class StepRecord(NamedTuple):
     num_verified: int
     accepted_len: int
     emitted: int
+    batch_size: int  # one request at a time: its costs are the whole step's
     draft_time_s: float | None
     verify_time_s: float | None
+    other_time_s: float | None  # after the verdict: the caches cropped, the context fed
 
 
 class PositionRecord(NamedTuple):
@@ -327,13 +329,25 @@ class ReferenceEngine:
                 tick = time.perf_counter() if trace else 0.0
                 logits, _ = self.target.forward(sequence[-1:])
                 token = sample_token(logits[-1], cfg.temperature, generator)
+                sampled = time.perf_counter() if trace else 0.0
                 emitted = [token]
                 sequence.append(token)
                 output.append(token)
                 stats.observe_draft(0, 0)
                 if trace:
                     steps.append(
-                        StepRecord(step, context_len, 0, 0, 0, 1, None, time.perf_counter() - tick)
+                        StepRecord(
+                            step,
+                            context_len,
+                            0,
+                            0,
+                            0,
+                            1,
+                            1,
+                            None,
+                            sampled - tick,
+                            time.perf_counter() - sampled,
+                        )
                     )
                 step += 1
                 continue
@@ -352,6 +366,7 @@ class ReferenceEngine:
                     temperature=cfg.temperature,
                     generator=generator,
                 )
+            verified = time.perf_counter() if trace else 0.0
             accepted = verdict.accepted_len
             self.target.crop(n - accepted)
             emitted = [*proposal.tokens[:accepted], verdict.bonus_token]
@@ -363,7 +378,16 @@ class ReferenceEngine:
             if trace:
                 steps.append(
                     StepRecord(
-                        step, context_len, n, n, accepted, accepted + 1, tock - tick, done - tock
+                        step,
+                        context_len,
+                        n,
+                        n,
+                        accepted,
+                        accepted + 1,
+                        1,
+                        tock - tick,
+                        verified - tock,
+                        done - verified,
                     )
                 )
                 pending.append((step, proposal.tokens, proposal.values, verdict))

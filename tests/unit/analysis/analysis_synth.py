@@ -119,8 +119,10 @@ def build_run(
             "num_verified": verified.astype(np.int32),
             "accepted_len": accepted_len.astype(np.int32),
             "emitted": (accepted_len + 1).astype(np.int32),  # no output cut: synthetic
+            "batch_size": np.ones(n_steps, dtype=np.int32),
             "draft_time_s": np.nan if method == "none" else dt * rng.uniform(0.9, 1.1, n_steps),
             "verify_time_s": verify_time * rng.uniform(0.9, 1.1, n_steps),
+            "other_time_s": np.nan,
         }
     )
     if method == "none" or n == 0:
