@@ -204,9 +204,10 @@ def compute_window_scaling(
 
     with :math:`e_k` the tokens step :math:`k` emitted (``emitted``: :math:`A_k + 1`
     but where the output was cut), :math:`d_k` its draft, :math:`u_k` its verify and
-    :math:`o_k` its other time (each the request's share of its batch's). With one dataset this is baseline time per token over method
-    time per token, and :math:`\\mathrm{speedup} = \\mathrm{tokens\\ per\\ step} /
-    (1 + c + v)`. Pooling datasets weights them by emitted tokens; for the published
+    :math:`o_k` its other time (each the request's share of its batch's). With one
+    dataset this is baseline time per token over method time per token, and
+    :math:`\\mathrm{speedup} = \\mathrm{tokens\\ per\\ step} / (1 + c + v)`.
+    Pooling datasets weights them by emitted tokens; for the published
     convention (an unweighted mean over datasets) group by dataset and average.
     """
     by = as_columns(by)
