@@ -297,25 +297,33 @@ def compute_position_payoff(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Does drafting one more position pay? Per group and window step :math:`m \\to m + 1`.
+    """Do the positions one more window step drafts pay? Per group, from each window
+    :math:`a` of the cost table to the next one :math:`b` (:math:`b = a + 1` when every
+    window was measured: one position at a time).
 
-    With :math:`s_m` the survival of position :math:`m` (0-based; from the group's
-    largest-window run), :math:`\\mathrm{AL}(m) = 1 + \\sum_{i<m} s_i` and the step cost
-    :math:`C(m)` of the cost table:
+    With :math:`s_i` the survival of position :math:`i` (0-based; from the group's
+    largest-window run), :math:`\\mathrm{AL}(a) = 1 + \\sum_{i<a} s_i` and the step cost
+    :math:`C(n)` of the cost table:
 
     .. math::
 
-        \\Delta T = s_m, \\qquad \\Delta C = C(m + 1) - C(m), \\qquad
-        S(m + 1) > S(m) \\iff s_m > s^{*} = \\frac{\\mathrm{AL}(m)}{C(m)}\\, \\Delta C
+        \\Delta T = \\sum_{a \\le i < b} s_i, \\qquad \\Delta C = C(b) - C(a), \\qquad
+        S(b) > S(a) \\iff \\Delta T > T^{*} = \\frac{\\mathrm{AL}(a)}{C(a)}\\, \\Delta C
 
     Returns
     -------
     pandas.DataFrame
-        One row per group, profile and :math:`m`: ``position`` (:math:`m`), ``n_from``,
-        ``n_to``, ``marginal_tokens`` (:math:`s_m`, + ``_lo``/``_hi``),
+        One row per group, profile and window step: ``position`` (:math:`a`, the first
+        added position), ``n_from`` (:math:`a`), ``n_to`` (:math:`b`), ``marginal_tokens``
+        (:math:`\\Delta T`, + ``_lo``/``_hi`` summing the survival bounds),
         ``marginal_cost`` (:math:`\\Delta C`, in decode steps), ``break_even``
-        (:math:`s^*`) and ``pays``: ``yes`` when the interval lies above :math:`s^*`,
-        ``no`` below it, ``unclear`` when it straddles.
+        (:math:`T^*`) and ``pays``: ``yes`` when the interval lies above :math:`T^*`, ``no``
+        below it, ``unclear`` when it straddles.
+
+    Raises
+    ------
+    MissingInputError
+        The cost table holds fewer than two windows the runs drafted.
     """
     by = list(as_columns(by))
     curves = _survival_curves(positions, steps, by, n_boot, seed)
@@ -324,34 +332,36 @@ def compute_position_payoff(
         key = key if isinstance(key, tuple) else (key,)
         part = part.sort_values("position")
         method = part["method"].iloc[0] if "method" in part else None
-        survival = part["survival"].to_numpy(float)
+        survival = part[["survival", "survival_lo", "survival_hi"]].to_numpy(float)  # [P, 3]
+        survival[:, 1:] = np.where(np.isnan(survival[:, 1:]), survival[:, :1], survival[:, 1:])
         for profile, cost in costs[costs["method"] == method].groupby("profile"):
             step_cost = dict(zip(cost["n"], cost["draft_cost"] + cost["verify_cost"], strict=True))
-            for m in range(1, len(survival)):
-                if m not in step_cost or m + 1 not in step_cost:
-                    continue
-                at = part.iloc[m]
-                al = 1.0 + survival[:m].sum()
-                delta = step_cost[m + 1] - step_cost[m]
-                need = al / step_cost[m] * delta
-                lo, hi = float(at["survival_lo"]), float(at["survival_hi"])
-                if np.isnan(lo) or np.isnan(hi):
-                    lo = hi = float(at["survival"])
+            windows = sorted(int(n) for n in step_cost if 1 <= n <= len(survival))
+            for a, b in zip(windows[:-1], windows[1:], strict=True):
+                gain = survival[a:b].sum(axis=0)  # [3]: point, lo, hi
+                al = 1.0 + survival[:a, 0].sum()
+                delta = step_cost[b] - step_cost[a]
+                need = al / step_cost[a] * delta
                 rows.append(
                     {
                         **dict(zip(by, key, strict=True)),
                         "profile": profile,
-                        "position": m,
-                        "n_from": m,
-                        "n_to": m + 1,
-                        "marginal_tokens": float(at["survival"]),
-                        "marginal_tokens_lo": float(at["survival_lo"]),
-                        "marginal_tokens_hi": float(at["survival_hi"]),
+                        "position": a,
+                        "n_from": a,
+                        "n_to": b,
+                        "marginal_tokens": float(gain[0]),
+                        "marginal_tokens_lo": float(gain[1]),
+                        "marginal_tokens_hi": float(gain[2]),
                         "marginal_cost": float(delta),
                         "break_even": float(need),
-                        "pays": "yes" if lo > need else "no" if hi < need else "unclear",
+                        "pays": "yes" if gain[1] > need else "no" if gain[2] < need else "unclear",
                     }
                 )
+    if not rows:
+        raise MissingInputError(
+            "no window step to price: the cost table holds fewer than two of the windows "
+            "the runs drafted"
+        )
     return pd.DataFrame(rows)
 
 

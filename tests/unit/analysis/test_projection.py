@@ -118,6 +118,15 @@ def test_position_payoff_break_even_and_best_n():
         (1 + s[:3].sum()) / step_cost[3] * row["marginal_cost"]
     )
     assert set(payoff["pays"]) <= {"yes", "no", "unclear"}
+    # windows 3 and 7 only: one step 3 -> 7 adding positions 3..6
+    gappy = compute_position_payoff(
+        positions, steps=steps, costs=costs[costs["n"].isin([3, 7])], n_boot=0
+    )
+    (jump,) = gappy.to_dict("records")
+    assert (jump["n_from"], jump["n_to"]) == (3, 7)
+    assert jump["marginal_tokens"] == pytest.approx(s[3:7].sum())
+    with pytest.raises(MissingInputError, match="fewer than two"):
+        compute_position_payoff(positions, steps=steps, costs=costs[costs["n"] == 3], n_boot=0)
     scaling = pd.DataFrame(
         {
             "dataset": "d",
