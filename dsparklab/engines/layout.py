@@ -139,8 +139,8 @@ class CollectOptions:
     progress
         Show progress bars.
     tier
-        The tier run.json records; None: the engine's default (reference: the target's zoo
-        tier, ``smol-target`` -> ``smol``; vLLM: ``vllm``).
+        The tier run.json records; None: the models' zoo tier (``smol-target`` ->
+        ``smol``; a served model outside the zoo: ``custom``).
     """
 
     methods: Sequence[str]
