@@ -498,6 +498,8 @@ def compute_coverage(
     *,
     counters: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
+    steps: pd.DataFrame | None = None,
+    positions: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """What each run can and cannot show, and why.
 
@@ -508,6 +510,10 @@ def compute_coverage(
     counters, calibration
         The runs' counters and calibration tables, when loaded (to tell counts from rates
         and reported calibration from none).
+    steps, positions
+        The runs' steps and positions, when loaded: then speedup, calibration and Markov
+        attribution are judged by which columns the run filled (a step without a verify
+        time, a run without confidence scores), not by its method or granularity.
 
     Returns
     -------
@@ -527,6 +533,10 @@ def compute_coverage(
     reported_cal: set[str] = set()
     if calibration is not None and len(calibration) and "run_id" in calibration:
         reported_cal = set(calibration["run_id"])
+    filled = _filled_columns(steps, positions)
+    given = {
+        name for name, frame in (("steps", steps), ("positions", positions)) if frame is not None
+    }
     rows = []
     for run in runs.itertuples(index=False):
         run_id, method, granularity = str(run.run_id), str(run.method), str(run.granularity)
@@ -539,6 +549,9 @@ def compute_coverage(
                 reported_cal=run_id in reported_cal,
                 per_request=granularity in ("token", "step") or run_id in per_request,
             )
+            missing = _missing_column(analysis, filled.get(run_id), given)
+            if available and missing:
+                available, reason = False, missing
             rows.append(
                 {
                     "run_id": run_id,
@@ -552,6 +565,41 @@ def compute_coverage(
     return pd.DataFrame(
         rows, columns=["run_id", "method", "granularity", "analysis", "available", "reason"]
     )
+
+
+# analysis -> (table, column) a run must fill for it, when its rows are loaded
+NEEDED_COLUMNS: dict[str, tuple[str, str]] = {
+    "speedup": ("steps", "verify_time_s"),
+    "calibration": ("positions", "confidence"),
+    "markov_attribution": ("positions", "markov_flip"),
+}
+
+
+def _filled_columns(
+    steps: pd.DataFrame | None, positions: pd.DataFrame | None
+) -> dict[str, set[tuple[str, str]]]:
+    """run_id -> the (table, column) of :data:`NEEDED_COLUMNS` that hold a value."""
+    filled: dict[str, set[tuple[str, str]]] = {}
+    for table, frame in (("steps", steps), ("positions", positions)):
+        if frame is None or frame.empty or "run_id" not in frame:
+            continue
+        for name, column in NEEDED_COLUMNS.values():
+            if name != table or column not in frame:
+                continue
+            for run_id in frame.loc[frame[column].notna(), "run_id"].unique():
+                filled.setdefault(str(run_id), set()).add((table, column))
+            for run_id in frame["run_id"].unique():
+                filled.setdefault(str(run_id), set())
+    return filled
+
+
+def _missing_column(analysis: str, filled: set[tuple[str, str]] | None, given: set[str]) -> str:
+    """Why a loaded run cannot give ``analysis``: the column it left empty ('' if none,
+    or if the table was not passed)."""
+    need = NEEDED_COLUMNS.get(analysis)
+    if need is None or filled is None or need in filled or need[0] not in given:
+        return ""
+    return f"its {need[0]} carry no {need[1]}"
 
 
 def _available(

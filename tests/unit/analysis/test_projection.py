@@ -143,3 +143,25 @@ def test_position_payoff_break_even_and_best_n():
         compute_best_n(scaling.assign(speedup=np.nan))
     with pytest.raises(MissingInputError, match="baseline"):
         fitted_cost_table(steps[steps["method"] != "none"])
+
+
+def test_coverage_reads_which_columns_a_run_filled():
+    """A token-level run whose steps carry no verify time (a vLLM worker's taps): coverage
+    says speedup is not available, and why, instead of trusting its granularity."""
+    from dsparklab.analysis import compute_coverage
+
+    timed = build_run(run_id="timed", method="dspark", n=3)
+    untimed = build_run(run_id="vllm", method="eagle3", n=3, verify_time=float("nan"))
+    positions, steps = concat(timed, untimed)
+    runs = pd.DataFrame(
+        {"run_id": ["timed", "vllm"], "method": ["dspark", "eagle3"], "granularity": "token"}
+    )
+    by_name = compute_coverage(runs).set_index(["run_id", "analysis"])
+    assert by_name.loc[("vllm", "speedup"), "available"], "by granularity alone: available"
+    table = compute_coverage(runs, steps=steps, positions=positions).set_index(
+        ["run_id", "analysis"]
+    )
+    assert table.loc[("timed", "speedup"), "available"]
+    assert not table.loc[("vllm", "speedup"), "available"]
+    assert table.loc[("vllm", "speedup"), "reason"] == "its steps carry no verify_time_s"
+    assert table.loc[("timed", "calibration"), "available"]
