@@ -33,7 +33,7 @@ import hashlib
 import importlib.util
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -415,11 +415,29 @@ def load_jsonl_prompts(path: Path | str, *, dataset: str | None = None) -> list[
         the text fields (or a bad value in the first one present), or an id repeats.
     """
     path = Path(path)
-    if not path.is_file():
-        raise PromptFileError("file not found", path=path)
     dataset = dataset or path.stem
     prompts: list[Prompt] = []
     seen: set[str] = set()
+    for number, record in _json_objects(path):
+        text = _record_text(record, path, number)
+        prompt_id = _record_id(record, dataset, path, number)
+        if prompt_id in seen:
+            raise PromptFileError(
+                f"duplicate id {prompt_id!r}", path=path, line=number, field=_id_field(record)
+            )
+        seen.add(prompt_id)
+        prompts.append(Prompt(prompt_id, dataset, text))
+    if not prompts:
+        raise PromptFileError("no prompts (the file is empty)", path=path)
+    logger.info("loaded %d prompts from %s", len(prompts), path)
+    return prompts
+
+
+def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSONL prompt file; a missing
+    file, a line that is not JSON or not an object stops with file and line."""
+    if not path.is_file():
+        raise PromptFileError("file not found", path=path)
     with path.open(encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
@@ -434,18 +452,7 @@ def load_jsonl_prompts(path: Path | str, *, dataset: str | None = None) -> list[
                 raise PromptFileError(
                     f"expected a JSON object, got {type(record).__name__}", path=path, line=number
                 )
-            text = _record_text(record, path, number)
-            prompt_id = _record_id(record, dataset, path, number)
-            if prompt_id in seen:
-                raise PromptFileError(
-                    f"duplicate id {prompt_id!r}", path=path, line=number, field=_id_field(record)
-                )
-            seen.add(prompt_id)
-            prompts.append(Prompt(prompt_id, dataset, text))
-    if not prompts:
-        raise PromptFileError("no prompts (the file is empty)", path=path)
-    logger.info("loaded %d prompts from %s", len(prompts), path)
-    return prompts
+            yield number, record
 
 
 def _record_text(record: dict[str, Any], path: Path, line: int) -> str:
@@ -549,41 +556,28 @@ def load_livecodebench_prompts(path: Path | str) -> list[Prompt]:
         name and line), a repeated id, or no problems.
     """
     path = Path(path)
-    if not path.is_file():
-        raise PromptFileError("file not found", path=path)
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
+    for number, record in _json_objects(path):
+        for field in LCB_FIELDS:
+            value = record.get(field)
+            empty_ok = field == "starter_code"
+            if not isinstance(value, str) or (not value and not empty_ok):
+                what = "missing" if field not in record else f"a {type(value).__name__}"
                 raise PromptFileError(
-                    f"not valid JSON ({err.msg})", path=path, line=number
-                ) from err
-            if not isinstance(record, dict):
-                raise PromptFileError("expected a JSON object", path=path, line=number)
-            for field in LCB_FIELDS:
-                value = record.get(field)
-                empty_ok = field == "starter_code"
-                if not isinstance(value, str) or (not value and not empty_ok):
-                    what = "missing" if field not in record else f"a {type(value).__name__}"
-                    raise PromptFileError(
-                        f"expected a {'string' if empty_ok else 'non-empty string'}, got {what}",
-                        path=path,
-                        line=number,
-                        field=field,
-                    )
-            prompt_id = f"{LIVECODEBENCH}/{record['platform']}/{record['question_id']}"
-            if prompt_id in seen:
-                raise PromptFileError(
-                    f"duplicate id {prompt_id!r}", path=path, line=number, field="question_id"
+                    f"expected a {'string' if empty_ok else 'non-empty string'}, got {what}",
+                    path=path,
+                    line=number,
+                    field=field,
                 )
-            seen.add(prompt_id)
-            text = livecodebench_prompt_text(record["question_content"], record["starter_code"])
-            prompts.append(Prompt(prompt_id, LIVECODEBENCH, text))
+        prompt_id = f"{LIVECODEBENCH}/{record['platform']}/{record['question_id']}"
+        if prompt_id in seen:
+            raise PromptFileError(
+                f"duplicate id {prompt_id!r}", path=path, line=number, field="question_id"
+            )
+        seen.add(prompt_id)
+        text = livecodebench_prompt_text(record["question_content"], record["starter_code"])
+        prompts.append(Prompt(prompt_id, LIVECODEBENCH, text))
     if not prompts:
         raise PromptFileError("no problems (the file is empty)", path=path)
     return prompts

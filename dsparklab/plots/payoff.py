@@ -28,6 +28,37 @@ def _panels(data: pd.DataFrame) -> tuple[go.Figure, list]:
     return panel_row([str(p) for p in panels], show_titles=len(panels) > 1, shared_y=True), panels
 
 
+def _speedup_line(
+    fig: go.Figure,
+    panels: list,
+    key: tuple,
+    rows: pd.DataFrame,
+    column: str,
+    what: str,
+    hover: str = "",
+    **style: object,
+) -> None:
+    """One method's ``column`` against n in its dataset's panel, named "<method> (<what>)"
+    (the legend once, from the first panel); ``hover`` adds to its hover text."""
+    dataset, method = key
+    name = f"{method} ({what})"
+    fig.add_trace(
+        go.Scatter(
+            x=rows["n"],
+            y=rows[column],
+            mode="lines+markers",
+            name=name,
+            legendgroup=name,
+            showlegend=panels.index(dataset) == 0,
+            hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
+            f"n=%{{x}}<br>{what}: %{{y:.3f}}x{hover}<extra></extra>",
+            **style,
+        ),
+        row=1,
+        col=panels.index(dataset) + 1,
+    )
+
+
 def plot_projected_speedup(
     projected: pd.DataFrame, *, measured: pd.DataFrame | None = None, title: str | None = None
 ) -> go.Figure:
@@ -53,44 +84,20 @@ def plot_projected_speedup(
     for (dataset, method, profile), line in each_line(
         projected, ("dataset", "method", "profile"), sort_by="n"
     ):
-        name = f"{method} (projected on {profile})"
-        fig.add_trace(
-            go.Scatter(
-                x=line["n"],
-                y=line["speedup"],
-                mode="lines+markers",
-                name=name,
-                legendgroup=name,
-                showlegend=panels.index(dataset) == 0,
-                line=dict(color=method_color(method or ""), dash="dash"),
-                marker=dict(symbol="diamond-open"),
-                hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
-                f"n=%{{x}}<br>projected on {profile}: %{{y:.2f}}x<extra></extra>",
-            ),
-            row=1,
-            col=panels.index(dataset) + 1,
-        )
-    if measured is not None:
-        for (dataset, method), line in each_line(measured, ("dataset", "method"), sort_by="n"):
-            if dataset not in panels:
-                continue
-            name = f"{method} (measured)"
-            fig.add_trace(
-                go.Scatter(
-                    x=line["n"],
-                    y=line["speedup"],
-                    mode="lines+markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=panels.index(dataset) == 0,
-                    line=dict(color=method_color(method or "")),
-                    error_y=error_bars(line["speedup"], line["speedup_lo"], line["speedup_hi"]),
-                    hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
-                    "n=%{x}<br>measured: %{y:.2f}x<extra></extra>",
-                ),
-                row=1,
-                col=panels.index(dataset) + 1,
-            )
+        color = method_color(method or "")
+        _speedup_line(
+            fig, panels, (dataset, method), line, "speedup", f"projected on {profile}",
+            line=dict(color=color, dash="dash"), marker=dict(symbol="diamond-open"),
+        )  # fmt: skip
+    for (dataset, method), line in each_line(
+        measured if measured is not None else projected.iloc[:0], ("dataset", "method"), sort_by="n"
+    ):
+        if dataset in panels:
+            bars = error_bars(line["speedup"], line["speedup_lo"], line["speedup_hi"])
+            _speedup_line(
+                fig, panels, (dataset, method), line, "speedup", "measured",
+                line=dict(color=method_color(method or "")), error_y=bars,
+            )  # fmt: skip
     fig.add_hline(y=1.0, line=dict(color="#868e96", width=1, dash="dot"))
     fig.update_xaxes(title_text="window n", dtick=1)
     fig.update_yaxes(title_text="speedup", row=1, col=1)
@@ -120,30 +127,14 @@ def plot_window_prediction(prediction: pd.DataFrame, *, title: str | None = None
         )
     fig, panels = _panels(prediction)
     for (dataset, method), line in each_line(prediction, ("dataset", "method"), sort_by="n"):
-        col = panels.index(dataset) + 1
         color = method_color(method or "")
-        for column, dash, what in (
-            ("measured", None, "measured"),
-            ("predicted", "dash", "predicted"),
-        ):
-            name = f"{method} ({what})"
-            fig.add_trace(
-                go.Scatter(
-                    x=line["n"],
-                    y=line[column],
-                    mode="lines+markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=col == 1,
-                    line=dict(color=color, dash=dash),
-                    customdata=line[["prefix_agreement", "source_n"]].to_numpy(),
-                    hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
-                    f"n=%{{x}}<br>{what}: %{{y:.3f}}x<br>prefix agreement with n="
-                    "%{customdata[1]}: %{customdata[0]:.0%}<extra></extra>",
-                ),
-                row=1,
-                col=col,
-            )
+        agreement = line[["prefix_agreement", "source_n"]].to_numpy()
+        for column, dash in (("measured", None), ("predicted", "dash")):
+            _speedup_line(
+                fig, panels, (dataset, method), line, column, column,
+                "<br>prefix agreement with n=%{customdata[1]}: %{customdata[0]:.0%}",
+                line=dict(color=color, dash=dash), customdata=agreement,
+            )  # fmt: skip
     fig.update_xaxes(title_text="window n", dtick=1)
     fig.update_yaxes(title_text="speedup", row=1, col=1)
     return finish(fig, title=title, name="window_prediction")
