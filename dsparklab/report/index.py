@@ -47,7 +47,8 @@ traceback.</p>{% endif %}
 {% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}
 {% if f.acceptance %}
 <details{% if f.acceptance|length <= 12 %} open{% endif %}><summary>Acceptance per run set
-(tier/engine), dataset, method and window n ({{ f.acceptance|length }} rows): AL with its
+(tier/engine), dataset, method and window n ({{ f.acceptance|length }}
+row{{ "s" if f.acceptance|length != 1 else "" }}): AL with its
 95 % interval where per-request counts exist, and the survival s_i by drafted
 position</summary>
 <table id="acceptance">
