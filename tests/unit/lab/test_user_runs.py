@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,9 +15,10 @@ from dsparklab.cli.app import app
 from dsparklab.cli.report import parse_params
 from dsparklab.errors import MissingInputError
 from dsparklab.lab import notebook as nb
-from dsparklab.lab.notebook import default_comparison, load_comparison, load_runs
+from dsparklab.lab.notebook import default_comparison, load_comparison, load_runs, read_records
 from dsparklab.lab.sections import SectionLog, run_section
 from dsparklab.report.build import discover_notebooks, notebook_parameters
+from dsparklab.store import read_run_json
 from tests.notebooks.lab_synth import write_synthetic_run
 
 DECLARED = notebook_parameters(discover_notebooks())
@@ -121,3 +123,44 @@ def test_comparison_and_tier_come_from_the_runs(tmp_path: Path):
     write_synthetic_run(other, method="eagle3", n=7, dataset="humaneval", tier="tiny")
     with pytest.raises(MissingInputError, match="share no dataset"):
         load_comparison(other)
+
+
+def _checkpoint(root: Path, content_hash: str) -> None:
+    """The runs below ``root`` come from the drafter checkpoint ``content_hash`` (and carry
+    run ids of their own)."""
+    for meta_path in root.rglob("run.json"):
+        meta = json.loads(meta_path.read_text())
+        meta["run_id"] = f"{root.name}/{meta['run_id']}"
+        if meta.get("drafter"):
+            meta["drafter"]["content_hash"] = content_hash
+        meta_path.write_text(json.dumps(meta))
+
+
+def test_two_checkpoints_of_one_drafter_are_compared_by_hash(tmp_path: Path):
+    """A drafter update: the same method, n and prompts, two checkpoints told apart by
+    their content hash (a prefix is enough), in the API and in `dsparklab compare`."""
+    for name, content_hash in (("old", "sha256:0a1b2c3d"), ("new", "sha256:9f8e7d6c")):
+        write_synthetic_run(tmp_path / name, method="eagle3", n=3, dataset="prose", seed=len(name))
+        write_synthetic_run(tmp_path / name, method="none", n=0, dataset="prose")
+        _checkpoint(tmp_path / name, content_hash)
+    pair = load_comparison(
+        tmp_path, {"drafter.content_hash": "0a1b"}, {"drafter.content_hash": "sha256:9f8e"}
+    )
+    old = read_run_json(pair.base.runs.loc[pair.base.runs["method"] == "eagle3", "path"].iloc[0])
+    assert old["drafter"]["content_hash"] == "sha256:0a1b2c3d"
+    assert set(pair.base.positions["run_id"]) == {"old/synthetic-prose-eagle3-n3"}
+    assert set(pair.new.positions["run_id"]) == {"new/synthetic-prose-eagle3-n3"}
+    assert pair.labels == ("drafter.content_hash=0a1b", "drafter.content_hash=sha256:9f8e")
+    with pytest.raises(MissingInputError, match="selection"):
+        load_comparison(tmp_path, {"drafter.content_hash": "ffff"}, {"method": "eagle3"})
+    result = CliRunner().invoke(
+        app,
+        ["compare", "--runs", str(tmp_path), "--base", "drafter.content_hash=0a1b",
+         "--new", "drafter.content_hash=9f8e", "--out", str(tmp_path / "r"), "--no-png"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = read_records(tmp_path / "r" / "notebooks" / "05_regression_diagnosis.ipynb")
+    assert records["comparison"] == ["drafter.content_hash=0a1b", "drafter.content_hash=9f8e"]
+    assert {r["component"] for r in records["speedup_attribution"]} == {
+        "tokens", "draft", "verify", "other"
+    }  # fmt: skip
