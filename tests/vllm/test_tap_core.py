@@ -30,7 +30,7 @@ from dsparklab.engines.vllm import (
 )
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
-from dsparklab.store import TraceWriter, new_run_json, read_trace, validate_trace
+from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -299,6 +299,132 @@ def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:
     run = read_run_json(tmp_path / "run")
     assert run["status"] == "failed"
     assert run["error"] == "boom"
+
+
+def _timed(slot, *, draft: float, step: float):
+    """``slot`` as the step clock hands it on: its draft pass and whole-step host times."""
+    slot.meta.update(draft_time_s=draft, step_time_s=step)
+    return slot
+
+
+def test_recorder_shares_each_engine_step_over_its_batch(tmp_path: Path) -> None:
+    """Three requests in one batch: each row carries a third of the step that verified it
+    (draft: that step's draft pass; verify: the rest), never the whole batch's time."""
+    ring = _ring()
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "eagle3"))
+    ids = ["a-00000000", "b-00000000", "c-00000000"]
+    # step 1: the three prefills (first drafts, nothing verified); 2 s of which 0.5 s drafting
+    first = _slot(
+        ring, ids, [[1, 2, 3]] * 3, sampled=[1] * 3, rejected=[0] * 3, seq=[5] * 3, last=[0] * 3
+    )
+    rec.stage(_timed(first, draft=0.5, step=2.0))
+    # step 2: a, b and c verify their drafts (1.2 s, 0.3 s drafting)
+    second = _slot(
+        ring,
+        ids,
+        [[4, 5, 6]] * 3,
+        sampled=[2, 1, 4],
+        rejected=[2, 3, 0],
+        seq=[9] * 3,
+        last=[7, 8, 9],
+    )
+    rec.stage(_timed(second, draft=0.3, step=1.2))
+    # step 3: c left; a and b verify (0.8 s, 0.2 s drafting)
+    third = _slot(
+        ring, ids[:2], [[1, 1, 1]] * 2, sampled=[1, 1], rejected=[3, 3], seq=[12] * 2, last=[1, 1]
+    )
+    rec.stage(_timed(third, draft=0.2, step=0.8))
+    rec.close()
+    steps = read_trace(tmp_path / "run", "steps")
+    assert steps["other_time_s"].isna().all()
+    by_step = steps.groupby("step")
+    assert by_step["batch_size"].unique().to_dict() == {0: [3], 1: [2]}
+    assert steps.loc[steps["step"] == 0, "draft_time_s"].tolist() == [pytest.approx(0.1)] * 3
+    assert steps.loc[steps["step"] == 0, "verify_time_s"].tolist() == [pytest.approx(0.3)] * 3
+    assert steps.loc[steps["step"] == 1, "draft_time_s"].tolist() == [pytest.approx(0.1)] * 2
+    assert steps.loc[steps["step"] == 1, "verify_time_s"].tolist() == [pytest.approx(0.3)] * 2
+    # per engine step, the rows' shares add up to the step's time once
+    total = steps["draft_time_s"] + steps["verify_time_s"]
+    assert total[steps["step"] == 0].sum() == pytest.approx(1.2)
+    assert (steps["batch_size"] * total).tolist() == [
+        pytest.approx(t) for t in [1.2] * 3 + [0.8] * 2
+    ]
+    costs = read_run_json(tmp_path / "run")["step_costs"]
+    assert costs["engine_steps"] == 3 and costs["batch_rows"] == 8 and costs["step_rows"] == 5
+    assert costs["step_time_s"] == pytest.approx(4.0)
+    assert costs["draft_time_s"] == pytest.approx(1.0)
+    # the prefill step resolved nothing: its 2 s are unattributed
+    assert costs["attributed_s"] == pytest.approx(total.sum()) == pytest.approx(2.0)
+    assert costs["unattributed_s"] == pytest.approx(2.0)
+
+
+def test_recorder_without_step_time_keeps_the_draft_share() -> None:
+    """A step the clock did not time (no sample_tokens patch): draft share only."""
+    ring, rec = _ring(), TraceRecorder(N)
+    first = _slot(
+        ring, ["a", "b"], [[1, 2, 3]] * 2, sampled=[1, 1], rejected=[0, 0], seq=[4, 4], last=[0, 0]
+    )
+    first.meta["draft_time_s"] = 0.4
+    rec.stage(first)
+    second = _slot(
+        ring, ["a", "b"], [[1, 2, 3]] * 2, sampled=[2, 2], rejected=[2, 2], seq=[8, 8], last=[5, 5]
+    )
+    second.meta["draft_time_s"] = 0.6
+    rec.stage(second)
+    rec.process_ready()
+    assert [(s["batch_size"], s["draft_time_s"], s["verify_time_s"]) for s in rec.rows.steps] == [
+        (2, pytest.approx(0.3), None)
+    ] * 2
+    assert rec.costs.engine_steps == 0 and rec.costs.untimed_engine_steps == 2
+
+
+def _target_only(
+    ring: StagingRing, req_ids: list[str], sampled: list[int], seq: list[int], step: float
+):
+    slot = ring.acquire()
+    assert slot is not None
+    slot.meta.update(
+        target_only=True, req_ids=req_ids, num_sampled=sampled, seq_base=seq, step_time_s=step
+    )
+    return slot, ring.release
+
+
+def test_recorder_target_only_steps(tmp_path: Path) -> None:
+    """One step per token after the first, each with its share of the engine step."""
+    ring = _ring()
+    meta = new_run_json(
+        run_id="t",
+        engine={"name": "vllm"},
+        method="none",
+        num_speculative_tokens=0,
+        target={"name": "t"},
+        drafter=None,
+        dataset="d",
+        sampling={},
+    )
+    rec = TraceRecorder(0, dataset="d", writer=TraceWriter(tmp_path / "run", meta))
+    # a: a two-chunk prefill (the first chunk samples nothing), b: a one-chunk prefill
+    rec.stage(*_target_only(ring, ["a", "b"], [0, 1], [4, 3], 0.6))
+    rec.stage(*_target_only(ring, ["a", "b"], [1, 1], [8, 4], 0.9))  # a's first token; b's 2nd
+    rec.stage(*_target_only(ring, ["b", "a"], [1, 1], [5, 9], 0.4))
+    rec.finish_requests(["b"])
+    assert rec.process_ready() == 3  # without a flush thread, the caller reads the slots
+    rec.stage(*_target_only(ring, ["a"], [1], [10], 0.25))
+    rec.close()
+    steps = read_trace(tmp_path / "run", "steps").sort_values(["request_id", "step"])
+    rows = steps[["request_id", "step", "context_len", "batch_size", "verify_time_s"]]
+    assert [tuple(r) for r in rows.itertuples(index=False)] == [
+        ("a", 0, 9, 2, pytest.approx(0.2)),
+        ("a", 1, 10, 1, pytest.approx(0.25)),
+        ("b", 0, 4, 2, pytest.approx(0.45)),
+        ("b", 1, 5, 2, pytest.approx(0.2)),
+    ]
+    assert steps["draft_time_s"].isna().all() and (steps["num_drafted"] == 0).all()
+    costs = read_run_json(tmp_path / "run")["step_costs"]
+    assert (costs["engine_steps"], costs["batch_rows"], costs["step_rows"]) == (4, 7, 4)
+    assert costs["attributed_s"] + costs["unattributed_s"] == pytest.approx(2.15)
+    assert costs["attributed_s"] == pytest.approx(steps["verify_time_s"].sum())
+    assert read_run_json(tmp_path / "run")["status"] == "complete"
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,20 @@ counts. The collector joins the two by request id and writes one run per (datase
 method, n) in the shared layout (:mod:`dsparklab.engines.layout`) through
 :class:`dsparklab.store.TraceWriter`:
 
-- ``steps``: vLLM's per-step accepted/verified counts; context length, drafted count and
-  draft time from the taps. The taps' own accepted counts must agree with vLLM's; any
-  difference is logged and listed in run.json (``checks.tap_vs_vllm``).
+- ``steps``: vLLM's per-step accepted/verified counts; context length, drafted count,
+  batch size and the step's costs (each request's share of its engine step's draft and
+  verify time, docs/vllm-plugin.md) from the taps. The taps' own accepted counts must
+  agree with vLLM's; any difference is logged and listed in run.json
+  (``checks.tap_vs_vllm``). Target-only runs take one step per output token after the
+  first from the taps' target-only steps (with their costs) when the taps hold that many,
+  else from the response alone (costs null).
 - ``positions``: the taps' rows (draft token, target token where vLLM emitted one,
   log-probs, Markov bias, flip, confidence; null where a method has no such value).
 - ``requests``: prompt and output tokens and text as vLLM returned them.
 - ``totals`` (scope ``request``): vLLM's own per-request counts (verify steps, drafted
   and accepted tokens, its mean acceptance length), beside the taps' steps they must
-  equal.
+  equal, and the response's timing where the server sends it (``vllm serve
+  --enable-per-request-metrics``: ``ttft_s``, ``tpot_s``; :data:`TIMING_FIELDS`).
 
 run.json also keeps vLLM's aggregate Prometheus counters
 (``vllm:spec_decode_num_accepted_tokens_per_pos`` ...) over the run's requests, and
@@ -66,6 +71,13 @@ logger = logging.getLogger(__name__)
 ENGINE_NAME = "vllm"
 ENV_SERVER_URL = "DSPARKLAB_VLLM_URL"
 CPU_KV_CACHE_BYTES = 256 << 20
+# A response's timing (``metrics``, ``PerRequestMetrics`` in
+# vllm/entrypoints/generate/base/protocol.py, filled by build_per_request_timing_metrics in
+# vllm/entrypoints/generate/base/serving.py with --enable-per-request-metrics) -> the
+# totals column, in seconds. time_to_first_token_ms: first token - scheduled (no queue
+# wait); mean_itl_ms: (last token - first token) / (completion tokens - 1), a time per
+# output token after the first, which is what tpot_s means.
+TIMING_FIELDS = {"time_to_first_token_ms": "ttft_s", "mean_itl_ms": "tpot_s"}
 
 
 # -- what one request produced ------------------------------------------------------------
@@ -82,6 +94,8 @@ class CollectedRequest:
     # vLLM's per-request spec-decode metrics (``SpeculativeDecodingMetrics``: the
     # response's ``metrics.speculative_decoding``, offline ``spec_decode_metrics.to_dict()``)
     spec_metrics: Mapping[str, Any] | None = None
+    # the response's timing in seconds (TIMING_FIELDS), where the server sent it
+    timing: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def per_step_accepted(self) -> list[int] | None:
@@ -110,7 +124,19 @@ class CollectedRequest:
             reported_accept_len=float(m["mean_acceptance_length"]),
             reported_accept_len_definition="per_step",
             reported_accept_rate=float(m["draft_acceptance_rate"]),
+            ttft_s=self.timing.get("ttft_s"),
+            tpot_s=self.timing.get("tpot_s"),
         )
+
+
+def response_timing(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """The totals' timing columns from a response's ``metrics`` (seconds; absent: none)."""
+    out = {}
+    for key, column in TIMING_FIELDS.items():
+        value = (metrics or {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[column] = float(value) / 1e3
+    return out
 
 
 @dataclass
@@ -184,12 +210,21 @@ def _computed_steps(req: CollectedRequest) -> list[dict[str, Any]]:
                 "num_drafted": int(verified),
                 "num_verified": int(verified),
                 "accepted_len": int(accepted),
-                "draft_time_s": None,
-                "verify_time_s": None,
+                **_NO_COSTS,
             }
         )
         context += int(accepted) + 1
     return rows
+
+
+# the cost columns of a step no tap timed
+_NO_COSTS: dict[str, Any] = {
+    "batch_size": None,
+    "draft_time_s": None,
+    "verify_time_s": None,
+    "other_time_s": None,
+}
+_COST_COLUMNS = tuple(_NO_COSTS)
 
 
 def _with_emitted(rows: list[dict[str, Any]], req: CollectedRequest) -> list[dict[str, Any]]:
@@ -262,7 +297,10 @@ def write_run(
                 },
             )
             if n == 0:
-                _write_target_only(writer, req, base, report)
+                tap = by_prompt.get(id_map.get(rid, "")) if taps is not None else None
+                if taps is not None and not taps.steps.empty and tap is None:
+                    report.requests_without_taps.append(rid)
+                _write_target_only(writer, req, base, report, tap)
                 continue
             reported = req.totals_row(req.prompt.prompt_id)
             if reported is not None:
@@ -304,26 +342,71 @@ def write_run(
 
 
 def _write_target_only(
-    writer: TraceWriter, req: CollectedRequest, base: dict[str, Any], report: RunReport
+    writer: TraceWriter,
+    req: CollectedRequest,
+    base: dict[str, Any],
+    report: RunReport,
+    tap: pd.DataFrame | None = None,
 ) -> None:
-    # one step per token after the prefill's (the reference engine's convention)
-    context = len(req.prompt_token_ids) + 1
+    """One step per token after the prefill's (the reference engine's convention): the
+    taps' target-only steps, with their costs, when they hold at least that many (more:
+    steps whose tokens the front end cut, e.g. at a stop string, kept with ``emitted`` 0);
+    else from the response alone, costs null (a shortfall is listed in
+    ``checks.tap_vs_vllm``)."""
+    expected = max(len(req.output_token_ids) - 1, 0)
     rows = []
-    for step in range(max(len(req.output_token_ids) - 1, 0)):
-        rows.append(
-            {
-                **base,
-                "step": step,
-                "context_len": context + step,
-                "num_drafted": 0,
-                "num_verified": 0,
-                "accepted_len": 0,
-                "draft_time_s": None,
-                "verify_time_s": None,
-            }
-        )
+    if tap is not None and len(tap) >= expected:
+        for row in tap.itertuples(index=False):
+            rows.append(
+                {
+                    **base,
+                    "step": int(row.step),
+                    "context_len": int(row.context_len),
+                    "num_drafted": 0,
+                    "num_verified": 0,
+                    "accepted_len": 0,
+                    **_tap_costs(row),
+                }
+            )
+    else:
+        if tap is not None:
+            report.tap_vs_vllm.append(
+                {
+                    "request_id": req.request_id,
+                    "steps": expected - len(tap),
+                    "first_step": len(tap),
+                    "vllm_steps": expected,
+                    "tap_steps": len(tap),
+                }
+            )
+            logger.warning(
+                "request %s: the taps hold %d target-only steps of the %d its output has; "
+                "the run keeps the response's steps, untimed",
+                req.request_id,
+                len(tap),
+                expected,
+            )
+        context = len(req.prompt_token_ids) + 1
+        for step in range(expected):
+            rows.append(
+                {
+                    **base,
+                    "step": step,
+                    "context_len": context + step,
+                    "num_drafted": 0,
+                    "num_verified": 0,
+                    "accepted_len": 0,
+                    **_NO_COSTS,
+                }
+            )
+    for _ in rows:
         report.stats.observe_draft(0, 0)
     writer.add_many("steps", _with_emitted(rows, req))
+
+
+def _tap_costs(row: Any) -> dict[str, Any]:
+    """A tap step's cost columns (null where the tap store has none)."""
+    return {name: _none_if_nan(getattr(row, name, None)) for name in _COST_COLUMNS}
 
 
 def _write_tapped(
@@ -383,8 +466,7 @@ def _write_tapped(
                 "num_drafted": int(row.num_drafted),
                 "num_verified": ver,
                 "accepted_len": acc,
-                "draft_time_s": _none_if_nan(row.draft_time_s),
-                "verify_time_s": _none_if_nan(row.verify_time_s),
+                **_tap_costs(row),
             }
         )
         report.stats.observe_draft(ver, acc)
@@ -685,7 +767,8 @@ def _collect_engine(
                     _request_result(p, i, o) for p, i, o in zip(prompts, ids, outputs, strict=True)
                 ]
                 collected.append((spec, results, after.since(before)))
-            tap_dirs = _close_taps(llm) if n else []
+            # target-only engines record their steps' costs too (engines/vllm/steps.py)
+            tap_dirs = _close_taps(llm)
         finally:
             del llm
             _release_engine()
@@ -783,7 +866,8 @@ def serve_completion(
     )
     wall = time.perf_counter() - started
     choice = body["choices"][0]
-    spec = ((body.get("metrics") or {}).get("speculative_decoding")) or {}
+    metrics = body.get("metrics") or {}
+    spec = metrics.get("speculative_decoding") or {}
     return CollectedRequest(
         prompt=prompt,
         request_id=request_id,
@@ -792,7 +876,18 @@ def serve_completion(
         output_text=choice.get("text"),
         wall_time_s=wall,
         spec_metrics=spec or None,
+        timing=response_timing(metrics),
     )
+
+
+def _tap_steps_needed(req: CollectedRequest) -> int | None:
+    """The tap steps a request must have: vLLM's verify steps (speculative runs with
+    per-step counts), one per output token after the first (target-only), else unknown."""
+    if req.per_step_accepted is not None:
+        return len(req.per_step_accepted)
+    if req.spec_metrics is None:
+        return max(len(req.output_token_ids) - 1, 0)
+    return None
 
 
 def _wait_for_taps(
@@ -805,12 +900,14 @@ def _wait_for_taps(
 ) -> TapTables:
     """Read the workers' tap runs until every request's steps are there (or timeout).
 
-    With vLLM's per-step counts in the responses, "there" means that many steps; without
-    them, that the tap rows stopped changing for ``settle`` seconds.
+    "There" means that many steps: vLLM's per-step counts in the responses, or a
+    target-only request's output tokens after the first; without either, that the tap
+    rows stopped changing for ``settle`` seconds.
     """
     deadline = time.monotonic() + timeout
-    known = all(r.per_step_accepted is not None for r in wanted)
-    need = {r.request_id: len(r.per_step_accepted or []) for r in wanted}
+    needed = {r.request_id: _tap_steps_needed(r) for r in wanted}
+    known = all(k is not None for k in needed.values())
+    need = {rid: int(k or 0) for rid, k in needed.items()}
     last_count, stable_since = -1, time.monotonic()
     while True:
         dirs = sorted(p.parent for p in tap_dir.rglob("run.json"))
@@ -979,7 +1076,8 @@ def collect_serve(
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
-        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if n and taps else None
+        # target-only servers record their steps' costs too (engines/vllm/steps.py)
+        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if taps else None
         meta = _run_json(
             spec,
             target_ref,

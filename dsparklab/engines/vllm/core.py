@@ -263,15 +263,20 @@ class HostSlot:
     event: Any = None  # torch.cuda.Event recorded after the copies, None on CPU
     start_event: Any = None  # timing events around the draft step (CUDA)
     end_event: Any = None
+    # timing events around the whole engine step the slot belongs to (CUDA; on CPU the
+    # step's host time is in meta["step_time_s"])
+    step_start_event: Any = None
+    step_end_event: Any = None
     busy: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # req_ids, num_reqs, ... (host)
 
     def ready(self) -> bool:
-        return self.event is None or bool(self.event.query())
+        return all(e is None or bool(e.query()) for e in (self.event, self.step_end_event))
 
     def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        for event in (self.event, self.step_end_event):
+            if event is not None:
+                event.synchronize()
 
 
 class StagingRing:
@@ -310,6 +315,7 @@ class StagingRing:
                 slot.busy = True
                 slot.meta = {}
                 slot.event = slot.start_event = slot.end_event = None
+                slot.step_start_event = slot.step_end_event = None
                 return slot
         return None
 

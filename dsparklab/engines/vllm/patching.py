@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
-from dsparklab.engines.vllm import dspark_taps, runs, v1, v2
+from dsparklab.engines.vllm import dspark_taps, runs, steps, v1, v2
 from dsparklab.engines.vllm.config import TapConfig, TapConfigError
 from dsparklab.engines.vllm.staging import MARK, unwrap
 from dsparklab.errors import DSparkLabError
@@ -66,6 +66,7 @@ V1_PROPOSE = PatchPoint(
     ("scheduler_output", "sampled_token_ids", "spec_decode_metadata"),
 )
 V1_EXECUTE = PatchPoint(_RUNNER_V1, "GPUModelRunner", "execute_model", ("scheduler_output",))
+V1_SAMPLE = PatchPoint(_RUNNER_V1, "GPUModelRunner", "sample_tokens", ("grammar_output",))
 WORKER = PatchPoint(_WORKER, "WorkerBase", None)
 ENGINE_CLIENT_SHUTDOWN = PatchPoint("vllm.v1.engine.core_client", "MPClient", "shutdown")
 
@@ -106,9 +107,16 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         V1_EXECUTE,
-        runs.wrap_execute_model,
+        steps.wrap_v1_execute_model,
         (),
-        "finished/preempted requests (Model Runner V1; their last drafts stay pending)",
+        "finished/preempted requests (Model Runner V1; their last drafts stay pending) and "
+        "the engine steps' times (verify_time_s)",
+    ),
+    Patch(
+        V1_SAMPLE,
+        steps.wrap_v1_sample_tokens,
+        (V1_EXECUTE,),
+        "the engine steps' times (Model Runner V1: verify_time_s) and target-only steps",
     ),
     Patch(
         ENGINE_CLIENT_SHUTDOWN,

@@ -1,4 +1,4 @@
-"""Host side of the taps: staged copies -> trace rows keyed by request id.
+r"""Host side of the taps: staged copies -> trace rows keyed by request id.
 
 vLLM verifies a request's draft one step after proposing it, and re-sorts batch rows
 every step, so the recorder keeps one *pending* draft per request id. Each staged draft
@@ -14,7 +14,31 @@ token is not a draft token), ``verified = accepted + num_rejected``; a row with
 where the verifier emitted one: equal to the draft at accepted positions, the emitted
 bonus/correction token at position ``accepted``, null after it.
 
-Slots are read only when their device event has completed (never blocking the draft
+Step costs (``batch_size``, ``draft_time_s``, ``verify_time_s``; docs/vllm-plugin.md,
+"Step costs"). A slot is one engine step of vLLM: the target's forward over the batch
+(which verifies the drafts of the step before), sampling, and the draft pass that proposes
+the next drafts, in that order (V1: ``GPUModelRunner.execute_model`` then
+``sample_tokens``, which calls ``propose_draft_token_ids``;
+``vllm/v1/worker/gpu_model_runner.py``). The slot carries the draft pass's time
+:math:`D` and, where the step was timed as a whole (:mod:`~dsparklab.engines.vllm.steps`),
+the step's time :math:`T`. Every ``steps`` row a slot resolves (a draft this engine step
+verified) gets the slot's batch size :math:`B` (the rows vLLM ran in it) and its share of
+the step: ``draft_time_s`` = :math:`D / B`, ``verify_time_s`` = :math:`(T - D) / B` (the
+target's forward, sampling and vLLM's bookkeeping: verify and other together;
+``other_time_s`` is null). So the draft time on a row is the pass of the engine step that
+verified the row's block (which drafts the request's *next* block), and a step's costs all
+come from one batch: :math:`B \times` share is that batch's time, and the shares of one
+engine step add up to :math:`T` over its :math:`B` rows. Rows of the batch that resolve no
+draft (a prefill chunk, a request's first token) get no ``steps`` row; their shares are
+counted in run.json's ``step_costs`` (``unattributed_s``), so
+``attributed_s + unattributed_s = step_time_s`` over the run.
+
+Target-only engines (no speculative config) stage one host-only slot per engine step
+(``meta["target_only"]``): each row that sampled a token other than its first (the
+prefill's) is one ``steps`` row with ``num_drafted = 0`` and ``verify_time_s`` =
+:math:`T / B`.
+
+Slots are read only when their device events have completed (never blocking the draft
 step); a background thread does that every ``flush_seconds`` and writes parquet parts
 through :class:`dsparklab.store.TraceWriter`, the only way rows reach the disk.
 
@@ -71,7 +95,98 @@ class PendingDraft:
     tokens: list[int]  # [num_drafted] target-vocabulary ids
     taps: dict[str, list[Any]]  # field -> [num_drafted] (None where not computed)
     context_len: int | None
-    draft_time_s: float | None
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One engine step's batch size and each of its rows' shares of its time (seconds)."""
+
+    batch_size: int
+    step_time_s: float | None  # the whole engine step, T (None: not timed)
+    draft_time_s: float | None  # the draft pass, D (None: none, or not timed)
+    draft_share_s: float | None  # D / B
+    verify_share_s: float | None  # (T - D) / B; T / B without a draft pass
+
+    @classmethod
+    def of(cls, slot: HostSlot, batch_size: int) -> StepCost:
+        """The costs of the engine step ``slot`` staged (its events have completed)."""
+        meta = slot.meta
+        draft = _elapsed_s(meta.get("draft_time_s"), slot.start_event, slot.end_event)
+        step = _elapsed_s(meta.get("step_time_s"), slot.step_start_event, slot.step_end_event)
+        b = max(int(batch_size), 1)
+        if meta.get("target_only"):
+            verify = None if step is None else step / b
+        else:
+            verify = None if step is None or draft is None else (step - draft) / b
+        return cls(
+            batch_size=b,
+            step_time_s=step,
+            draft_time_s=draft,
+            draft_share_s=None if draft is None else draft / b,
+            verify_share_s=verify,
+        )
+
+    @property
+    def share_s(self) -> float | None:
+        """One row's share of the whole step (draft + verify), when the step was timed."""
+        if self.step_time_s is None:
+            return None
+        return self.step_time_s / self.batch_size
+
+
+def _elapsed_s(host: Any, start: Any, end: Any) -> float | None:
+    """Seconds: the host-clock value when recorded, else the CUDA events' elapsed time."""
+    if host is not None:
+        return float(host)
+    if start is not None and end is not None:
+        return float(start.elapsed_time(end)) / 1e3
+    return None
+
+
+@dataclass
+class StepCostTally:
+    """run.json's ``step_costs``: what the timed engine steps cost and where it went.
+
+    ``step_time_s`` / ``draft_time_s``: sums of :math:`T` and :math:`D` over the engine
+    steps timed; ``batch_rows``: sum of their batch sizes; ``step_rows``: ``steps`` rows
+    they resolved; ``attributed_s``: those rows' shares (draft + verify); ``unattributed_s``:
+    the shares of the batch rows that resolved no step (prefill chunks, first tokens).
+    """
+
+    engine_steps: int = 0
+    untimed_engine_steps: int = 0
+    step_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    batch_rows: int = 0
+    step_rows: int = 0
+    attributed_s: float = 0.0
+    unattributed_s: float = 0.0
+
+    def observe(self, cost: StepCost, rows: int) -> None:
+        share = cost.share_s
+        if share is None:
+            self.untimed_engine_steps += 1
+            return
+        assert cost.step_time_s is not None
+        self.engine_steps += 1
+        self.step_time_s += cost.step_time_s
+        self.draft_time_s += cost.draft_time_s or 0.0
+        self.batch_rows += cost.batch_size
+        self.step_rows += rows
+        self.attributed_s += rows * share
+        self.unattributed_s += (cost.batch_size - rows) * share
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine_steps": self.engine_steps,
+            "untimed_engine_steps": self.untimed_engine_steps,
+            "step_time_s": self.step_time_s,
+            "draft_time_s": self.draft_time_s,
+            "batch_rows": self.batch_rows,
+            "step_rows": self.step_rows,
+            "attributed_s": self.attributed_s,
+            "unattributed_s": self.unattributed_s,
+        }
 
 
 @dataclass
@@ -88,6 +203,16 @@ def _tap_value(name: str, value: Any) -> Any:
         return None if int(value) == FLIP_UNSET else bool(value)
     value = float(value)
     return None if math.isnan(value) else value
+
+
+def _cost_columns(cost: StepCost) -> dict[str, Any]:
+    """A ``steps`` row's cost columns: the request's share of its engine step."""
+    return {
+        "batch_size": cost.batch_size,
+        "draft_time_s": cost.draft_share_s,
+        "verify_time_s": cost.verify_share_s,
+        "other_time_s": None,  # inside verify_time_s: vLLM's step is not timed apart
+    }
 
 
 class TraceRecorder:
@@ -116,6 +241,7 @@ class TraceRecorder:
         self.writer = writer
         self.rows = StepRows()
         self.stats = DraftStats.new(num_speculative_tokens)
+        self.costs = StepCostTally()
         self.closed = False
         self.failed: str | None = None
         # _lock: processing and writing (the flush thread); _qlock: the queue only, so
@@ -126,6 +252,8 @@ class TraceRecorder:
         self._pending: dict[str, PendingDraft] = {}
         self._step_count: dict[str, int] = {}
         self._seen: set[str] = set()
+        # target-only: requests whose first (prefill) token was sampled
+        self._first_token: set[str] = set()
         # requests vLLM scheduled and has not yet reported finished (internal ids)
         self._active: set[str] = set()
         self._settled = False  # the marker is on disk (changed under _qlock)
@@ -210,7 +338,7 @@ class TraceRecorder:
         """Requests scheduled or recorded and not yet reported finished."""
         with self._qlock:
             active = set(self._active)
-        return active | set(self._pending) | set(self._step_count)
+        return active | set(self._pending) | set(self._step_count) | self._first_token
 
     def finish_requests(self, request_ids: Iterable[str], *, forget: bool = True) -> None:
         """Requests that left the batch: drop their pending drafts once queued slots are read.
@@ -236,6 +364,10 @@ class TraceRecorder:
         num_reqs = len(req_ids)
         if num_reqs == 0:
             return
+        cost = StepCost.of(slot, num_reqs)
+        if meta.get("target_only"):
+            self.costs.observe(cost, self._process_target_only(meta, req_ids, cost))
+            return
         t = slot.tensors
         num_sampled = [int(x) for x in t["num_sampled"][:num_reqs].tolist()]
         if "num_verified" in meta:  # V1: verified counts known on the host
@@ -259,9 +391,7 @@ class TraceRecorder:
             for name in TAP_FIELDS
             if name in t and num_drafted
         }
-        draft_time = meta.get("draft_time_s")
-        if draft_time is None and slot.start_event is not None and slot.end_event is not None:
-            draft_time = float(slot.start_event.elapsed_time(slot.end_event)) / 1e3
+        resolved = 0
         for row, req_id in enumerate(req_ids):
             pending = self._pending.pop(req_id, None)
             sampled = int(num_sampled[row])
@@ -281,7 +411,8 @@ class TraceRecorder:
                             len(pending.tokens),
                         )
                     else:
-                        self._emit(req_id, pending, accepted, verified, int(last_token[row]))
+                        self._emit(req_id, pending, accepted, verified, int(last_token[row]), cost)
+                        resolved += 1
             if drafts is not None:
                 self._pending[req_id] = PendingDraft(
                     tokens=[int(x) for x in drafts[row]],
@@ -290,22 +421,73 @@ class TraceRecorder:
                         for name, values in taps.items()
                     },
                     context_len=int(context_len[row]) if sampled > 0 else None,
-                    draft_time_s=draft_time,
                 )
+        self.costs.observe(cost, resolved)
 
-    def _emit(
-        self, req_id: str, pending: PendingDraft, accepted: int, verified: int, emitted: int
-    ) -> None:
+    def _process_target_only(
+        self, meta: Mapping[str, Any], req_ids: Sequence[str], cost: StepCost
+    ) -> int:
+        """A target-only engine step: one ``steps`` row per request that sampled a token
+        after its first; returns how many."""
+        rows = 0
+        for req_id, sampled, context in zip(
+            req_ids, meta["num_sampled"], meta["seq_base"], strict=True
+        ):
+            if int(sampled) <= 0:  # a prefill chunk: nothing sampled
+                continue
+            if req_id not in self._first_token:  # the prefill's token: no step
+                self._first_token.add(req_id)
+                continue
+            self._emit_target_only(req_id, int(context), cost)
+            rows += 1
+        return rows
+
+    def _emit_target_only(self, req_id: str, context_len: int, cost: StepCost) -> None:
         step = self._step_count.get(req_id, 0)
         self._step_count[req_id] = step + 1
         prompt_id = external_request_id(req_id)
-        n_drafted = len(pending.tokens)
+        self._add_request(req_id, prompt_id)
+        self._add(
+            "steps",
+            [
+                {
+                    "request_id": req_id,
+                    "prompt_id": prompt_id,
+                    "dataset": self.dataset,
+                    "step": step,
+                    "context_len": context_len,
+                    "num_drafted": 0,
+                    "num_verified": 0,
+                    "accepted_len": 0,
+                    "emitted": None,  # the collector fills it from the response
+                    **_cost_columns(cost),
+                }
+            ],
+        )
+        self.stats.observe_draft(0, 0)
+
+    def _add_request(self, req_id: str, prompt_id: str) -> None:
         if req_id not in self._seen:
             self._seen.add(req_id)
             self._add(
                 "requests",
                 [{"request_id": req_id, "prompt_id": prompt_id, "dataset": self.dataset}],
             )
+
+    def _emit(
+        self,
+        req_id: str,
+        pending: PendingDraft,
+        accepted: int,
+        verified: int,
+        emitted: int,
+        cost: StepCost,
+    ) -> None:
+        step = self._step_count.get(req_id, 0)
+        self._step_count[req_id] = step + 1
+        prompt_id = external_request_id(req_id)
+        n_drafted = len(pending.tokens)
+        self._add_request(req_id, prompt_id)
         if pending.context_len is None:
             self._warn_once(
                 "context",
@@ -326,8 +508,8 @@ class TraceRecorder:
                     # the front end cuts the output at max_tokens and stop tokens, out of the
                     # worker's sight: the collector fills it from the response
                     "emitted": None,
-                    "draft_time_s": pending.draft_time_s,
-                    "verify_time_s": None,
+                    # the engine step that verified this block (see the module docstring)
+                    **_cost_columns(cost),
                 }
             ],
         )
@@ -374,6 +556,7 @@ class TraceRecorder:
                     if forget:
                         self._step_count.pop(req_id, None)
                         self._seen.discard(req_id)
+                        self._first_token.discard(req_id)
                         with self._qlock:
                             self._active.discard(req_id)
             else:
@@ -420,7 +603,7 @@ class TraceRecorder:
             seq = self._seq_staged
         if self.in_flight():
             return
-        self.writer.update_meta(tap_stats=self.stats.to_json())
+        self.writer.update_meta(**self._tallies())
         self.writer.checkpoint()
         self._last_write = time.monotonic()
         with self._qlock:
@@ -434,7 +617,7 @@ class TraceRecorder:
         with self._lock:
             self.process_ready(block=True)
             if self._writer_open and self.writer is not None:
-                self.writer.update_meta(tap_stats=self.stats.to_json())
+                self.writer.update_meta(**self._tallies())
                 self.writer.flush()
 
     def close(self, *, status: str = "complete") -> None:
@@ -474,7 +657,7 @@ class TraceRecorder:
 
     def _close_writer(self, status: str) -> None:
         assert self.writer is not None
-        self.writer.update_meta(tap_stats=self.stats.to_json())
+        self.writer.update_meta(**self._tallies())
         if self.failed:
             self.writer.update_meta(error=self.failed)
         if not self._writer_open:
@@ -504,6 +687,10 @@ class TraceRecorder:
         except Exception:
             logger.exception("dsparklab: could not mark the tap trace failed")
 
+    def _tallies(self) -> dict[str, Any]:
+        """run.json's running tallies: drafts and acceptance, and the engine steps' costs."""
+        return {"tap_stats": self.stats.to_json(), "step_costs": self.costs.to_json()}
+
     @property
     def run_dir(self) -> Path | None:
         return self.writer.run_dir if self.writer is not None else None
@@ -515,6 +702,7 @@ class TraceRecorder:
             "failed": self.failed,
             "pending_requests": len(self._pending),
             "tap_stats": self.stats.to_json(),
+            "step_costs": self.costs.to_json(),
         }
 
 
@@ -581,6 +769,8 @@ def close_run_of_dead_writer(run_dir: Path, *, closed_by: str) -> str | None:
 __all__ = [
     "SETTLED_MARKER",
     "PendingDraft",
+    "StepCost",
+    "StepCostTally",
     "StepRows",
     "TraceRecorder",
     "close_run_of_dead_writer",

@@ -294,7 +294,7 @@ def new_recorder(
         method=method,
         num_speculative_tokens=int(n),
         target=_model_name(getattr(model_cfg, "model", None)),
-        drafter=_model_name(getattr(spec_cfg, "model", None)),
+        drafter=None if method == "none" else _model_name(getattr(spec_cfg, "model", None)),
         dataset=config.dataset,
         # Sampling is per request in a server; the collector's run records it.
         sampling={"per_request": True},
@@ -319,7 +319,10 @@ def new_recorder(
             atexit.register(_close_all_at_exit)
             multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
             STATE.atexit_registered = True
-    logger.info("dsparklab: recording %s n=%d drafts into %s", method, n, run_dir)
+    if method == "none":
+        logger.info("dsparklab: recording target-only steps into %s", run_dir)
+    else:
+        logger.info("dsparklab: recording %s n=%d drafts into %s", method, n, run_dir)
     return rec
 
 
@@ -352,6 +355,30 @@ def make_tap(
         level=config.level,
         model_runner=model_runner,
         **extra,
+    )
+
+
+def make_target_only_tap(
+    runner: Any, *, factory: Callable[..., SpecTap] = SpecTap
+) -> SpecTap | None:
+    """A tap recording the target-only steps of ``runner`` (a model runner without a
+    speculative config), or None when this process does not record (tracing off, a
+    speculative config, a tensor-parallel rank other than 0 by default)."""
+    config = STATE.config
+    vllm_config = runner.vllm_config
+    if config is None or getattr(vllm_config, "speculative_config", None) is not None:
+        return None
+    tp, dp = _parallel_ranks(vllm_config)
+    if config.writer_ranks != "all" and tp != 0:
+        return None
+    recorder = new_recorder(vllm_config, "none", 0, model_runner="v1", tp=tp, dp=dp)
+    return factory(
+        recorder=recorder,
+        n=0,
+        max_num_reqs=int(runner.max_num_reqs),
+        device=torch.device(runner.device),
+        level=config.level,
+        model_runner="v1",
     )
 
 

@@ -87,12 +87,18 @@ class SpecTap:
             specs[name] = ((max_num_reqs, n), dtype)
         self.ring = StagingRing(specs, device, num_slots=STAGING_SLOTS)
         self._t0: float | None = None
+        # the slot of the engine step in progress, staged when the step ends
+        # (:mod:`~dsparklab.engines.vllm.steps` times the whole step)
+        self.held: HostSlot | None = None
 
     def fail(self, where: str, err: BaseException) -> None:
         """Fail open: log once, stop tracing for this engine, mark the run failed."""
         if not self.active:
             return
         self.active = False
+        held, self.held = self.held, None
+        if held is not None:
+            self.ring.release(held)
         self.on_fail()
         logger.error(
             "dsparklab: tap error in %s (%s: %s); tracing is disabled for this engine, "
@@ -137,9 +143,27 @@ class SpecTap:
             for name, tensor in self.buffers.tensors().items():
                 self.ring.copy_in(slot, name, tensor[:rows])
         self.ring.seal(slot)
+        if slot.meta.pop("hold", False):  # the step clock stages it when the step ends
+            self.held = slot
+            return
+        self.hand_on(slot)
+
+    def hand_on(self, slot: HostSlot) -> None:
+        """Queue ``slot`` for the recorder (and read it here without a flush thread)."""
         self.recorder.stage(slot, release=self.ring.release)
         if not self.recorder.background:
             self.recorder.process_ready()
+
+    def end_step(self, step_time_s: float | None, start_event: Any, end_event: Any) -> None:
+        """The engine step ended: stage its held slot with the step's time (host seconds,
+        or the CUDA events around it)."""
+        slot, self.held = self.held, None
+        if slot is None:
+            return
+        if step_time_s is not None:
+            slot.meta["step_time_s"] = step_time_s
+        slot.step_start_event, slot.step_end_event = start_event, end_event
+        self.hand_on(slot)
 
 
 def tap_of(obj: Any) -> SpecTap | None:
