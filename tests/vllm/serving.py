@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,70 @@ CPU_FLAGS = [
     "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
     "--seed", "0", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES),
 ]  # fmt: skip
+
+
+# vLLM's own timings beside the taps': each response's metrics (time to first token,
+# mean_itl_ms; vllm/entrypoints/generate/base/serving.py, build_per_request_timing_metrics)
+# and one log line per engine step with its elapsed time (EngineCore.capture_iteration_details
+# in vllm/v1/engine/core.py, logged by LoggingStatLogger._log_iteration_details in
+# vllm/v1/metrics/loggers.py): ITERATION_LINE reads it
+TIMING_FLAGS = ["--enable-per-request-metrics", "--enable-logging-iteration-details"]
+ITERATION_LINE = re.compile(
+    r"Iteration\((?P<index>\d+)\): (?P<ctx_reqs>\d+) context requests, (?P<ctx_tokens>\d+) "
+    r"context tokens, (?P<gen_reqs>\d+) generation requests, (?P<gen_tokens>\d+) generation "
+    r"tokens, iteration elapsed time: (?P<ms>[0-9.]+) ms"
+)
+
+
+def iterations(log: Path) -> list[dict[str, float]]:
+    """The engine steps vLLM logged (``--enable-logging-iteration-details``), in order."""
+    out = []
+    for match in ITERATION_LINE.finditer(log.read_text(errors="replace")):
+        out.append({k: float(v) for k, v in match.groupdict().items()})
+    return out
+
+
+def tap_steps_in_order(taps: Path) -> Any:
+    """Every tap run's ``steps`` rows below ``taps``, in the order the recorder wrote them
+    (part by part, row by row): engine step after engine step."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    frames = [
+        pq.read_table(part).to_pandas()
+        for run_json in sorted(taps.glob("*/run.json"))
+        for part in sorted((run_json.parent / "steps").glob("part-*.parquet"))
+    ]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def engine_steps(rows: Any) -> Any:
+    """The engine steps of tap rows in written order: the runs of consecutive rows with the
+    same batch size and shares (one engine step's rows carry the same floats, two engine
+    steps' times differ), each with its rows, batch size, shares and the step's time
+    ``T = batch_size x (draft + verify)``."""
+    key = rows[["batch_size", "draft_time_s", "verify_time_s"]].fillna(-1.0)
+    starts = (key != key.shift()).any(axis=1).cumsum()
+    steps = rows.groupby(starts, sort=True).agg(
+        rows=("step", "size"),
+        batch_size=("batch_size", "first"),
+        draft=("draft_time_s", "first"),
+        verify=("verify_time_s", "first"),
+    )
+    steps["time_s"] = steps["batch_size"] * (steps["draft"].fillna(0.0) + steps["verify"])
+    return steps.reset_index(drop=True)
+
+
+def settled(taps: Path, timeout: float = 60.0) -> None:
+    """Wait until every tap run below ``taps`` has written all it recorded (its settled
+    marker: every request finished, every row and run.json on disk)."""
+    from dsparklab.engines.vllm.recorder import SETTLED_MARKER
+
+    deadline = time.monotonic() + timeout
+    while not all((r.parent / SETTLED_MARKER).is_file() for r in taps.glob("*/run.json")):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the tap runs below {taps} did not settle within {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def free_port() -> int:
@@ -122,7 +187,7 @@ def serve(root: Path, run_name: str, *, eagle3: bool = True) -> Iterator[Server]
     taps = root / "taps"
     env = {**ENV, "DSPARKLAB_FLUSH_SECONDS": "1", "DSPARKLAB_RUN_NAME": run_name}
     cmd = [DSPARKLAB, "serve", str(target), "--trace-dir", str(taps), "--port", str(port)]
-    cmd += CPU_FLAGS
+    cmd += CPU_FLAGS + TIMING_FLAGS
     if drafter is not None:
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": N}
         cmd += ["--speculative-config", json.dumps(spec)]

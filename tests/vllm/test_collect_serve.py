@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 from dsparklab.engines.checkpoints import resolve_model  # noqa: E402
 from dsparklab.engines.vllm.launch import vllm_distribution  # noqa: E402
 from dsparklab.prompts import PROMPT_FILE_PREFIXES, prompt_set_names  # noqa: E402
-from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
+from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
 from tests.vllm.serving import (  # noqa: E402
     BIN,
@@ -34,8 +34,12 @@ from tests.vllm.serving import (  # noqa: E402
     N,
     Server,
     collect_served,
+    engine_steps,
     get,
+    iterations,
     serve,
+    settled,
+    tap_steps_in_order,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -132,6 +136,83 @@ def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_pat
     }
 
 
+def _iterations_with_rows(log: Path, after: int) -> list[dict[str, float]]:
+    """vLLM's logged engine steps after index ``after`` that resolve steps rows: those with
+    generation requests (a request's first step, its prefill, resolves none)."""
+    return [i for i in iterations(log) if i["index"] > after and i["gen_reqs"] > 0]
+
+
+def test_served_steps_carry_their_share_of_each_engine_step(
+    eagle3_server: Server, tmp_path: Path
+) -> None:
+    """Three concurrent requests: every step has its batch size and its share of the engine
+    step that verified it. Checked against vLLM's own log of its engine steps
+    (``--enable-logging-iteration-details``): the taps' engine steps are vLLM's, one for
+    one, with vLLM's request counts and about vLLM's time; summed over requests, each
+    engine step's time is counted once."""
+    server = eagle3_server
+    settled(server.taps)
+    logged = iterations(server.log)
+    before = int(logged[-1]["index"]) if logged else -1
+    old_rows = len(tap_steps_in_order(server.taps))
+    out = tmp_path / "runs"
+    proc = collect_served(server, out, *SMALL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = out / "humaneval" / f"eagle3-n{N}"
+    steps = read_trace(run_dir, "steps")
+    requests = read_trace(run_dir, "requests")
+    assert len(requests) == PROMPTS and len(steps) > 0
+    assert (steps["batch_size"] >= 1).all()
+    assert (steps["draft_time_s"] > 0).all() and (steps["verify_time_s"] > 0).all()
+    assert steps["other_time_s"].isna().all()
+    assert (steps["batch_size"] == PROMPTS).any(), "the three requests never shared a step"
+    # the response's timing (--enable-per-request-metrics) in the request totals
+    totals = read_trace(run_dir, "totals")
+    assert (totals["ttft_s"] > 0).all() and (totals["tpot_s"] > 0).all(), totals
+
+    # every engine step since `before`, as the taps wrote it and as vLLM logged it
+    settled(server.taps)
+    tap = engine_steps(tap_steps_in_order(server.taps).iloc[old_rows:])
+    vllm = _iterations_with_rows(server.log, before)
+    assert len(tap) == len(vllm) > 0, (len(tap), len(vllm))
+    assert tap["rows"].tolist() == [int(i["gen_reqs"]) for i in vllm]
+    assert tap["batch_size"].tolist() == [int(i["gen_reqs"] + i["ctx_reqs"]) for i in vllm]
+    # the worker's clock (execute_model to sample_tokens) against the engine core's
+    worker, core = float(tap["time_s"].sum()), sum(i["ms"] for i in vllm) / 1e3
+    assert 0.5 < worker / core < 2.0, (worker, core)
+    # a step whose batch is all decoding rows: its shares add up to its time, once
+    full = tap[tap["rows"] == tap["batch_size"]]
+    assert (full["batch_size"] == PROMPTS).any()
+    ours = steps.assign(share=steps["draft_time_s"] + steps["verify_time_s"])
+    for step in full.itertuples(index=False):
+        group = ours[
+            (ours["batch_size"] == step.batch_size) & (ours["verify_time_s"] == step.verify)
+        ]
+        if len(group) == step.rows:  # a step of the collected requests only
+            assert group["share"].sum() == pytest.approx(step.time_s, rel=1e-9)
+    # not overcounted: the three requests ran at once, so the engine time summed over
+    # their rows fits in the longest request's wall time (a batch's time copied onto each
+    # of its rows would count it up to three times)
+    assert ours["share"].sum() <= 1.1 * float(requests["wall_time_s"].max()), (
+        ours["share"].sum(),
+        requests["wall_time_s"].tolist(),
+    )
+
+    # the taps' run.json: every engine step vLLM ran was timed, and its time is on the
+    # steps rows or (prefill rows) counted apart
+    (tap_run,) = find_runs(server.taps)
+    costs = read_run_json(tap_run)["step_costs"]
+    all_rows = tap_steps_in_order(server.taps)
+    assert costs["engine_steps"] == len(iterations(server.log)), costs
+    assert costs["untimed_engine_steps"] == 0
+    assert costs["step_rows"] == len(all_rows)
+    shares = float((all_rows["draft_time_s"] + all_rows["verify_time_s"]).sum())
+    assert costs["attributed_s"] == pytest.approx(shares, rel=1e-9)
+    assert costs["attributed_s"] + costs["unattributed_s"] == pytest.approx(
+        costs["step_time_s"], rel=1e-9
+    )
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -175,10 +256,15 @@ def test_collect_help_lists_every_dataset() -> None:
 
 
 def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
-    """A server without --speculative-config: the run is the target-only baseline."""
+    """A server without --speculative-config: the run is the target-only baseline, one
+    step per token after the first, each with its share of vLLM's engine step (the
+    plugin records target-only steps too), the engine steps vLLM logged one for one."""
     with serve(tmp_path, "serve-baseline", eagle3=False) as server:
         refused = collect_served(server, tmp_path / "refused", *SMALL, "--method", "eagle3")
         proc = collect_served(server, tmp_path / "runs", *SMALL)
+        settled(server.taps)
+        tap = engine_steps(tap_steps_in_order(server.taps))
+        vllm = _iterations_with_rows(server.log, -1)
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
     assert "runs no speculative decoding" in refused.stderr, refused.stderr
     assert not (tmp_path / "refused").exists()
@@ -193,4 +279,23 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     assert re.fullmatch(
         rf"humaneval/none: {PROMPTS} requests, \d+ steps, target only", _summary(proc.stdout)
     ), proc.stdout
-    assert not (server.taps.exists() and any(server.taps.iterdir())), "no draft, no tap run"
+    assert meta["checks"]["requests_without_taps"] == [] and meta["checks"]["tap_vs_vllm"] == []
+    steps = read_trace(run_dir, "steps")
+    outputs = read_trace(run_dir, "requests").set_index("request_id")["output_token_ids"]
+    assert steps.groupby("request_id").size().to_dict() == (outputs.map(len) - 1).to_dict()
+    assert (steps["num_drafted"] == 0).all() and steps["draft_time_s"].isna().all()
+    assert (steps["verify_time_s"] > 0).all() and (steps["batch_size"] >= 1).all()
+    assert steps["other_time_s"].isna().all()
+    assert (steps["batch_size"] == PROMPTS).any(), "the three requests never shared a step"
+    (tap_run,) = find_runs(server.taps)
+    tap_meta = read_run_json(tap_run)
+    assert (tap_meta["method"], tap_meta["drafter"], tap_meta["status"]) == (
+        "none",
+        None,
+        "complete",
+    )
+    # the taps' engine steps are the ones vLLM logged, with vLLM's request counts
+    assert len(tap) == len(vllm) > 0, (len(tap), len(vllm))
+    assert tap["rows"].tolist() == [int(i["gen_reqs"]) for i in vllm]
+    assert tap["batch_size"].tolist() == [int(i["gen_reqs"] + i["ctx_reqs"]) for i in vllm]
+    assert tap_meta["step_costs"]["engine_steps"] == len(iterations(server.log))
