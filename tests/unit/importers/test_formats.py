@@ -110,6 +110,29 @@ def test_vllm_bench_equals_the_same_window_scraped(tmp_path: Path) -> None:
         counters=read_trace(bench, "counters"), n_boot=0
     )["survival"]
     np.testing.assert_allclose(survival, result["spec_decode_per_position_acceptance_rates"])
+    # the cost side: bench's latency means, milliseconds -> seconds
+    (row,) = totals.to_dict("records")
+    for column, key in (("ttft_s", "mean_ttft_ms"), ("tpot_s", "mean_tpot_ms")):
+        assert row[column] == pytest.approx(result[key] / 1e3)
+    assert row["itl_s"] == pytest.approx(result["mean_itl_ms"] / 1e3)
+    # the fixture's chunks carry up to 4 tokens: a chunk gap (ITL) exceeds the per-token TPOT
+    assert row["itl_s"] > row["tpot_s"] > 0
+
+
+def test_vllm_bench_without_latencies_or_completions(tmp_path: Path) -> None:
+    """A result without a latency key leaves its column null; nothing completed: all null
+    (bench writes 0 for the means of empty lists)."""
+    result = json.loads(fixture("vllm_bench_result.json").read_text())
+    del result["mean_itl_ms"]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    (run,) = parse_files("vllm-bench", [path])
+    (row,) = run.tables["totals"]
+    assert row["itl_s"] is None and row["tpot_s"] == pytest.approx(result["mean_tpot_ms"] / 1e3)
+    path.write_text(json.dumps({**result, "completed": 0}))
+    (run,) = parse_files("vllm-bench", [path])
+    (row,) = run.tables["totals"]
+    assert (row["ttft_s"], row["tpot_s"], row["itl_s"]) == (None, None, None)
 
 
 def test_vllm_request_detailed_is_step_level(tmp_path: Path) -> None:
@@ -129,6 +152,19 @@ def test_vllm_request_detailed_is_step_level(tmp_path: Path) -> None:
         spec = response["metrics"]["speculative_decoding"]
         row = per_request[per_request["request_id"] == response["id"]]
         assert row["accept_len"].iloc[0] == pytest.approx(spec["mean_acceptance_length"])
+    # the cost side: the responses' timing (--enable-per-request-metrics), in seconds
+    totals = read_trace(run, "totals").set_index("request_id")
+    for response in responses:
+        timing = response["metrics"]
+        mine = totals.loc[response["id"]]
+        assert mine["ttft_s"] == pytest.approx(timing["time_to_first_token_ms"] / 1e3)
+        assert mine["tpot_s"] == pytest.approx(timing["mean_itl_ms"] / 1e3)
+        assert pd.isna(mine["itl_s"])
+    whole = read_trace(run, "totals")
+    (run_row,) = whole[whole["scope"] == "run"].to_dict("records")
+    assert run_row["tpot_s"] == pytest.approx(
+        np.mean([r["metrics"]["mean_itl_ms"] for r in responses]) / 1e3
+    )
 
 
 def steps_counts(steps: pd.DataFrame) -> pd.DataFrame:
@@ -166,6 +202,13 @@ def test_vllm_request_stream_and_old_shape(tmp_path: Path) -> None:
     assert counters["n_accepted"].tolist() == [hist[1:].sum(), hist[2:].sum(), hist[3:].sum()]
     (length,) = lab_lengths(old)["accept_len"]
     assert length == pytest.approx(stats["mean_acceptance_length"])
+    # the old shape carries no timing: null
+    assert read_trace(old, "totals")[["ttft_s", "tpot_s", "itl_s"]].isna().all().all()
+    lines = fixture("vllm_request_stream.sse").read_text().splitlines()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    final = [c for c in chunks if c.get("metrics")]
+    (row,) = read_trace(stream, "totals").query("scope == 'request'").to_dict("records")
+    assert row["ttft_s"] == pytest.approx(final[-1]["metrics"]["time_to_first_token_ms"] / 1e3)
 
 
 def test_sglang_accept_length_is_completion_per_verify(tmp_path: Path) -> None:
