@@ -14,7 +14,9 @@ dataset), scrapes a third time, then imports
 - the last two scrapes and the bench result (``vllm-bench``: the benchmark's traffic), and
   checks the same against each other and the plugin's trace of the benchmark's requests.
 
-Each file's reported AL equals the lab's AL from its counts (the import checks). The
+Each file's reported AL equals the lab's AL from its counts (the import checks), and the
+cost side comes through: bench's TTFT, TPOT and ITL means and each response's timing
+(the server runs with ``--enable-per-request-metrics``) in the totals, in seconds. The
 numbers are written to ``serve_importers.json`` in the test's directory and printed.
 
 On the same server, ``dsparklab collect --engine vllm-serve`` (its traffic tagged with
@@ -171,6 +173,22 @@ def test_importers_agree_with_each_other_and_the_plugin(
 
     request_steps = read_trace(mine_request[1].written[0], "steps")
     from_responses = count_acceptance_any(steps=request_steps, per_request=False)
+
+    # the cost side: bench's latency means and the responses' timing, in seconds
+    result = json.loads((tmp_path / "bench.json").read_text())
+    bench_totals = totals(bench_result)
+    for column, key in (("ttft_s", "mean_ttft_ms"), ("tpot_s", "mean_tpot_ms")):
+        assert bench_totals[column] == pytest.approx(result[key] / 1e3), (column, result)
+        assert bench_totals[column] > 0
+    assert bench_totals["itl_s"] == pytest.approx(result["mean_itl_ms"] / 1e3)
+    assert bench_totals["itl_s"] > 0
+    per_response = read_trace(mine_request[1].written[0], "totals").set_index("request_id")
+    per_response = per_response[per_response["scope"] == "request"]
+    for response in responses:
+        timing, mine = response["metrics"], per_response.loc[response["id"]]
+        assert mine["ttft_s"] == pytest.approx(timing["time_to_first_token_ms"] / 1e3)
+        assert mine["tpot_s"] == pytest.approx(timing["mean_itl_ms"] / 1e3)
+        assert mine["ttft_s"] > 0 and mine["tpot_s"] > 0
 
     # -- the plugin's trace of the same traffic
     grand = totals(mine_metrics)["num_drafts"] + totals(bench_metrics)["num_drafts"]
