@@ -15,7 +15,11 @@ with per-request spec-decode metrics on. Checked:
   only requests with identical outputs enter the acceptance comparison;
 - the drafted tokens' log-probabilities (taken from the draft model's ``compute_logits``)
   equal the reference engine's where both drafted the same token (4.5e-6 apart at most when
-  this was written, 393 positions).
+  this was written, 393 positions);
+- every step carries its batch size and its share of the engine step that verified it
+  (draft and verify), and the taps' run.json accounts for every engine step's time; a
+  target-only ``collect`` (no speculative config) gives one timed step per token after
+  the first.
 """
 
 from __future__ import annotations
@@ -64,10 +68,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from dsparklab.engines.reference.collect import collect as reference_collect
 
     reference_collect(CollectOptions(out=root / "reference", **common))
+    # the target-only baseline through vLLM (its steps recorded by the plugin too)
+    collect(
+        CollectOptions(out=root / "vllm", **{**common, "methods": ["none"], "eagle3": None}),
+        engine_kwargs={"max_num_seqs": LIMIT},
+        keep_taps=root / "baseline-taps",
+    )
     return {
         "vllm": root / "vllm" / "humaneval" / f"eagle3-n{N}",
         "reference": root / "reference" / "humaneval" / f"eagle3-n{N}",
         "taps": root / "taps",
+        "baseline": root / "vllm" / "humaneval" / "none",
+        "baseline_taps": root / "baseline-taps",
     }
 
 
@@ -198,3 +210,49 @@ def test_draft_logprob_equals_reference_engine(runs: dict[str, Path]) -> None:
     assert len(both) >= len(ours) // 2, f"only {len(both)} of {len(ours)} positions align"
     gap = (both["draft_logprob"] - both["draft_logprob_r"]).abs()
     assert gap.max() < 1e-3, both.loc[gap.idxmax()].to_dict()
+
+
+def test_steps_carry_their_share_of_each_engine_step(runs: dict[str, Path]) -> None:
+    """Offline, eight prompts at once: each step's batch size and its shares of the engine
+    step that verified it; the taps' tally of every engine step adds up."""
+    steps = read_trace(runs["vllm"], "steps")
+    assert (steps["batch_size"] >= 1).all() and (steps["batch_size"] <= LIMIT).all()
+    assert (steps["batch_size"] > 1).any(), "the requests never shared an engine step"
+    assert (steps["draft_time_s"] > 0).all() and (steps["verify_time_s"] > 0).all()
+    assert steps["other_time_s"].isna().all()
+    (tap_run,) = find_runs(runs["taps"])
+    costs = read_run_json(tap_run)["step_costs"]
+    assert costs["untimed_engine_steps"] == 0 and costs["step_rows"] == len(steps)
+    shares = float((steps["draft_time_s"] + steps["verify_time_s"]).sum())
+    assert costs["attributed_s"] == pytest.approx(shares, rel=1e-9)
+    assert costs["attributed_s"] + costs["unattributed_s"] == pytest.approx(
+        costs["step_time_s"], rel=1e-9
+    )
+    # summed over requests, the step costs are the engine's time once: no more than the
+    # timed engine steps took, and the draft passes' share no more than theirs
+    assert shares <= costs["step_time_s"]
+    assert float(steps["draft_time_s"].sum()) <= costs["draft_time_s"]
+
+
+def test_target_only_collect_times_one_step_per_token(runs: dict[str, Path]) -> None:
+    (report,) = validate_trace(runs["baseline"])
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+    meta = read_run_json(runs["baseline"])
+    assert (meta["method"], meta["num_speculative_tokens"]) == ("none", 0)
+    assert meta["checks"]["requests_without_taps"] == [] and meta["checks"]["tap_vs_vllm"] == []
+    steps = read_trace(runs["baseline"], "steps")
+    outputs = read_trace(runs["baseline"], "requests").set_index("request_id")["output_token_ids"]
+    assert steps.groupby("request_id").size().to_dict() == (outputs.map(len) - 1).to_dict()
+    assert (steps["verify_time_s"] > 0).all() and steps["draft_time_s"].isna().all()
+    assert (steps["batch_size"] > 1).any()
+    (tap_run,) = find_runs(runs["baseline_taps"])
+    tap_meta = read_run_json(tap_run)
+    assert (tap_meta["method"], tap_meta["drafter"], tap_meta["status"]) == (
+        "none",
+        None,
+        "complete",
+    )
+    assert tap_meta["step_costs"]["step_rows"] == len(steps)
+    assert tap_meta["step_costs"]["attributed_s"] == pytest.approx(
+        float(steps["verify_time_s"].sum()), rel=1e-9
+    )
