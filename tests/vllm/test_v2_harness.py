@@ -224,6 +224,14 @@ def test_v2_trace_equals_reference_over_resorted_finished_and_preempted_requests
                 torch.tensor(pos[name].tolist()), exp[name].float(), atol=1e-4, rtol=0, msg=name
             )
         assert pos.markov_flip.tolist() == exp["markov_flip"].bool().tolist()
+    # step costs: the batch of the engine step that verified each draft (rows 4, 2, 3, 1),
+    # each row its share of that step's draft pass; V2's step is not timed (no verify)
+    batch = {(a, 0): 4, (b, 0): 4, (c, 0): 4, (d, 0): 2, (c, 1): 2, (c, 2): 3, (d, 1): 3}
+    batch[(b, 1)] = 1
+    assert {(r.request_id, int(r.step)): int(r.batch_size) for r in steps.itertuples()} == batch
+    assert (steps["draft_time_s"] > 0).all()
+    assert steps["verify_time_s"].isna().all() and steps["other_time_s"].isna().all()
+    assert steps.groupby("batch_size")["draft_time_s"].nunique().eq(1).all()
     meta = read_run_json(run_dir)
     assert meta["status"] == "complete"
     assert meta["engine"]["model_runner"] == "v2"
