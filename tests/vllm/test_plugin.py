@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsparklab.engines.vllm import patching, plugin, runs  # noqa: E402
+from dsparklab.engines.vllm import patching, plugin, runs, steps  # noqa: E402
 from dsparklab.engines.vllm.config import TapConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -54,6 +54,9 @@ def test_register_is_idempotent(
     patching.install(runs.STATE.config)  # type: ignore[arg-type]
     assert DSparkSpeculator.__dict__["_sample_sequential"] is patched
     assert GPUModelRunner.propose_draft_token_ids.__wrapped__.__name__ == "propose_draft_token_ids"
+    # the engine step's clock: execute_model starts it, sample_tokens stops it
+    assert steps._sample_tokens_wrapped(GPUModelRunner.__new__(GPUModelRunner))
+    assert GPUModelRunner.execute_model.__wrapped__.__wrapped__.__name__ == "execute_model"
     assert WorkerBase.dsparklab_flush is runs.flush_worker
     patching.uninstall()
     assert DSparkSpeculator.__dict__["_sample_sequential"] is original
@@ -86,6 +89,29 @@ def test_missing_topk_point_disables_only_the_topk_taps(
     assert getattr(DSparkSpeculator.__dict__["_sample_sequential"], "__dsparklab_tap__", False)
     with pytest.raises(patching.UnsupportedVLLMError, match="_sample_sequential_topk"):
         patching.check_vllm_compat()
+
+
+def test_missing_sample_tokens_leaves_the_steps_untimed(
+    fresh_plugin: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without V1's sample_tokens the clock never starts (a draft slot would wait for a
+    step end that never comes); drafts, acceptance and draft shares are still recorded."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    monkeypatch.delattr(GPUModelRunner, "sample_tokens")
+    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
+        missing = patching.install(TapConfig(trace_dir=tmp_path))
+    errors = _errors(caplog)
+    assert missing == [patching.V1_SAMPLE.name]
+    assert len(errors) == 1 and "sample_tokens is missing" in errors[0], errors
+    assert "verify_time_s" in errors[0] and "target-only steps" in errors[0]
+    assert getattr(GPUModelRunner.__dict__["execute_model"], "__dsparklab_tap__", False)
+    assert getattr(GPUModelRunner.__dict__["propose_draft_token_ids"], "__dsparklab_tap__", False)
+    assert not steps._sample_tokens_wrapped(CPUModelRunner.__new__(CPUModelRunner))
 
 
 def test_missing_sampler_point_disables_the_dspark_group_only(

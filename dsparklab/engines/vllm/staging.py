@@ -143,6 +143,9 @@ class SpecTap:
             for name, tensor in self.buffers.tensors().items():
                 self.ring.copy_in(slot, name, tensor[:rows])
         self.ring.seal(slot)
+        stale, self.held = self.held, None
+        if stale is not None:  # a held step whose end was not seen: hand it on first
+            self.hand_on(stale)
         if slot.meta.pop("hold", False):  # the step clock stages it when the step ends
             self.held = slot
             return

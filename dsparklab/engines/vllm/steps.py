@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm import runs
-from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
+from dsparklab.engines.vllm.staging import MARK, TAP_ATTR, SpecTap, mark, tap_of
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ def wrap_v1_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timed = runs.STATE.config is not None
+        # only where sample_tokens is ours too: it stops the clock and stages the step
+        timed = runs.STATE.config is not None and _sample_tokens_wrapped(self)
         if timed:
             try:
                 _start(self)
@@ -113,6 +114,11 @@ def wrap_v1_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return mark(execute_model, inner)
+
+
+def _sample_tokens_wrapped(runner: Any) -> bool:
+    """Whether the runner's ``sample_tokens`` is :func:`wrap_v1_sample_tokens`'s."""
+    return bool(getattr(getattr(type(runner), "sample_tokens", None), MARK, False))
 
 
 def wrap_v1_sample_tokens(original: Callable[..., Any]) -> Callable[..., Any]:
