@@ -257,7 +257,7 @@ def write_run(
     requests
         What vLLM returned per prompt.
     taps
-        The taps' tables, or None (target-only, or no tap recorded).
+        The taps' tables (speculative or target-only steps), or None (none recorded).
     exact_ids
         Offline runs: the tap's prompt_id equals the caller id; serve runs: it contains
         the X-Request-Id the collector sent.
