@@ -14,6 +14,8 @@ rest lives, one concern per file:
 - :mod:`~dsparklab.engines.vllm.staging`: host staging around ``propose``, fail open;
 - :mod:`~dsparklab.engines.vllm.v2` / :mod:`~dsparklab.engines.vllm.v1`: what each model
   runner's ``propose`` hands over;
+- :mod:`~dsparklab.engines.vllm.steps`: Model Runner V1's engine-step clock (the steps'
+  costs) and target-only steps;
 - :mod:`~dsparklab.engines.vllm.runs`: run directories, run.json, recorder lifecycle.
 
 Multi-GPU: drafts are replicated across tensor-parallel ranks, so by default only TP
