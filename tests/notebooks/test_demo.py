@@ -33,7 +33,8 @@ def test_demo_collects_live_runs_and_reports_the_findings(tmp_path: Path):
     assert set(runs["method"]) == {"dspark", "eagle3", "none"}
     assert all(not r.violations for r in validate_trace(result.runs))
     index = result.report.index.read_text(encoding="utf-8")
-    assert "Findings (smol tier)" in index
+    # the findings are about the demo's runs: the live subset and the shipped traces
+    assert f"Findings ({DEMO_TIER}/reference, smol/reference)" in index
     assert 'id="seeds-answer"' in index and 'id="window-table"' in index
     # the live runs are listed with their tier beside the shipped ones
     assert re.search(rf"<td>{DEMO_TIER}</td>", index)
