@@ -443,36 +443,45 @@ class TraceRecorder:
         return rows
 
     def _emit_target_only(self, req_id: str, context_len: int, cost: StepCost) -> None:
+        self._add_step(req_id, context_len, 0, 0, 0, cost)
+        self.stats.observe_draft(0, 0)
+
+    def _add_step(
+        self,
+        req_id: str,
+        context_len: int,
+        drafted: int,
+        verified: int,
+        accepted: int,
+        cost: StepCost,
+    ) -> int:
+        """Write one steps row (its request row first, once); returns the step number."""
         step = self._step_count.get(req_id, 0)
         self._step_count[req_id] = step + 1
         prompt_id = external_request_id(req_id)
-        self._add_request(req_id, prompt_id)
-        self._add(
-            "steps",
-            [
-                {
-                    "request_id": req_id,
-                    "prompt_id": prompt_id,
-                    "dataset": self.dataset,
-                    "step": step,
-                    "context_len": context_len,
-                    "num_drafted": 0,
-                    "num_verified": 0,
-                    "accepted_len": 0,
-                    "emitted": None,  # the collector fills it from the response
-                    **_cost_columns(cost),
-                }
-            ],
-        )
-        self.stats.observe_draft(0, 0)
-
-    def _add_request(self, req_id: str, prompt_id: str) -> None:
         if req_id not in self._seen:
             self._seen.add(req_id)
             self._add(
                 "requests",
                 [{"request_id": req_id, "prompt_id": prompt_id, "dataset": self.dataset}],
             )
+        row = {
+            "request_id": req_id,
+            "prompt_id": prompt_id,
+            "dataset": self.dataset,
+            "step": step,
+            "context_len": context_len,
+            "num_drafted": drafted,
+            "num_verified": verified,
+            "accepted_len": accepted,
+            # the front end cuts the output at max_tokens and stop tokens, out of the
+            # worker's sight: the collector fills it from the response
+            "emitted": None,
+            # the engine step that verified this block (see the module docstring)
+            **_cost_columns(cost),
+        }
+        self._add("steps", [row])
+        return step
 
     def _emit(
         self,
@@ -483,36 +492,13 @@ class TraceRecorder:
         emitted: int,
         cost: StepCost,
     ) -> None:
-        step = self._step_count.get(req_id, 0)
-        self._step_count[req_id] = step + 1
-        prompt_id = external_request_id(req_id)
-        n_drafted = len(pending.tokens)
-        self._add_request(req_id, prompt_id)
         if pending.context_len is None:
             self._warn_once(
                 "context",
                 "dsparklab: a verified draft had no context length; recorded as -1",
             )
-        self._add(
-            "steps",
-            [
-                {
-                    "request_id": req_id,
-                    "prompt_id": prompt_id,
-                    "dataset": self.dataset,
-                    "step": step,
-                    "context_len": pending.context_len if pending.context_len is not None else -1,
-                    "num_drafted": n_drafted,
-                    "num_verified": verified,
-                    "accepted_len": accepted,
-                    # the front end cuts the output at max_tokens and stop tokens, out of the
-                    # worker's sight: the collector fills it from the response
-                    "emitted": None,
-                    # the engine step that verified this block (see the module docstring)
-                    **_cost_columns(cost),
-                }
-            ],
-        )
+        context = pending.context_len if pending.context_len is not None else -1
+        step = self._add_step(req_id, context, len(pending.tokens), verified, accepted, cost)
         positions = []
         for pos, token in enumerate(pending.tokens):
             if pos < accepted:
