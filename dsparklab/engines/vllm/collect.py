@@ -767,8 +767,15 @@ def _collect_engine(
                     _request_result(p, i, o) for p, i, o in zip(prompts, ids, outputs, strict=True)
                 ]
                 collected.append((spec, results, after.since(before)))
-            # target-only engines record their steps' costs too (engines/vllm/steps.py)
-            tap_dirs = _close_taps(llm)
+            # target-only engines record their steps' costs too (engines/vllm/steps.py);
+            # only this engine's runs: a worker process that ran an earlier engine in this
+            # process still lists that engine's (closed) recorders
+            tap_dirs = [
+                d
+                for d in _close_taps(llm)
+                if Path(d).parent == Path(tap_config.trace_dir)
+                and Path(d).name.startswith(tap_config.run_name)
+            ]
         finally:
             del llm
             _release_engine()
