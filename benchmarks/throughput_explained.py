@@ -26,7 +26,7 @@ from dsparklab.analysis import (
     compute_best_n,
     compute_projected_speedup,
     compute_required_survival,
-    compute_speedup_attribution,
+    compute_window_attribution,
     compute_window_prediction,
     compute_window_scaling,
 )
@@ -44,32 +44,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def attribution_table(steps: pd.DataFrame, n_boot: int) -> pd.DataFrame:
     rows = []
-    baseline = steps[steps["method"] == "none"]
-    for method, runs in steps[steps["method"] != "none"].groupby("method"):
-        low, high = int(runs["n"].min()), int(runs["n"].max())
-        sides = [pd.concat([runs[runs["n"] == n], baseline]) for n in (low, high)]
-        parts = compute_speedup_attribution(*sides, n_boot=n_boot)
-        for dataset, part in parts.groupby("dataset"):
-            by = part.set_index("component")
-            total = float(by["total"].iloc[0])
-            measured = float(np.log(by["new_speedup"].iloc[0] / by["base_speedup"].iloc[0]))
-            cost = float(by.loc[["draft", "verify", "other"], "delta_log_speedup"].sum())
-            rows.append(
-                {
-                    "dataset": dataset,
-                    "method": method,
-                    "n": f"{low}->{high}",
-                    "S": f"{by['base_speedup'].iloc[0]:.3f}->{by['new_speedup'].iloc[0]:.3f}",
-                    "dlogS": round(total, 4),
-                    **{
-                        c: f"{by.loc[c, 'delta_log_speedup']:+.4f} "
-                        f"[{by.loc[c, 'lo']:+.3f}, {by.loc[c, 'hi']:+.3f}]"
-                        for c in ("tokens", "draft", "verify", "other")
-                    },
-                    "cost share": f"{cost / total:.0%}" if total else "",
-                    "|sum - measured|": f"{abs(by['delta_log_speedup'].sum() - measured):.1e}",
-                }
-            )
+    parts = compute_window_attribution(steps, n_boot=n_boot)
+    for (method, dataset), part in parts.groupby(["method", "dataset"]):
+        by = part.set_index("component")
+        first = part.iloc[0]
+        total = float(first["total"])
+        measured = float(np.log(first["new_speedup"] / first["base_speedup"]))
+        cost = float(by.loc[["draft", "verify", "other"], "delta_log_speedup"].sum())
+        rows.append(
+            {
+                "dataset": dataset,
+                "method": method,
+                "n": f"{first['low_n']}->{first['high_n']}",
+                "S": f"{first['base_speedup']:.3f}->{first['new_speedup']:.3f}",
+                "dlogS": round(total, 4),
+                **{
+                    c: f"{by.loc[c, 'delta_log_speedup']:+.4f} "
+                    f"[{by.loc[c, 'lo']:+.3f}, {by.loc[c, 'hi']:+.3f}]"
+                    for c in ("tokens", "draft", "verify", "other")
+                },
+                "cost share": f"{cost / total:.0%}" if total else "",
+                "|sum - measured|": f"{abs(by['delta_log_speedup'].sum() - measured):.1e}",
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -27,7 +27,11 @@ from dsparklab.analysis.aggregate import (
     count_acceptance_any,
     count_acceptance_from_counters,
 )
-from dsparklab.analysis.attribution import COMPONENTS, compute_speedup_attribution
+from dsparklab.analysis.attribution import (
+    COMPONENTS,
+    compute_speedup_attribution,
+    compute_window_attribution,
+)
 from dsparklab.analysis.calibration import (
     SCORES,
     calibrate_confidence,
@@ -112,6 +116,7 @@ __all__ = [
     "compute_token_class_acceptance",
     "compute_token_class_diff",
     "compute_truncated_acceptance",
+    "compute_window_attribution",
     "compute_window_prediction",
     "compute_window_scaling",
     "compute_worst_prompts",

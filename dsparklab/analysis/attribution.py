@@ -192,4 +192,41 @@ def compute_speedup_attribution(
     return pd.DataFrame(rows)
 
 
-__all__ = ["COMPONENTS", "compute_speedup_attribution"]
+def compute_window_attribution(
+    steps: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = ("dataset",),
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per method: :func:`compute_speedup_attribution` from its smallest window to its
+    largest, both sides with the target-only baseline runs ``steps`` holds.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The attribution's rows with ``method``, ``low_n`` and ``high_n``; methods run at
+        one window only are left out.
+
+    Raises
+    ------
+    MissingInputError
+        No method ran at two windows.
+    """
+    is_base = steps["method"] == BASELINE_METHOD
+    baseline = steps.loc[is_base]
+    frames = []
+    for method, runs in steps.loc[~is_base].groupby("method", sort=True):
+        ns = sorted({int(n) for n in runs["n"]})
+        if len(ns) < 2:
+            continue
+        sides = [pd.concat([runs[runs["n"] == n], baseline]) for n in (ns[0], ns[-1])]
+        parts = compute_speedup_attribution(*sides, by=by, n_boot=n_boot, ci=ci, seed=seed)
+        frames.append(parts.assign(method=method, low_n=ns[0], high_n=ns[-1]))
+    if not frames:
+        raise MissingInputError("a window attribution needs one method run at two windows")
+    return pd.concat(frames, ignore_index=True)
+
+
+__all__ = ["COMPONENTS", "compute_speedup_attribution", "compute_window_attribution"]

@@ -309,31 +309,27 @@ def _window_findings(
 
 def _window_attribution(steps: pd.DataFrame, n_boot: int) -> list[dict[str, Any]]:
     """Per method and dataset of one run set: where the speedup went from the smallest to
-    the largest window (:func:`dsparklab.analysis.compute_speedup_attribution`)."""
-    from dsparklab.analysis import compute_speedup_attribution
+    the largest window (:func:`dsparklab.analysis.compute_window_attribution`)."""
+    from dsparklab.analysis import compute_window_attribution
+    from dsparklab.errors import MissingInputError
 
+    try:
+        parts = compute_window_attribution(steps, n_boot=n_boot)
+    except MissingInputError:
+        return []
     rows = []
-    baseline = steps[steps["method"] == "none"]
-    for method, runs in steps[steps["method"] != "none"].groupby("method", sort=True):
-        ns = sorted({int(n) for n in runs["n"]})
-        if len(ns) < 2:
-            continue
-        sides = [pd.concat([runs[runs["n"] == n], baseline]) for n in (ns[0], ns[-1])]
-        parts = compute_speedup_attribution(*sides, n_boot=n_boot)
-        for dataset, part in parts.groupby("dataset", sort=True):
-            by_part = part.set_index("component")
-            row = {
-                "run set": str(runs["run_set"].iloc[0]),
-                "dataset": dataset,
-                "method": method,
-                "windows": f"{ns[0]} → {ns[-1]}",
-                "speedup": f"{by_part['base_speedup'].iloc[0]:.2f}x → "
-                f"{by_part['new_speedup'].iloc[0]:.2f}x",
-                "Δ log S": f"{by_part['total'].iloc[0]:+.3f}",
-            }
-            for component, values in by_part.iterrows():
-                row[str(component)] = _interval(
-                    values["delta_log_speedup"], values["lo"], values["hi"]
-                )
-            rows.append(row)
+    for (method, dataset), part in parts.groupby(["method", "dataset"], sort=True):
+        by_part = part.set_index("component")
+        first = part.iloc[0]
+        row = {
+            "run set": str(steps["run_set"].iloc[0]),
+            "dataset": dataset,
+            "method": method,
+            "windows": f"{first['low_n']} → {first['high_n']}",
+            "speedup": f"{first['base_speedup']:.2f}x → {first['new_speedup']:.2f}x",
+            "Δ log S": f"{first['total']:+.3f}",
+        }
+        for component, values in by_part.iterrows():
+            row[str(component)] = _interval(values["delta_log_speedup"], values["lo"], values["hi"])
+        rows.append(row)
     return rows
