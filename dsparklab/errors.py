@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 
@@ -18,7 +17,7 @@ class DSparkLabError(Exception):
 class TraceSchemaError(DSparkLabError, ValueError):
     """A trace file breaks the trace contract (see dsparklab/store/schema.py)."""
 
-    def __init__(self, message: str, *, path: Path | str | None = None, field: str | None = None):
+    def __init__(self, message: str, *, path: object = None, field: str | None = None):
         self.path = str(path) if path is not None else None
         self.field = field
         where = ", ".join(

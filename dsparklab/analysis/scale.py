@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns
 from dsparklab.analysis._kernels import (
@@ -45,13 +44,8 @@ from dsparklab.analysis.acceptance import (
 )
 from dsparklab.analysis.calibration import CALIBRATION_COUNTERS, score_cells
 from dsparklab.errors import DSparkLabError, UnknownMethodError
-from dsparklab.store.reader import (
-    check_part_schema,
-    find_runs,
-    part_files,
-    read_run_json,
-    run_columns,
-)
+from dsparklab.store.location import Location
+from dsparklab.store.reader import find_runs, read_parts, read_run_json, run_columns
 from dsparklab.store.schema import RUN_COLUMNS, STATUSES
 
 # Row-level grouping columns the store path supports besides the run columns.
@@ -68,16 +62,6 @@ class _Codes:
     def __init__(self, codes: np.ndarray, values: np.ndarray) -> None:
         self.codes = codes
         self.values = values
-
-
-def _read(run_dir: Path, table: str, columns: list[str], dictionary: list[str]) -> pa.Table:
-    files = part_files(run_dir, table)
-    for path in files:
-        check_part_schema(path, table)
-    if not files:
-        return pa.table({c: pa.array([], pa.int64()) for c in columns})
-    tables = [pq.ParquetFile(p, read_dictionary=dictionary).read(columns=columns) for p in files]
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
 
 
 def _dictionary_codes(column: pa.ChunkedArray) -> _Codes:
@@ -100,8 +84,8 @@ def _numpy(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
 class _RunRows:
     """The per-row quantities of one run that every metric needs."""
 
-    def __init__(self, run_dir: Path, columns: tuple[str, ...], want_prompt: bool) -> None:
-        positions = _read(run_dir, "positions", list(columns), ["request_id"])
+    def __init__(self, run_dir: Location, columns: tuple[str, ...], want_prompt: bool) -> None:
+        positions = read_parts(run_dir, "positions", columns, read_dictionary=["request_id"])
         self.n_rows = positions.num_rows
         self.request = _dictionary_codes(positions.column("request_id"))
         self.step = positions.column("step").to_numpy()  # int32, zero-copy when one chunk
@@ -125,17 +109,17 @@ class _RunRows:
         )
 
     def _from_steps(
-        self, run_dir: Path, want_prompt: bool
+        self, run_dir: Location, want_prompt: bool
     ) -> tuple[np.ndarray | None, _Codes | None]:
         """Verified limit per row (only for adaptive runs) and prompt codes (if wanted)."""
-        counts = _read(run_dir, "steps", ["num_drafted", "num_verified"], [])
+        counts = read_parts(run_dir, "steps", ["num_drafted", "num_verified"])
         adaptive = counts.num_rows > 0 and bool(
             pc.any(pc.less(counts.column("num_verified"), counts.column("num_drafted"))).as_py()
         )
         if not adaptive and not want_prompt:
             return None, None
         columns = ["request_id", "step", "num_verified", *(["prompt_id"] if want_prompt else [])]
-        steps = _read(run_dir, "steps", columns, ["request_id", "prompt_id"])
+        steps = read_parts(run_dir, "steps", columns, read_dictionary=["request_id", "prompt_id"])
         s_request = _dictionary_codes(steps.column("request_id"))
         # positions' request codes in the steps' dictionary
         mapping = pc.index_in(
@@ -190,10 +174,10 @@ def _acceptance(rows: _RunRows, row_keys: list[str], spec: Mapping[str, Any]) ->
     return [{**_decoded(row_keys, rows, cells), "position": cells[-1], **columns}]
 
 
-def _acceptance_from_steps(run_dir: Path, row_keys: list[str]) -> list[dict]:
+def _acceptance_from_steps(run_dir: Location, row_keys: list[str]) -> list[dict]:
     """Acceptance counters of one run from its steps table (see count_acceptance_from_steps)."""
     columns = ["num_drafted", "num_verified", "accepted_len", *row_keys]
-    steps = _read(run_dir, "steps", columns, list(row_keys))
+    steps = read_parts(run_dir, "steps", columns, read_dictionary=row_keys)
     if steps.num_rows == 0:
         return []
     keys = [_dictionary_codes(steps.column(k)) for k in row_keys]
@@ -266,7 +250,7 @@ def _matches(value: Any, wanted: Any) -> bool:
 
 
 def aggregate_store(
-    root: Path | str,
+    root: Location | Path | str,
     *,
     metric: str = "acceptance",
     by: str | Iterable[str] = ("run_id",),
@@ -355,7 +339,7 @@ def aggregate_store(
         ):
             jobs.append((run_dir, constants))
 
-    def one(job: tuple[Path, dict[str, Any]]) -> list[dict[str, Any]]:
+    def one(job: tuple[Location, dict[str, Any]]) -> list[dict[str, Any]]:
         run_dir, constants = job
         if metric == "acceptance" and source == "steps":
             parts = _acceptance_from_steps(run_dir, row_keys)

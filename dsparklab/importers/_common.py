@@ -2,8 +2,8 @@
 
 An importer parses every input completely (pure functions from file text to
 :class:`ImportedRun` objects) before anything is written, so bad input writes nothing.
-:func:`write_runs` then writes each run into a hidden temporary directory through
-:class:`dsparklab.store.TraceWriter` and renames it into place.
+:func:`write_runs` then writes each run through :class:`dsparklab.store.TraceWriter`,
+its run.json last, so a run appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from dsparklab.analysis.definitions import Check, check
 from dsparklab.errors import DSparkLabError, TraceSchemaError
 from dsparklab.provenance import hash_path
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import counter_row
 from dsparklab.store.schema import RUN_JSON
 
@@ -434,15 +433,15 @@ class ImportedRun:
 
 @dataclass
 class WriteResult:
-    written: list[Path] = field(default_factory=list)
-    skipped: list[Path] = field(default_factory=list)
+    written: list[Location] = field(default_factory=list)
+    skipped: list[Location] = field(default_factory=list)
 
 
 def write_runs(
-    runs: Sequence[ImportedRun], out: Path | str, *, overwrite: bool = False
+    runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = False
 ) -> WriteResult:
     """Write every run below ``out`` (skipping complete runs already there)."""
-    out = Path(out)
+    out = Location.of(out)
     result = WriteResult()
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
@@ -459,20 +458,11 @@ def write_runs(
                     continue
             except TraceSchemaError:
                 pass
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
-            with TraceWriter(tmp, run.run_json()) as writer:
-                for table, rows in run.tables.items():
-                    if rows:
-                        writer.add_many(table, rows)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.replace(final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        # run.json last: the run appears whole or not at all, on a disk or an object store
+        with TraceWriter(final, run.run_json(), overwrite=True, publish="last") as writer:
+            for table, rows in run.tables.items():
+                if rows:
+                    writer.add_many(table, rows)
         result.written.append(final)
     return result
 

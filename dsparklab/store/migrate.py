@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.store.location import Location
 from dsparklab.store.reader import find_runs, part_files
 from dsparklab.store.rows import emitted_tokens
 from dsparklab.store.schema import (
@@ -37,7 +38,7 @@ from dsparklab.store.schema import (
     SCHEMA_VERSION_KEY,
     TABLE_KEY,
 )
-from dsparklab.store.writer import _fsync_dir, write_json_atomic
+from dsparklab.store.writer import write_json_atomic
 
 _NEW = ".{table}.v{version}"
 _OLD = ".{table}.old"
@@ -53,6 +54,14 @@ def derive_emitted(steps: pd.DataFrame, output_lengths: pd.Series) -> np.ndarray
         kept = emitted_tokens(part["accepted_len"].tolist(), int(output_lengths[request_id]))
         out[part.index.to_numpy()] = np.asarray(kept, dtype=np.int64)
     return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _output_lengths(run_dir: Path, steps: pd.DataFrame) -> pd.Series:
@@ -138,7 +147,7 @@ def _finish_interrupted(run_dir: Path, table: str) -> None:
         shutil.rmtree(old_dir)
 
 
-def migrate_run(run_dir: Path | str) -> str:
+def migrate_run(run_dir: Location | Path | str) -> str:
     """Bring one run to :data:`SCHEMA_VERSION`: ``"migrated"`` or ``"current"``."""
     run_dir = Path(run_dir)
     path = run_dir / RUN_JSON
@@ -165,6 +174,6 @@ def migrate_run(run_dir: Path | str) -> str:
     return "migrated"
 
 
-def migrate_store(root: Path | str) -> dict[str, str]:
+def migrate_store(root: Location | Path | str) -> dict[str, str]:
     """Every run below ``root`` brought to :data:`SCHEMA_VERSION`: run dir -> outcome."""
     return {str(run): migrate_run(run) for run in find_runs(root)}

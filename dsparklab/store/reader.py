@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.store.location import Location, StoreAccessError, Where
 from dsparklab.store.schema import (
     ALL_TABLES,
     DEFAULT_GRANULARITY,
@@ -38,14 +39,23 @@ Filters = Mapping[str, Any]
 _MIGRATE_HINT = {1: "; run `dsparklab migrate <runs>` to add the steps' emitted tokens"}
 
 
-def read_run_json(run_dir: Path | str) -> dict[str, Any]:
-    """Load and check ``run.json``; raise TraceSchemaError naming the file and field."""
-    path = Path(run_dir) / RUN_JSON
-    if not path.is_file():
-        raise TraceSchemaError("run.json is missing; not a run directory", path=path)
+def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, Any]:
+    """Load and check ``run.json``; raise TraceSchemaError naming the file and field.
+
+    A ``running`` run whose writer's lease (``lease_expires_at``) has passed reads as
+    ``incomplete``, with ``status_reason`` saying so (its writer stopped renewing it: killed,
+    or its host lost); ``derive_status=False`` returns the status as written.
+    """
+    path = Location.of(run_dir) / RUN_JSON
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise TraceSchemaError("run.json is missing; not a run directory", path=path) from None
+    except UnicodeDecodeError as err:
+        raise TraceSchemaError(f"invalid JSON ({err})", path=path) from err
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as err:
         raise TraceSchemaError(f"invalid JSON ({err})", path=path) from err
     if not isinstance(meta, dict):
         raise TraceSchemaError("expected a JSON object at the top level", path=path)
@@ -78,7 +88,23 @@ def read_run_json(run_dir: Path | str) -> dict[str, Any]:
             path=path,
             field="granularity",
         )
+    if derive_status and meta["status"] == "running" and _lease_expired(meta):
+        meta["status"] = "incomplete"
+        meta["status_reason"] = (
+            f"its writer's lease ended at {meta['lease_expires_at']} without the run being "
+            "closed (the writer was killed or lost its store)"
+        )
     return meta
+
+
+def _lease_expired(meta: Mapping[str, Any]) -> bool:
+    lease = meta.get("lease_expires_at")
+    if not isinstance(lease, str):
+        return False
+    try:
+        return datetime.fromisoformat(lease) < datetime.now(timezone.utc)
+    except ValueError:
+        return False
 
 
 def run_granularity(meta: Mapping[str, Any]) -> str:
@@ -91,20 +117,20 @@ def _type_names(expected: type | tuple[type, ...]) -> str:
     return " or ".join("null" if t is type(None) else t.__name__ for t in types)
 
 
-def part_files(run_dir: Path | str, table: str) -> list[Path]:
+def part_files(run_dir: Where, table: str) -> list[Location]:
     """Finished parts of ``table`` in name order (temporary files are never listed)."""
     if table not in ALL_TABLES:
         raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    table_dir = Path(run_dir) / table
-    if not table_dir.is_dir():
-        return []
-    return sorted(table_dir.glob(f"{PART_PREFIX}*{PART_SUFFIX}"))
+    return (Location.of(run_dir) / table).files(f"{PART_PREFIX}*{PART_SUFFIX}")
 
 
-def check_part_schema(path: Path, table: str) -> pa.Schema:
+def check_part_schema(path: Where, table: str) -> pa.Schema:
     """Read one part's footer and check version, columns and types against the contract."""
+    path = Location.of(path)
     try:
-        schema = pq.read_schema(path)
+        schema = pq.read_schema(path.path, filesystem=path.fs)
+    except StoreAccessError:
+        raise
     except (pa.ArrowInvalid, OSError) as err:
         raise TraceSchemaError(
             f"unreadable parquet (truncated or not parquet): {err}", path=path
@@ -138,17 +164,43 @@ def check_part_schema(path: Path, table: str) -> pa.Schema:
     return schema
 
 
-def find_runs(root: Path | str) -> list[Path]:
-    """``root`` itself when it is a run, else every run directory below it (sorted)."""
-    root = Path(root)
-    if not root.exists():
-        raise TraceSchemaError("no such file or directory", path=root)
+def read_parts(
+    run_dir: Where,
+    table: str,
+    columns: Sequence[str],
+    *,
+    read_dictionary: Sequence[str] = (),
+) -> pa.Table:
+    """``columns`` of every finished part of one run's ``table``, checked against the
+    contract, as one arrow table (``read_dictionary`` columns come dictionary-encoded)."""
+    files = part_files(run_dir, table)
+    for path in files:
+        check_part_schema(path, table)
+    if not files:
+        schema = ALL_TABLES[table]
+        return schema.empty_table().select(list(columns))
+    tables = []
+    for path in files:
+        with path.fs.open_input_file(path.path) as fh:
+            part = pq.ParquetFile(fh, read_dictionary=list(read_dictionary))
+            tables.append(part.read(columns=list(columns)))
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
+
+
+def find_runs(root: Where) -> list[Location]:
+    """``root`` itself when it is a run, else every run directory below it (sorted).
+
+    Hidden directories (``.<name>``: an import or a migration in progress) are not runs.
+    """
+    root = Location.of(root)
     if (root / RUN_JSON).is_file():
         return [root]
-    runs = sorted(p.parent for p in root.rglob(RUN_JSON))
+    runs = [p.parent for p in root.find(RUN_JSON)]
     if not runs:
+        if not root.exists() and root.is_local:
+            raise TraceSchemaError("no such file or directory", path=root)
         raise TraceSchemaError("no run.json found below this directory", path=root)
-    return runs
+    return sorted(runs)
 
 
 def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,7 +224,7 @@ def _float_or_nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def list_runs(root: Path | str) -> pd.DataFrame:
+def list_runs(root: Where) -> pd.DataFrame:
     """One row per run below ``root``: run-level columns, status, granularity and path."""
     rows = []
     for run_dir in find_runs(root):
@@ -240,7 +292,7 @@ def _row_filter(filters: Filters) -> ds.Expression | None:
 
 
 def read_trace(
-    root: Path | str,
+    root: Where,
     table: str = "positions",
     *,
     columns: Sequence[str] | None = None,
@@ -295,7 +347,9 @@ def read_trace(
             check_part_schema(path, table)
         if not files:
             continue
-        dataset = ds.dataset([str(p) for p in files], schema=schema, format="parquet")
+        dataset = ds.dataset(
+            [p.path for p in files], schema=schema, format="parquet", filesystem=files[0].fs
+        )
         try:
             arrow = dataset.to_table(columns=wanted_columns, filter=expr)
         except (pa.ArrowInvalid, OSError) as err:

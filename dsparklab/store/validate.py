@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
     check_part_schema,
     find_runs,
@@ -63,7 +64,7 @@ class Violation:
 
 @dataclass
 class RunReport:
-    path: Path
+    path: Location
     status: str = "unknown"
     violations: list[Violation] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)
@@ -87,13 +88,13 @@ class RunReport:
         return f"{self.path}: {verdict}; {counts}" if counts else f"{self.path}: {verdict}"
 
 
-def validate_trace(root: Path | str) -> list[RunReport]:
+def validate_trace(root: Where) -> list[RunReport]:
     """Validate one run or every run below ``root``."""
     return [validate_run(run_dir) for run_dir in find_runs(root)]
 
 
-def validate_run(run_dir: Path | str) -> RunReport:
-    run_dir = Path(run_dir)
+def validate_run(run_dir: Where) -> RunReport:
+    run_dir = Location.of(run_dir)
     report = RunReport(path=run_dir)
     try:
         meta = read_run_json(run_dir)
@@ -104,7 +105,9 @@ def validate_run(run_dir: Path | str) -> RunReport:
     n = meta["num_speculative_tokens"]
     granularity = run_granularity(meta)
 
-    for tmp in sorted(run_dir.rglob(f"*{TEMP_SUFFIX}")):
+    # an object store commits a part in one PUT: only a disk can hold a leftover
+    leftovers = sorted(Path(run_dir).rglob(f".*{TEMP_SUFFIX}")) if run_dir.is_local else []
+    for tmp in leftovers:
         if report.complete:
             report.violations.append(
                 Violation(
@@ -145,7 +148,7 @@ def validate_run(run_dir: Path | str) -> RunReport:
 
 
 def _check_granularity(
-    run_dir: Path, granularity: str, frames: dict[str, pd.DataFrame], report: RunReport
+    run_dir: Location, granularity: str, frames: dict[str, pd.DataFrame], report: RunReport
 ) -> bool:
     """A run without token-level rows holds what its granularity says; False: stop here."""
     if not frames["positions"].empty:
@@ -413,12 +416,12 @@ def _reason(err: TraceSchemaError) -> str:
     return text.split(": ", 1)[1] if err.path and ": " in text else text
 
 
-def _load_table(run_dir: Path, table: str, report: RunReport) -> pd.DataFrame:
+def _load_table(run_dir: Location, table: str, report: RunReport) -> pd.DataFrame:
     pieces = []
     for path in part_files(run_dir, table):
         try:
             check_part_schema(path, table)
-            arrow = pq.read_table(path)
+            arrow = pq.read_table(path.path, filesystem=path.fs)
         except TraceSchemaError as err:
             report.violations.append(Violation(str(path), err.field, _reason(err)))
             continue

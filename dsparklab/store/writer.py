@@ -1,19 +1,25 @@
-"""TraceWriter: the only way engines put rows on disk.
+"""TraceWriter: the only way engines put rows in a store (a directory or an S3 bucket).
 
 Rows are buffered per table and flushed as parquet parts every ``flush_rows`` rows or
-``flush_seconds`` seconds. Each part is written under a hidden temporary name, fsynced and
-renamed, so readers never see a partial file and a killed writer keeps every finished part.
-``run.json`` is rewritten the same way whenever the status changes.
+``flush_seconds`` seconds. Each part is committed whole under a name no other writer can
+take (sequence, host, process and the writer's tag, e.g. its rank) and is never rewritten,
+so a reader never sees half a part and a killed writer keeps every finished one; several
+writers may share one run directory or one store. ``run.json`` is replaced whole by its one
+writer at every flush and status change; while the run is open it carries a lease
+(``lease_expires_at``) that each flush renews, and a reader treats a ``running`` run whose
+lease has passed as ``incomplete``.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +28,8 @@ import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.provenance import provenance
+from dsparklab.store.location import Location, Where
+from dsparklab.store.outbox import Outbox
 from dsparklab.store.schema import (
     ALL_TABLES,
     PART_PREFIX,
@@ -32,28 +40,26 @@ from dsparklab.store.schema import (
     SCHEMA_VERSION_KEY,
     TABLE_KEY,
     TABLES,
-    TEMP_SUFFIX,
 )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def json_bytes(payload: Mapping[str, Any]) -> bytes:
+    text = json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"
+    return text.encode("utf-8")
 
 
-def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write JSON to ``path`` through a temporary file + fsync + rename."""
-    tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    _fsync_dir(path.parent)
+logger = logging.getLogger("dsparklab.store")
+
+
+def write_json_atomic(path: Where, payload: Mapping[str, Any]) -> None:
+    """Commit JSON as ``path``, whole (see :meth:`Location.write_bytes`)."""
+    Location.of(path).write_bytes(json_bytes(payload))
+
+
+def writer_id(tag: str | None = None) -> str:
+    """What makes this process's part names its own: host, pid and an optional tag."""
+    host = "".join(c if c.isalnum() or c == "-" else "-" for c in socket.gethostname())
+    return "-".join(part for part in (host or "host", str(os.getpid()), tag) if part)
 
 
 def utc_now() -> str:
@@ -94,7 +100,7 @@ def new_run_json(
 
 
 class TraceWriter:
-    """Context manager that writes one run directory.
+    """Context manager that writes one run.
 
     >>> with TraceWriter(run_dir, run_json) as w:      # doctest: +SKIP
     ...     w.add("steps", step_row)
@@ -102,18 +108,33 @@ class TraceWriter:
 
     On a clean exit the run is marked ``complete``; on an exception it is marked
     ``failed`` (the exception propagates). Rows already flushed are never rewritten.
+
+    ``outbox`` (a live writer that must never wait on its store, see
+    :mod:`dsparklab.store.outbox`): files are sent from a background thread that retries,
+    and dropped and counted past its bound; such a writer does not look for an existing
+    run (its names are unique) and waits at most ``close_timeout_s`` at close.
+
+    ``publish="first"`` writes run.json at once (a live run that readers may follow);
+    ``publish="last"`` writes it only when the run closes, so the run appears whole or not at
+    all (an import): parts without a run.json are no run. ``tag`` goes into part names (a
+    rank, when several processes write one run).
     """
 
     def __init__(
         self,
-        run_dir: Path | str,
+        run_dir: Where,
         run_json: Mapping[str, Any],
         *,
         flush_rows: int = 50_000,
         flush_seconds: float = 30.0,
         overwrite: bool = False,
+        publish: str = "first",
+        tag: str | None = None,
+        lease_seconds: float | None = None,
+        outbox: Outbox | None = None,
+        close_timeout_s: float = 30.0,
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = Location.of(run_dir)
         missing = [k for k in RUN_REQUIRED_FIELDS if k not in run_json]
         if missing:
             raise TraceSchemaError(
@@ -121,10 +142,18 @@ class TraceWriter:
                 path=self.run_dir / RUN_JSON,
                 field=missing[0],
             )
+        if publish not in ("first", "last"):
+            raise ValueError(f"publish must be 'first' or 'last', not {publish!r}")
         self.meta = dict(run_json)
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
+        # a live run renews its lease at every flush: several flush periods of silence
+        self.lease_seconds = lease_seconds or max(120.0, 4 * flush_seconds)
         self._overwrite = overwrite
+        self._publish = publish
+        self._writer_id = writer_id(tag)
+        self._outbox = outbox
+        self._close_timeout_s = close_timeout_s
         self._buffers: dict[str, list[Mapping[str, Any]]] = {name: [] for name in ALL_TABLES}
         self._next_part: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
         self._rows_written: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
@@ -133,21 +162,21 @@ class TraceWriter:
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> TraceWriter:
-        if (self.run_dir / RUN_JSON).exists() and not self._overwrite:
+        exists = self._outbox is None and (self.run_dir / RUN_JSON).is_file()
+        if exists and not self._overwrite:
             raise FileExistsError(
                 f"{self.run_dir / RUN_JSON}: run already exists; pass overwrite=True or "
                 "choose another directory"
             )
-        for name in ALL_TABLES:
-            table_dir = self.run_dir / name
-            if name in TABLES:  # the aggregate tables' directories appear with their rows
-                table_dir.mkdir(parents=True, exist_ok=True)
-            if self._overwrite and table_dir.is_dir():
-                for old in table_dir.iterdir():
-                    old.unlink()
+        if exists or (self._publish == "last" and self._outbox is None):
+            # the old run, or the parts of a batch writer killed before its run.json
+            self.run_dir.delete()
+        for name in TABLES if self._outbox is None else ():
+            (self.run_dir / name).mkdir()  # the aggregate tables' appear with their rows
         self.meta["status"] = "running"
-        self._write_meta()
         self._open = True
+        if self._publish == "first":
+            self._write_meta()
         return self
 
     def __exit__(
@@ -171,11 +200,26 @@ class TraceWriter:
             return
         if status == "complete":
             self.flush()
+        dropped = self._outbox.counts.dropped_json() if self._outbox is not None else None
+        if dropped is not None and status == "complete":
+            status = "incomplete"  # rows were lost while the store was away
+            self.meta["status_reason"] = (
+                f"{sum(dropped['rows'].values())} rows were dropped while the store did not "
+                "answer (run.json 'dropped')"
+            )
         self.meta["status"] = status
         self.meta["finished_at"] = utc_now()
-        self.meta["rows"] = self._present(self._rows_written)
-        self._write_meta()
+        self.meta.pop("lease_expires_at", None)
         self._open = False
+        self._write_meta()
+        if self._outbox is not None and not self._outbox.close(self._close_timeout_s):
+            logger.warning(
+                "dsparklab: %s: the store did not take the last %d bytes within %.0f s; "
+                "the run reads as incomplete once its lease ends",
+                self.run_dir,
+                self._outbox.queued_bytes,
+                self._close_timeout_s,
+            )
 
     # -- rows ------------------------------------------------------------------------
     def add(self, table: str, row: Mapping[str, Any]) -> None:
@@ -196,7 +240,7 @@ class TraceWriter:
             self.flush()
 
     def update_meta(self, **fields: Any) -> None:
-        """Merge fields into run.json (rewritten atomically at the next status change)."""
+        """Merge fields into run.json (written at the next flush or status change)."""
         self.meta.update(fields)
 
     def checkpoint(self) -> None:
@@ -204,36 +248,37 @@ class TraceWriter:
         if not self._open:
             raise RuntimeError("TraceWriter is not open; use it as a context manager")
         self.flush()
-        self.meta["rows"] = self._present(self._rows_written)
         self._write_meta()
 
     def flush(self) -> None:
+        wrote = False
         for name, rows in self._buffers.items():
             if rows:
                 self._write_part(name, rows)
                 self._rows_written[name] += len(rows)
                 self._buffers[name] = []
+                wrote = True
         self._last_flush = time.monotonic()
+        if wrote and self._open and self._publish == "first":
+            self._write_meta()  # the new counts, and the lease renewed
 
     # -- files -----------------------------------------------------------------------
+    def part_name(self, table: str) -> str:
+        """The next part's name: sequence first, so one writer's parts sort in order."""
+        return f"{PART_PREFIX}{self._next_part[table]:05d}-{self._writer_id}{PART_SUFFIX}"
+
     def _write_part(self, table: str, rows: list[Mapping[str, Any]]) -> None:
         schema = ALL_TABLES[table]
-        path = self.run_dir / table / f"{PART_PREFIX}{self._next_part[table]:05d}{PART_SUFFIX}"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / table / self.part_name(table)
         try:
             arrow = pa.Table.from_pylist(list(rows), schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, TypeError) as err:
             raise TraceSchemaError(f"row does not fit the schema: {err}", path=path) from err
-        arrow = arrow.replace_schema_metadata(
-            {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
-        )
-        tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}")
-        with tmp.open("wb") as fh:
-            pq.write_table(arrow, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-        _fsync_dir(path.parent)
+        data = part_bytes(arrow, table)
+        if self._outbox is None:
+            path.write_bytes(data)
+        else:
+            self._outbox.put(path, data, table=table, rows=len(rows))
         self._next_part[table] += 1
 
     @staticmethod
@@ -242,5 +287,30 @@ class TraceWriter:
         return {k: v for k, v in counts.items() if k in TABLES or v}
 
     def _write_meta(self) -> None:
-        self.meta["parts"] = self._present(self._next_part)
-        write_json_atomic(self.run_dir / RUN_JSON, self.meta)
+        parts, rows = dict(self._next_part), dict(self._rows_written)
+        if self._outbox is not None:  # what reached the store or is on its way
+            counts = self._outbox.counts
+            for table, dropped in counts.dropped_parts.items():
+                parts[table] -= dropped
+                rows[table] -= counts.dropped_rows[table]
+            self.meta["dropped"] = counts.dropped_json()
+        self.meta["parts"] = self._present(parts)
+        self.meta["rows"] = self._present(rows)
+        if self._open:
+            expires = datetime.now(timezone.utc) + timedelta(seconds=self.lease_seconds)
+            self.meta["lease_expires_at"] = expires.isoformat(timespec="seconds")
+        path = self.run_dir / RUN_JSON
+        if self._outbox is None:
+            write_json_atomic(path, self.meta)
+        else:
+            self._outbox.put(path, json_bytes(self.meta), table=None)
+
+
+def part_bytes(arrow: pa.Table, table: str) -> bytes:
+    """One part as parquet bytes, stamped with the contract's version and its table."""
+    arrow = arrow.replace_schema_metadata(
+        {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
+    )
+    sink = io.BytesIO()
+    pq.write_table(arrow, sink, compression="zstd")
+    return sink.getvalue()

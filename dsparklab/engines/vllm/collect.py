@@ -63,6 +63,7 @@ from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
+from dsparklab.store.location import Location
 from dsparklab.store.rows import emitted_tokens, totals_row
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
@@ -709,7 +710,7 @@ def collect(
                 drafter=drafter_ref,
                 engine_kwargs=dict(engine_kwargs or {}),
                 tap_config=TapConfig(
-                    trace_dir=tap_root,
+                    trace_dir=Location.of(tap_root),
                     run_name=f"{method}-n{n}-{uuid.uuid4().hex[:8]}",
                     level=tap_level,  # type: ignore[arg-type]
                 ),

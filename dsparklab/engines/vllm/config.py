@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dsparklab.errors import DSparkLabError
+from dsparklab.store.location import Location
+from dsparklab.store.sampling import check_fraction
 
 # The switch: taps are installed only when this names a directory.
 ENV_TRACE_DIR = "DSPARKLAB_TRACE_DIR"
@@ -23,6 +25,8 @@ ENV_DATASET = "DSPARKLAB_DATASET"
 ENV_TAP_LEVEL = "DSPARKLAB_TAP_LEVEL"
 ENV_FLUSH_SECONDS = "DSPARKLAB_FLUSH_SECONDS"
 ENV_WRITER_RANKS = "DSPARKLAB_WRITER_RANKS"
+ENV_SAMPLE = "DSPARKLAB_SAMPLE"
+ENV_BUFFER_MB = "DSPARKLAB_BUFFER_MB"
 
 TapLevel = Literal["full", "light"]
 WriterRanks = Literal["tp0", "all"]
@@ -38,12 +42,21 @@ def _describe(text: str, default: Any) -> Any:
     return field(default=default, metadata={"description": text})
 
 
+def _number(env: Mapping[str, str], name: str, default: str) -> float:
+    raw = env.get(name, default).strip() or default
+    try:
+        return float(raw)
+    except ValueError:
+        raise TapConfigError(f"{name}={raw!r} is not a number") from None
+
+
 @dataclass(frozen=True)
 class TapConfig:
     """What the taps record and where (one instance per process, from the environment)."""
 
-    trace_dir: Path = _describe(
-        "root directory; each writing process adds one run directory below it", Path()
+    trace_dir: Location = _describe(
+        "root directory or s3://bucket/prefix; each writing process adds one run below it",
+        Location.of("."),
     )
     run_name: str = _describe("run directory name prefix; empty: vllm-<method>-n<N>-<utc time>", "")
     dataset: str = _describe(
@@ -63,6 +76,20 @@ class TapConfig:
         "writes its own run directory (to check that ranks agree)",
         "tp0",
     )
+    sample: float = _describe(
+        "fraction of requests recorded, chosen by a hash of the request id (every rank "
+        "and server agrees; a request is recorded whole or not at all)",
+        1.0,
+    )
+    buffer_mb: float = _describe(
+        "MiB of finished parts held while the store does not answer; past it the oldest "
+        "are dropped and counted in run.json",
+        256.0,
+    )
+
+    def __post_init__(self) -> None:
+        # a Path or a URI given by a caller: one Location from here on
+        object.__setattr__(self, "trace_dir", Location.of(self.trace_dir))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TapConfig | None:
@@ -79,22 +106,26 @@ class TapConfig:
         ranks = env.get(ENV_WRITER_RANKS, "tp0").strip() or "tp0"
         if ranks not in WRITER_RANKS:
             raise TapConfigError(f"{ENV_WRITER_RANKS}={ranks!r} is not one of {list(WRITER_RANKS)}")
-        raw_flush = env.get(ENV_FLUSH_SECONDS, "10").strip() or "10"
-        try:
-            flush = float(raw_flush)
-        except ValueError as err:
-            raise TapConfigError(
-                f"{ENV_FLUSH_SECONDS}={raw_flush!r} is not a number of seconds"
-            ) from err
+        flush = _number(env, ENV_FLUSH_SECONDS, "10")
         if flush <= 0:
             raise TapConfigError(f"{ENV_FLUSH_SECONDS} must be > 0, got {flush}")
+        sample = _number(env, ENV_SAMPLE, "1")
+        try:
+            check_fraction(sample, name=ENV_SAMPLE)
+        except ValueError as err:
+            raise TapConfigError(f"{err}; unset it to record every request") from None
+        buffer_mb = _number(env, ENV_BUFFER_MB, "256")
+        if buffer_mb <= 0:
+            raise TapConfigError(f"{ENV_BUFFER_MB} must be > 0, got {buffer_mb}")
         return cls(
-            trace_dir=Path(root).expanduser(),
+            trace_dir=Location.of(root if "://" in root else Path(root).expanduser()),
             run_name=env.get(ENV_RUN_NAME, "").strip(),
             dataset=env.get(ENV_DATASET, "vllm").strip() or "vllm",
             level=level,  # type: ignore[arg-type]
             flush_seconds=flush,
             writer_ranks=ranks,  # type: ignore[arg-type]
+            sample=sample,
+            buffer_mb=buffer_mb,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -106,6 +137,8 @@ class TapConfig:
             ENV_TAP_LEVEL: self.level,
             ENV_FLUSH_SECONDS: str(self.flush_seconds),
             ENV_WRITER_RANKS: self.writer_ranks,
+            ENV_SAMPLE: repr(self.sample),
+            ENV_BUFFER_MB: repr(self.buffer_mb),
         }
 
     def as_dict(self) -> dict[str, Any]:

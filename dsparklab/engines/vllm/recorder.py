@@ -70,7 +70,10 @@ from typing import Any
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
 from dsparklab.store import TraceWriter, read_run_json
-from dsparklab.store.schema import PART_PREFIX, PART_SUFFIX, RUN_JSON, TABLES
+from dsparklab.store.location import Location
+from dsparklab.store.reader import part_files
+from dsparklab.store.sampling import request_sampled
+from dsparklab.store.schema import RUN_JSON, TABLES
 from dsparklab.store.writer import utc_now, write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -226,6 +229,9 @@ class TraceRecorder:
         Label written into every ``steps``/``requests`` row.
     writer
         Where rows go; None keeps them in memory (``self.rows``), for tests.
+    sample
+        Fraction of requests recorded (:func:`dsparklab.store.sampling.request_sampled`
+        on the caller's request id); the others are not recorded at all.
     """
 
     def __init__(
@@ -235,8 +241,10 @@ class TraceRecorder:
         dataset: str = "vllm",
         writer: TraceWriter | None = None,
         flush_seconds: float | None = None,
+        sample: float = 1.0,
     ) -> None:
         self.n = num_speculative_tokens
+        self.sample = sample
         self.dataset = dataset
         self.writer = writer
         self.rows = StepRows()
@@ -331,8 +339,8 @@ class TraceRecorder:
     def _unsettle(self) -> None:
         """Remove the settled marker (called under ``_qlock``, before recording more)."""
         self._settled = False
-        if self.run_dir is not None:
-            (self.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
+        if self.run_dir is not None and self.run_dir.is_local:
+            Path(self.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
 
     def in_flight(self) -> set[str]:
         """Requests scheduled or recorded and not yet reported finished."""
@@ -357,6 +365,10 @@ class TraceRecorder:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, *args)
+
+    def keeps(self, req_id: str) -> bool:
+        """Whether this run records the request (all of it, or nothing)."""
+        return request_sampled(external_request_id(req_id), self.sample)
 
     def _process(self, slot: HostSlot) -> None:
         meta = slot.meta
@@ -393,6 +405,8 @@ class TraceRecorder:
         }
         resolved = 0
         for row, req_id in enumerate(req_ids):
+            if not self.keeps(req_id):
+                continue
             pending = self._pending.pop(req_id, None)
             sampled = int(num_sampled[row])
             if pending is not None and sampled > 0:
@@ -433,7 +447,7 @@ class TraceRecorder:
         for req_id, sampled, context in zip(
             req_ids, meta["num_sampled"], meta["seq_base"], strict=True
         ):
-            if int(sampled) <= 0:  # a prefill chunk: nothing sampled
+            if int(sampled) <= 0 or not self.keeps(req_id):  # a prefill chunk; not sampled
                 continue
             if req_id not in self._first_token:  # the prefill's token: no step
                 self._first_token.add(req_id)
@@ -595,7 +609,8 @@ class TraceRecorder:
         with self._qlock:
             # nothing staged or scheduled meanwhile: start_requests/stage wait for this
             if seq == self._seq_staged and not self._active and not self._queue:
-                (self.writer.run_dir / SETTLED_MARKER).touch()
+                if self.writer.run_dir.is_local:  # the local dead-writer check reads it
+                    Path(self.writer.run_dir / SETTLED_MARKER).touch()
                 self._settled = True
 
     def drain(self) -> None:
@@ -655,7 +670,8 @@ class TraceRecorder:
             except Exception:
                 logger.exception("dsparklab: writing the last rows of %s failed", self.run_dir)
         self.writer.close(status=status)
-        (self.writer.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
+        if self.writer.run_dir.is_local:
+            Path(self.writer.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
 
     def fail(self, reason: str) -> None:
         """Stop recording and mark the run failed (rows already written are kept)."""
@@ -678,7 +694,7 @@ class TraceRecorder:
         return {"tap_stats": self.stats.to_json(), "step_costs": self.costs.to_json()}
 
     @property
-    def run_dir(self) -> Path | None:
+    def run_dir(self) -> Location | None:
         return self.writer.run_dir if self.writer is not None else None
 
     def summary(self) -> Mapping[str, Any]:
@@ -707,13 +723,7 @@ def _process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def _table_files(run_dir: Path) -> dict[str, list[Path]]:
-    return {
-        table: sorted((run_dir / table).glob(f"{PART_PREFIX}*{PART_SUFFIX}")) for table in TABLES
-    }
-
-
-def close_run_of_dead_writer(run_dir: Path, *, closed_by: str) -> str | None:
+def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str | None:
     """Close a ``running`` tap run whose writing process has exited without closing it.
 
     ``complete`` when the writer had settled (:data:`SETTLED_MARKER`: every request
@@ -723,17 +733,18 @@ def close_run_of_dead_writer(run_dir: Path, *, closed_by: str) -> str | None:
     """
     import pyarrow.parquet as pq
 
-    meta = read_run_json(run_dir)
+    meta = read_run_json(run_dir, derive_status=False)
     pid = (meta.get("config") or {}).get("pid")
     if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
         return None
-    marker = run_dir / SETTLED_MARKER
+    marker = Path(run_dir) / SETTLED_MARKER  # a local run: its writer's pid is ours to see
     settled = marker.is_file()
     status = "complete" if settled else "incomplete"
-    files = _table_files(run_dir)
+    files = {table: part_files(run_dir, table) for table in TABLES}
     meta.update(
         status=status,
         finished_at=utc_now(),
+        lease_expires_at=None,
         parts={table: len(parts) for table, parts in files.items()},
         rows={
             table: sum(pq.read_metadata(p).num_rows for p in parts)

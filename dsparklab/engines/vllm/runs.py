@@ -45,7 +45,11 @@ from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_wri
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.location import Location
+from dsparklab.store.outbox import Outbox
+from dsparklab.store.sampling import SAMPLE_KEY
 from dsparklab.store.schema import RUN_JSON
+from dsparklab.store.writer import writer_id
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class RunState:
     atexit_registered: bool = False
     run_counter: int = 0
     # trace directories whose runs this process closes for exited descendants, at exit
-    watched: set[Path] = field(default_factory=set)
+    watched: set[Location] = field(default_factory=set)
     watcher_pid: int | None = None
 
 
@@ -142,7 +146,7 @@ def ancestor_pids(pid: int | None = None, *, depth: int = 8) -> list[int]:
 
 
 def close_runs_of_dead_descendants(
-    trace_dir: Path, *, ancestor: int | None = None, wait_s: float = 10.0
+    trace_dir: Location | Path, *, ancestor: int | None = None, wait_s: float = 10.0
 ) -> dict[str, str]:
     """Close the ``running`` runs below ``trace_dir`` whose writers descend from ``ancestor``
     (this process) and have exited; returns ``{run_dir: status}``.
@@ -151,20 +155,29 @@ def close_runs_of_dead_descendants(
     """
     ancestor = os.getpid() if ancestor is None else ancestor
     mine = []
-    for run_json in sorted(trace_dir.glob(f"*/{RUN_JSON}")) if trace_dir.is_dir() else []:
+    trace_dir = Location.of(trace_dir)
+    if not trace_dir.is_local:  # pids mean nothing across hosts: the runs' leases end
+        return {}
+    for run_json in trace_dir.find(RUN_JSON) if trace_dir.is_dir() else []:
+        run_dir = run_json.parent
+        if run_dir.parent != trace_dir:
+            continue
         try:
-            meta = read_run_json(run_json.parent)
+            meta = read_run_json(run_dir, derive_status=False)
         except DSparkLabError:
             continue
         config = meta.get("config") or {}
         if meta["status"] == "running" and ancestor in (config.get("ancestor_pids") or ()):
-            mine.append(run_json.parent)
+            mine.append(run_dir)
     closed: dict[str, str] = {}
     deadline = time.monotonic() + wait_s
     while mine:
         for run_dir in list(mine):
             status = close_run_of_dead_writer(run_dir, closed_by=f"dsparklab in pid {ancestor}")
-            if status is not None or read_run_json(run_dir)["status"] != "running":
+            if (
+                status is not None
+                or read_run_json(run_dir, derive_status=False)["status"] != "running"
+            ):
                 mine.remove(run_dir)
             if status is not None:
                 closed[str(run_dir)] = status
@@ -175,7 +188,7 @@ def close_runs_of_dead_descendants(
     return closed
 
 
-def watch_trace_dir(trace_dir: Path) -> None:
+def watch_trace_dir(trace_dir: Location) -> None:
     """Close the runs this process's exited descendants left below ``trace_dir``: after
     vLLM's engine client shut down (:func:`wrap_engine_client_shutdown`) and at exit."""
     with STATE.lock:
@@ -276,9 +289,14 @@ def new_recorder(
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
     name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
-    run_dir = config.trace_dir / name
-    if (run_dir / "run.json").exists() or counter > 1 and run_dir.exists():
-        run_dir = config.trace_dir / f"{name}-{os.getpid()}-{counter}"
+    if config.trace_dir.is_local:
+        run_dir = config.trace_dir / name
+        if (run_dir / RUN_JSON).is_file() or counter > 1 and run_dir.exists():
+            run_dir = config.trace_dir / f"{name}-{os.getpid()}-{counter}"
+    else:
+        # many servers share a bucket, and an object store must not be asked (it may be
+        # down): a name no other process can take
+        run_dir = config.trace_dir / f"{name}-{writer_id()}-{counter}"
     spec_cfg = getattr(vllm_config, "speculative_config", None)
     model_cfg = getattr(vllm_config, "model_config", None)
     parallel = getattr(vllm_config, "parallel_config", None)
@@ -309,9 +327,23 @@ def new_recorder(
         },
         config={"taps": config.as_dict(), "pid": os.getpid(), "ancestor_pids": ancestor_pids()},
     )
-    writer = TraceWriter(run_dir, run_json, flush_seconds=config.flush_seconds)
+    if config.sample < 1.0:
+        run_json[SAMPLE_KEY] = {"fraction": config.sample, "by": "blake2b(request id)"}
+    # an object store may be down or slow: its writes go through a bounded outbox
+    outbox = (
+        None
+        if config.trace_dir.is_local
+        else Outbox(max_bytes=int(config.buffer_mb * 2**20), name=str(config.trace_dir))
+    )
+    writer = TraceWriter(
+        run_dir, run_json, flush_seconds=config.flush_seconds, outbox=outbox, tag=f"dp{dp}"
+    )
     rec = TraceRecorder(
-        n, dataset=config.dataset, writer=writer, flush_seconds=config.flush_seconds
+        n,
+        dataset=config.dataset,
+        writer=writer,
+        flush_seconds=config.flush_seconds,
+        sample=config.sample,
     )
     with STATE.lock:
         STATE.recorders.append(rec)

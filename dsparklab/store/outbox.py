@@ -1,0 +1,175 @@
+"""Outbox: a writer's commits sent by a background thread, so a failing store never stalls it.
+
+A live writer (the vLLM plugin) must not wait on its store: an endpoint that is down, slow,
+refusing credentials or missing its bucket must not change vLLM's tokens or hold up a
+step. The writer hands each finished file (a part, or run.json) to an :class:`Outbox`,
+which sends them in order from its own thread and retries a failing send with back-off.
+While the store is away, files queue up to ``max_bytes``; past that, the oldest parts are
+dropped and counted (run.json is never dropped: only its newest version is kept). When the
+store answers again, everything still queued is sent. One log line says when the store
+went away and one when it came back, with what was dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from dsparklab.store.location import Location, StoreAccessError, one_line
+
+logger = logging.getLogger("dsparklab.store")
+
+DEFAULT_MAX_BYTES = 256 * 2**20
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+
+
+@dataclass
+class _Item:
+    location: Location
+    data: bytes
+    table: str | None  # None: run.json
+    rows: int = 0
+
+
+@dataclass
+class OutboxCounts:
+    """What the outbox sent and dropped, per table (parts and rows)."""
+
+    sent_parts: dict[str, int] = field(default_factory=dict)
+    sent_rows: dict[str, int] = field(default_factory=dict)
+    dropped_parts: dict[str, int] = field(default_factory=dict)
+    dropped_rows: dict[str, int] = field(default_factory=dict)
+    failures: int = 0
+
+    def dropped_json(self) -> dict[str, dict[str, int]] | None:
+        """run.json's ``dropped`` block; None when nothing was dropped."""
+        if not self.dropped_parts:
+            return None
+        return {"parts": dict(self.dropped_parts), "rows": dict(self.dropped_rows)}
+
+
+class Outbox:
+    """Sends files in the order given, from one daemon thread, retrying until they land.
+
+    ``put`` never blocks on the store; ``drain(timeout_s)`` waits for the queue to empty
+    (at close) and says whether it did.
+    """
+
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, name: str = "store") -> None:
+        self.max_bytes = max_bytes
+        self.name = name
+        self.counts = OutboxCounts()
+        self._queue: deque[_Item] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self._down_since: float | None = None
+        self._dropped_in_outage = 0
+        self._thread = threading.Thread(target=self._run, name=f"dsparklab-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def put(self, location: Location, data: bytes, *, table: str | None, rows: int = 0) -> None:
+        """Queue one file; a newer run.json replaces a queued older one."""
+        with self._cond:
+            if table is None:
+                for old in [i for i in self._queue if i.location == location]:
+                    self._queue.remove(old)
+                    self._bytes -= len(old.data)
+            self._queue.append(_Item(location, data, table, rows))
+            self._bytes += len(data)
+            self._drop_over_bound()
+            self._cond.notify_all()
+
+    def _drop_over_bound(self) -> None:
+        """Oldest parts first; the queued run.json stays (it says what was dropped)."""
+        while self._bytes > self.max_bytes:
+            victim = next((i for i in self._queue if i.table is not None), None)
+            if victim is None:
+                return
+            self._queue.remove(victim)
+            self._bytes -= len(victim.data)
+            table = victim.table
+            assert table is not None
+            counts = self.counts
+            counts.dropped_parts[table] = counts.dropped_parts.get(table, 0) + 1
+            counts.dropped_rows[table] = counts.dropped_rows.get(table, 0) + victim.rows
+            self._dropped_in_outage += 1
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued file is sent (or ``timeout_s`` passes)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.2))
+        return True
+
+    def close(self, timeout_s: float) -> bool:
+        """Drain, then stop the thread; False when files were left unsent."""
+        sent = self.drain(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        return sent
+
+    def _run(self) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                item = self._queue[0]
+                self._busy = True
+            try:
+                item.location.write_bytes(item.data)
+            except (StoreAccessError, OSError) as err:
+                with self._cond:
+                    self._busy = False
+                    self.counts.failures += 1
+                    if self._down_since is None:
+                        self._down_since = time.monotonic()
+                        logger.warning(
+                            "dsparklab: %s unreachable (%s); buffering up to %d MiB and retrying",
+                            self.name,
+                            one_line(err),
+                            self.max_bytes // 2**20,
+                        )
+                    if self._closed:
+                        return
+                    self._cond.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = RETRY_FIRST_S
+            with self._cond:
+                self._busy = False
+                if self._queue and self._queue[0] is item:
+                    self._queue.popleft()
+                    self._bytes -= len(item.data)
+                if item.table is not None:
+                    counts = self.counts
+                    counts.sent_parts[item.table] = counts.sent_parts.get(item.table, 0) + 1
+                    counts.sent_rows[item.table] = counts.sent_rows.get(item.table, 0) + item.rows
+                if self._down_since is not None:
+                    logger.warning(
+                        "dsparklab: %s is back after %.0f s; %d parts dropped meanwhile "
+                        "(counted in run.json's 'dropped')",
+                        self.name,
+                        time.monotonic() - self._down_since,
+                        self._dropped_in_outage,
+                    )
+                    self._down_since = None
+                    self._dropped_in_outage = 0
+                self._cond.notify_all()
