@@ -1,5 +1,9 @@
 r"""``specdec-bench``: NVIDIA specdec_bench's acceptance_rate.json and speculation_profile.json.
 
+Provenance: ``acceptance_rate.json`` is ``AcceptanceRate`` in NVIDIA/Model-Optimizer's
+``examples/specdec_bench/specdec_bench/metrics/acceptance_rate.py`` (main at a2fbac7b:
+``Joint_Acceptance_Rate`` is the product of the conditional rates).
+
 ``acceptance_rate.json`` is a list with one object per benchmark run (the metric appends):
 
 - ``Acceptance_Length_Histogram``: steps per *length* :math:`L` = tokens emitted in the
@@ -176,8 +180,10 @@ def _acceptance_run(
         )
         if any(not c.equal for c in joint_checks):
             notes.append(
-                "Joint_Acceptance_Rate is not the survival P(L >= len): early specdec_bench "
-                "versions wrote a running mean of survivals there"
+                "Joint_Acceptance_Rate is not the survival P(L >= len): two later release "
+                "branches of specdec_bench (NVIDIA/Model-Optimizer commits 67223462f, "
+                "c777c44c3) write there the running mean of the survivals up to L, and "
+                "drop each beam's last chunk (and a first chunk of length 1) from the lengths"
             )
         checks += joint_checks
     tables: dict[str, list[dict[str, Any]]] = {

@@ -14,10 +14,14 @@ A server started with ``--per-request-spec-decode-metrics summary`` adds to each
 ``detailed`` adds ``per_step_accepted`` and ``per_step_drafted`` (one entry per verify
 step, in order): those runs get one ``steps`` row per verify step (granularity ``step``);
 ``summary`` runs get per-request counters from the histogram (:math:`R_i = \sum_{j \ge i}
-h_j`, :math:`A_i = \sum_{j > i} h_j`; granularity ``request``). An older shape (a
-per-choice ``speculative_decoding_stats`` object whose histogram is a sparse mapping with
-string keys) is read too. Files: one response, a JSON list, JSON Lines or a saved
-server-sent-event stream.
+h_j`, :math:`A_i = \sum_{j > i} h_j`; granularity ``request``). The older shape is read
+too: a per-choice ``speculative_decoding_stats`` object (``--per-request-spec-decode-stats``)
+whose histogram is a sparse mapping with string keys, as vLLM's
+``docs/features/speculative_decoding/acceptance_metrics.md`` documented it at cd199986
+(PR #48915, before the stats moved to ``metrics``). Files: one response, a JSON list, JSON
+Lines or a saved server-sent-event stream. The prompt's ``prompt_token_ids`` are per choice
+in a completion and at the top level in a chat completion (``ChatCompletionResponse``,
+``vllm/entrypoints/openai/chat_completion/protocol.py``, vLLM 0.32.0).
 
 The cost side, where the server sends it (``--enable-per-request-metrics``): beside
 ``speculative_decoding`` the response's ``metrics`` (``PerRequestMetrics``,
@@ -214,7 +218,9 @@ def _parse(source: SourceFile, top: Fields, suffix: str, m: Fields, index: int) 
         per_step_drafted=per_dra,
         prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
-        prompt_token_ids=_ints_or_none(choice.get("prompt_token_ids")),
+        # chat responses carry the prompt's ids at the top level, completions per choice
+        prompt_token_ids=_ints_or_none(top.value.get("prompt_token_ids"))
+        or _ints_or_none(choice.get("prompt_token_ids")),
         output_token_ids=_ints_or_none(choice.get("token_ids")),
         text=text if isinstance(text, str) else None,
         model=top.value.get("model") if isinstance(top.value.get("model"), str) else None,

@@ -211,6 +211,16 @@ def test_vllm_request_stream_and_old_shape(tmp_path: Path) -> None:
     assert row["ttft_s"] == pytest.approx(final[-1]["metrics"]["time_to_first_token_ms"] / 1e3)
 
 
+def test_vllm_request_chat_prompt_ids_are_top_level(tmp_path: Path) -> None:
+    """A chat completion (vLLM's ChatCompletionResponse) has prompt_token_ids beside its
+    choices, not in them."""
+    body = json.loads(fixture("vllm_request_chat.json").read_text())
+    assert "prompt_token_ids" not in body["choices"][0]
+    (run,) = imported(tmp_path, "vllm-request", "vllm_request_chat.json")
+    (request,) = read_trace(run, "requests").to_dict("records")
+    assert list(request["prompt_token_ids"]) == body["prompt_token_ids"]
+
+
 def test_sglang_accept_length_is_completion_per_verify(tmp_path: Path) -> None:
     (run,) = imported(tmp_path, "sglang", "sglang_generate.jsonl")
     lines = [json.loads(x) for x in fixture("sglang_generate.jsonl").read_text().splitlines()]
@@ -230,6 +240,94 @@ def test_sglang_accept_length_is_completion_per_verify(tmp_path: Path) -> None:
         assert meta["spec_accept_rate"] == pytest.approx(
             mine["n_accepted"].sum() / meta["spec_num_proposed_drafts"]
         )
+
+
+def test_sglang_openai_sglext_spec_tokens_details(tmp_path: Path) -> None:
+    """Chat completions with return_spec_tokens_details: sglext.spec_tokens_details (one
+    object, or one per choice), non-streamed and on a stream's sglext chunk."""
+    (run,) = imported(tmp_path / "a", "sglang", "sglang_chat_sglext.json")
+    single, pair = json.loads(fixture("sglang_chat_sglext.json").read_text())
+    details = {
+        "chatcmpl-1": single["sglext"]["spec_tokens_details"],
+        "chatcmpl-2:0": pair["sglext"]["spec_tokens_details"][0],
+        "chatcmpl-2:1": pair["sglext"]["spec_tokens_details"][1],
+    }
+    totals = read_trace(run, "totals").query("scope == 'request'").set_index("request_id")
+    counters = read_trace(run, "counters")
+    for rid, d in details.items():
+        assert totals.loc[rid, "num_drafts"] == d["spec_verify_ct"]
+        assert totals.loc[rid, "num_accepted_tokens"] == d["spec_num_correct_drafts"]
+        assert totals.loc[rid, "num_draft_tokens"] == d["spec_num_proposed_drafts"]
+        mine = counters[counters["request_id"] == rid].sort_values("position")
+        hist = np.asarray(d["spec_correct_drafts_histogram"])
+        assert mine["n_accepted"].tolist() == [hist[i + 1 :].sum() for i in range(3)]
+    # n = 1: the response's usage is the request's; n = 2: usage sums the choices
+    assert totals.loc["chatcmpl-1", "num_output_tokens"] == single["usage"]["completion_tokens"]
+    assert totals.loc[["chatcmpl-2:0", "chatcmpl-2:1"], "num_output_tokens"].isna().all()
+
+    (stream,) = imported(tmp_path / "b", "sglang", "sglang_chat_stream.sse")
+    chunks = [
+        json.loads(line[6:])
+        for line in fixture("sglang_chat_stream.sse").read_text().splitlines()
+        if line.startswith("data: {")
+    ]
+    (sglext,) = [c["sglext"]["spec_tokens_details"] for c in chunks if c.get("sglext")]
+    (usage,) = [c["usage"] for c in chunks if c.get("usage")]
+    (row,) = read_trace(stream, "totals").query("scope == 'request'").to_dict("records")
+    assert row["request_id"] == "chatcmpl-3"
+    assert row["num_drafts"] == sglext["spec_verify_ct"]
+    assert row["num_accepted_tokens"] == sglext["spec_num_correct_drafts"]
+    assert row["num_output_tokens"] == usage["completion_tokens"]
+    assert row["reported_accept_len"] == sglext["spec_accept_length"]
+
+
+def test_sglang_zero_verify_requests_are_skipped_and_counted(tmp_path: Path) -> None:
+    (run,) = imported(tmp_path, "sglang", "sglang_zero_verify.jsonl")
+    metas = [json.loads(x)["meta_info"] for x in fixture("sglang_zero_verify.jsonl").open()]
+    assert metas[3]["spec_verify_ct"] == 0 and "spec_accept_token_num" not in metas[3]
+    totals = read_trace(run, "totals").query("scope == 'request'").set_index("request_id")
+    assert sorted(totals.index) == ["old-0", "old-1", "old-2"]
+    for m in metas[:3]:
+        assert totals.loc[m["id"], "num_accepted_tokens"] == m["spec_accept_token_num"]
+        assert totals.loc[m["id"], "num_draft_tokens"] == m["spec_draft_token_num"]
+    meta = read_run_json(run)
+    assert meta["num_speculative_tokens"] == 3  # spec_draft_token_num / spec_verify_ct
+    assert meta["source"]["reported"]["requests_without_verify_steps (skipped)"] == 1
+    assert any("spec_verify_ct 0" in note for note in meta["source"]["notes"])
+
+
+def test_sglang_capped_verification_records_verified_drafts(tmp_path: Path) -> None:
+    (run,) = imported(tmp_path, "sglang", "sglang_capped.jsonl")
+    metas = [json.loads(x)["meta_info"] for x in fixture("sglang_capped.jsonl").open()]
+    totals = read_trace(run, "totals").query("scope == 'request'").set_index("request_id")
+    verified_total = 0
+    for m in metas:
+        windows = m["spec_cap_lens_histogram"]
+        verified = sum(c * k for c, k in enumerate(windows)) - m["spec_verify_ct"]
+        assert verified == pytest.approx(m["spec_verify_ct"] * (m["spec_cap_length"] - 1))
+        assert verified < m["spec_num_proposed_drafts"]
+        assert totals.loc[m["id"], "num_draft_tokens"] == verified
+        verified_total += verified
+    meta = read_run_json(run)
+    reported = meta["source"]["reported"]
+    assert reported["verified_drafts"] == verified_total
+    assert reported["proposed_drafts"] == sum(m["spec_num_proposed_drafts"] for m in metas)
+    summed = np.sum(
+        [np.pad(h, (0, 5 - len(h))) for h in (m["spec_cap_lens_histogram"] for m in metas)], axis=0
+    )
+    assert reported["spec_cap_lens_histogram (summed over requests)"] == summed.tolist()
+    notes = " ".join(meta["source"]["notes"])
+    assert f"{verified_total} drafted tokens verified of the" in notes
+    # reached counts are unknown under capped windows: the pooled survival only
+    counters = read_trace(run, "counters").sort_values("position")
+    assert counters["n_reached"].isna().all() and (counters["scope"] == "run").all()
+    hist = np.sum([m["spec_correct_drafts_histogram"] for m in metas], axis=0)
+    steps = sum(m["spec_verify_ct"] for m in metas)
+    assert counters["survival"].tolist() == pytest.approx(
+        [hist[i + 1 :].sum() / steps for i in range(3)]
+    )
+    (length,) = lab_lengths(run)["accept_len"]
+    assert length == pytest.approx(1 + sum(m["spec_num_correct_drafts"] for m in metas) / steps)
 
 
 def test_specdec_bench_runs_and_profile(tmp_path: Path) -> None:
@@ -270,24 +368,94 @@ def test_specdec_bench_runs_and_profile(tmp_path: Path) -> None:
         assert by_n.loc[int(k), "accept_len"] == pytest.approx(value, abs=1e-6)
 
 
-def test_deepspec_rates_and_calibration(tmp_path: Path) -> None:
+def _ece(pred: object, target: object, weight: object) -> float:
+    """DeepSpec's ECE from reliability bins: sum_b |pred_b - target_b| w_b / sum_b w_b."""
+    p, t, w = (np.asarray(x, dtype=np.float64) for x in (pred, target, weight))
+    return float((np.abs(p - t) * w).sum() / w.sum())
+
+
+def test_deepspec_counts_and_calibration(tmp_path: Path) -> None:
     (run,) = imported(tmp_path, "deepspec", "deepspec_metrics.json")
     metrics = json.loads(fixture("deepspec_metrics.json").read_text())
+    spec, confidence = metrics["spec"], metrics["confidence"]
     meta = read_run_json(run)
-    assert meta["dataset"] == "gsm8k"
-    assert meta["num_speculative_tokens"] == 7
-    by_position = A.compute_acceptance_by_position_any(
-        counters=read_trace(run, "counters"), n_boot=0
+    assert (meta["dataset"], meta["num_speculative_tokens"]) == ("gsm8k", 7)
+    assert meta["source"]["reported"]["proposal_count"] == confidence["proposal_count"] == 271
+    # every proposal offered all 7 positions: A_i = rate_i x proposal_count
+    counters = read_trace(run, "counters").sort_values("position")
+    proposals = confidence["proposal_count"]
+    np.testing.assert_allclose(
+        counters["n_accepted"] / proposals, spec["accept_rates_by_position"], rtol=0, atol=1e-12
     )
-    assert set(by_position["source"]) == {"reported rates"}
-    np.testing.assert_allclose(by_position["survival"], metrics["spec"]["accept_rates_by_position"])
+    assert counters["n_drafted"].tolist() == [proposals] * 7
+    by_position = A.compute_acceptance_by_position_any(counters=counters, n_boot=0)
+    assert set(by_position["source"]) == {"counts"}
     (length,) = lab_lengths(run)["accept_len"]
-    assert length == pytest.approx(metrics["spec"]["acceptance_length"], abs=8 * 5e-5)
+    assert length == pytest.approx(spec["acceptance_length"], abs=1e-12)  # no EOS round
     calibration = read_trace(run, "calibration")
     summary = calibration[calibration["bin"].isna()].sort_values("position")
-    assert summary["ece"].tolist() == [p["ece"] for p in metrics["confidence"]["per_position"]]
+    written = confidence["per_position"]
+    assert summary["ece"].tolist() == [p["ece"] for p in written]
+    assert summary["count"].tolist() == [p["total_weight"] for p in written]
+    bins = calibration[calibration["bin"].notna()].sort_values(["position", "bin"])
+    in_file = [(p["position"], b["bin"], *b["range"]) for p in written for b in p["reliability"]]
+    stored = bins[["position", "bin", "bin_lo", "bin_hi"]].itertuples(index=False)
+    assert [(int(p), int(b), lo, hi) for p, b, lo, hi in stored] == in_file
     assert set(calibration["score"]) == {"prefix_confidence"}
-    assert calibration["bin"].notna().sum() == 3 * 7
+
+
+def test_deepspec_bins_keep_their_index_and_edges(tmp_path: Path) -> None:
+    """A position whose only non-empty bins are 13 and 17 imports with those bins, their
+    range edges, and an ECE equal to the one recomputed from them."""
+    metrics = json.loads(fixture("deepspec_metrics.json").read_text())
+    position = metrics["confidence"]["per_position"][3]
+    total = position["total_weight"]
+    position["reliability"] = [
+        {"bin": 13, "range": [0.65, 0.7], "avg_pred": 0.671, "avg_target": 0.52, "weight": 68.0},
+        {"bin": 17, "range": [0.85, 0.9], "avg_pred": 0.862, "avg_target": 0.9, "weight": 203.0},
+    ]
+    assert total == 271.0
+    written = pd.DataFrame(position["reliability"])
+    position["ece"] = _ece(written["avg_pred"], written["avg_target"], written["weight"])
+    path = tmp_path / "artifacts" / "step_2000" / "gsm8k" / "metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(metrics))
+    _, result = import_files("deepspec", [path], tmp_path / "runs")
+    (run,) = result.written
+    calibration = read_trace(run, "calibration")
+    at3 = calibration[calibration["position"] == 3]
+    bins = at3[at3["bin"].notna()].sort_values("bin")
+    assert bins["bin"].tolist() == [13, 17]
+    assert bins[["bin_lo", "bin_hi"]].to_numpy().tolist() == [[0.65, 0.7], [0.85, 0.9]]
+    (ece,) = at3.loc[at3["bin"].isna(), "ece"]
+    assert ece == pytest.approx(_ece(bins["pred_mean"], bins["target_mean"], bins["count"]))
+    checks = read_run_json(run)["checks"]
+    assert checks["all_equal"], checks
+    # a file whose ECE its bins do not give is imported with the difference flagged
+    position["ece"] += 0.01
+    path.write_text(json.dumps(metrics))
+    (parsed,) = parse_files("deepspec", [path])
+    assert [c.quantity for c in parsed.failed_checks] == [
+        "confidence ece vs its reliability bins (worst position: 3)"
+    ]
+
+
+def test_deepspec_empty_positions_keep_rates_only(tmp_path: Path) -> None:
+    (run,) = imported(tmp_path, "deepspec", "deepspec_metrics_short.json")
+    metrics = json.loads(fixture("deepspec_metrics_short.json").read_text())
+    assert metrics["spec"]["accept_rates_by_position"][5:] == [None, None]
+    counters = read_trace(run, "counters").sort_values("position")
+    assert counters["position"].tolist() == [0, 1, 2, 3, 4]
+    assert counters["n_accepted"].isna().all()
+    assert counters["survival"].tolist() == metrics["spec"]["accept_rates_by_position"][:5]
+    calibration = read_trace(run, "calibration")
+    empty = calibration[calibration["position"] >= 5]
+    assert empty["bin"].isna().all() and empty["count"].tolist() == [0.0, 0.0]
+    assert empty[["ece", "auroc", "brier", "pred_mean", "target_mean"]].isna().all().all()
+    # every offered position was accepted: no negatives, so DeepSpec's AUC is NaN
+    assert calibration["auroc"].isna().all()
+    notes = " ".join(read_run_json(run)["source"]["notes"])
+    assert "rates only" in notes
 
 
 def test_every_check_is_recorded_with_its_definition(tmp_path: Path) -> None:
