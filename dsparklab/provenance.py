@@ -75,11 +75,14 @@ def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str
 CHECKPOINT_DOC_FILES = frozenset({"CARD.md", "card.json"})
 
 
-def hash_path(path: Path | str, *, exclude: Collection[str] = ()) -> str:
+def hash_path(path: Any, *, exclude: Collection[str] = ()) -> str:
     """``sha256:<hex>`` of a file, or of a directory's files (names and bytes, sorted).
 
-    ``exclude`` names directory entries (relative paths) left out of the hash.
+    ``exclude`` names directory entries (relative paths) left out of the hash. ``path`` may
+    be a store :class:`~dsparklab.store.location.Location` (an object store's prefix).
     """
+    if getattr(path, "is_local", True) is False:
+        return _hash_location(path)
     path = Path(path)
     if not path.exists():
         raise ProvenanceError(f"file {path}: cannot hash a missing input")
@@ -97,6 +100,15 @@ def hash_path(path: Path | str, *, exclude: Collection[str] = ()) -> str:
         with file.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _hash_location(root: Any) -> str:
+    """:func:`hash_path` of an object-store prefix: every object's key and bytes."""
+    digest = hashlib.sha256()
+    for file in root.walk_files():
+        digest.update(file.relative_to(root).encode())
+        digest.update(file.read_bytes())
     return f"sha256:{digest.hexdigest()}"
 
 

@@ -84,9 +84,12 @@ def collect(
     dataset: Annotated[str, typer.Option(help=_dataset_help())] = "humaneval,prose",
     limit: Annotated[int | None, typer.Option(help="First LIMIT prompts of each set.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt.")] = 128,
-    out: Annotated[Path, typer.Option(help="Output root; runs go to OUT/<set>/<run>.")] = Path(
-        "runs"
-    ),
+    out: Annotated[
+        str,
+        typer.Option(
+            help="Output root (a directory or s3://bucket/prefix); runs go to OUT/<set>/<run>."
+        ),
+    ] = "runs",
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (T > 0).")] = 0,
     tier: Annotated[

@@ -25,9 +25,10 @@ def import_command(
         ),
     ],
     paths: Annotated[list[Path], typer.Argument(metavar="PATH...", help="Input files.")],
-    out: Annotated[Path, typer.Option(help="Directory the runs are written below.")] = Path(
-        "runs/imported"
-    ),
+    out: Annotated[
+        str,
+        typer.Option(help="Directory (or s3://bucket/prefix) the runs are written below."),
+    ] = "runs/imported",
     dataset: Annotated[
         str | None, typer.Option(help="Dataset label (default: from the file, else imported).")
     ] = None,
@@ -52,6 +53,7 @@ def import_command(
     """
     from dsparklab.errors import DSparkLabError
     from dsparklab.importers import FORMATS, import_files
+    from dsparklab.store.location import Location
 
     if fmt not in FORMATS:
         fail(f"unknown format {fmt!r}; expected one of {_formats()}")
@@ -63,7 +65,7 @@ def import_command(
         fail(str(err))
     written = {str(p) for p in result.written}
     for run in runs:
-        path = out / run.name
+        path = Location.of(out) / run.name
         state = "written" if str(path) in written else "already imported (use --overwrite)"
         bad = run.failed_checks
         verdict = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,8 +14,11 @@ from dsparklab.cli.common import NotebooksDir, ShippedDir, fail
 
 def lab(
     runs: Annotated[
-        Path | None,
-        typer.Option(help="Runs the notebooks read ($DSPARKLAB_RUNS); default runs/demo."),
+        str | None,
+        typer.Option(
+            help="Runs the notebooks read ($DSPARKLAB_RUNS): a directory or "
+            "s3://bucket/prefix; default runs/demo."
+        ),
     ] = None,
     shipped: ShippedDir = None,
     notebooks: NotebooksDir = None,

@@ -71,8 +71,11 @@ def parse_params(items: list[str], declared: dict[str, Any]) -> dict[str, Any]:
 
 def report(
     runs: Annotated[
-        Path, typer.Option(help="A directory of run directories (e.g. runs/demo).")
-    ] = Path("runs/demo"),
+        str,
+        typer.Option(
+            help="A directory of run directories (e.g. runs/demo), or s3://bucket/prefix."
+        ),
+    ] = "runs/demo",
     out: Annotated[Path, typer.Option(help="Report directory.")] = Path("reports"),
     notebook: Annotated[
         list[str] | None,
@@ -151,8 +154,9 @@ def compare(
     ],
     new: Annotated[str, typer.Option(help="The new run set, as --base.")],
     runs: Annotated[
-        Path, typer.Option(help="A directory of run directories holding both sets.")
-    ] = Path("runs"),
+        str,
+        typer.Option(help="A directory of runs holding both sets, or s3://bucket/prefix."),
+    ] = "runs",
     out: Annotated[Path, typer.Option(help="Report directory.")] = Path("reports/compare"),
     dataset: Annotated[
         list[str] | None, typer.Option(help="Only this dataset; repeatable (default: all).")

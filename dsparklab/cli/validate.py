@@ -8,7 +8,9 @@ import typer
 
 
 def validate(
-    path: Path = typer.Argument(..., help="A run directory or a directory of runs."),
+    path: str = typer.Argument(
+        ..., help="A run directory, a directory of runs, or s3://bucket/prefix."
+    ),
 ) -> None:
     """Check runs against the trace contract; exit 2 on any violation."""
     from dsparklab.store import validate_trace

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
 from dsparklab.store import read_run_json
-from dsparklab.store.schema import METHODS, RUN_JSON
+from dsparklab.store.location import Location, Where
+from dsparklab.store.schema import METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -105,10 +106,8 @@ def plan_runs(
     return runs
 
 
-def is_complete(run_dir: Path) -> bool:
+def is_complete(run_dir: Where) -> bool:
     """True when ``run_dir`` holds a readable run.json with status 'complete'."""
-    if not (run_dir / RUN_JSON).is_file():
-        return False
     try:
         return read_run_json(run_dir)["status"] == "complete"
     except TraceSchemaError:
@@ -124,7 +123,8 @@ class CollectOptions:
     methods, ns, datasets
         The runs to make (see :func:`plan_runs`).
     out
-        Root directory; each run goes to ``<out>/<dataset>/<method>-n<k>``.
+        Root directory or ``s3://bucket/prefix``; each run goes to
+        ``<out>/<dataset>/<method>-n<k>``.
     limit
         First ``limit`` prompts of each dataset (None: all).
     max_new_tokens, temperature, seed
@@ -146,7 +146,7 @@ class CollectOptions:
     methods: Sequence[str]
     ns: Sequence[int]
     datasets: Sequence[str]
-    out: Path
+    out: Where
     limit: int | None = None
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -172,8 +172,8 @@ class CollectOptions:
         """The runs to make: all with ``overwrite``, else those not complete in ``out``."""
         todo = []
         for spec in self.runs():
-            if self.overwrite or not is_complete(Path(self.out) / spec.name):
+            if self.overwrite or not is_complete(Location.of(self.out) / spec.name):
                 todo.append(spec)
             else:
-                logger.info("skipping %s: already complete", Path(self.out) / spec.name)
+                logger.info("skipping %s: already complete", Location.of(self.out) / spec.name)
         return todo

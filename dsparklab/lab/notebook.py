@@ -42,6 +42,7 @@ from dsparklab.lab.resources import (
 from dsparklab.lab.sections import RECORD_NAME as SECTIONS_RECORD
 from dsparklab.lab.sections import SectionLog, run_section
 from dsparklab.plain_json import plain_json
+from dsparklab.store.location import S3_SCHEME, Location
 
 logger = logging.getLogger(__name__)
 
@@ -240,13 +241,20 @@ def _write_figure(fig: Any, name: str, out_dir: str | Path) -> Path:
 
 
 # -- inputs -------------------------------------------------------------------------
-def resolve_runs(runs: str | Path = "") -> Path:
-    """The runs directory: ``runs`` if given, else ``$DSPARKLAB_RUNS``, else ``runs/demo``.
+def resolve_runs(runs: str | Path | Location = "") -> Location:
+    """The runs: ``runs`` if given, else ``$DSPARKLAB_RUNS``, else ``runs/demo``; a directory
+    or ``s3://bucket/prefix``.
 
     A relative path is taken from the working directory (``dsparklab lab`` and
     ``dsparklab report`` hand the notebooks absolute paths).
     """
+    from dsparklab.store import find_runs
+
     text = str(runs) or os.environ.get(RUNS_ENV, "")
+    if text.startswith(S3_SCHEME):
+        location = Location.of(text)
+        find_runs(location)  # says in one line when the bucket holds none (or refuses)
+        return location
     path = Path(text) if text else DEFAULT_RUNS
     if not path.exists():
         raise TraceSchemaError(
@@ -254,7 +262,7 @@ def resolve_runs(runs: str | Path = "") -> Path:
             f"${RUNS_ENV}, or make the demo runs with `make demo`",
             path=path,
         )
-    return path.resolve()
+    return Location.of(path.resolve())
 
 
 def shipped_traces() -> Path | None:
@@ -275,13 +283,18 @@ def shipped_traces() -> Path | None:
     return SHIPPED_TRACES.resolve() if SHIPPED_TRACES.is_dir() else None
 
 
-def _roots(runs: str | Path, shipped: bool) -> list[Path]:
+def _roots(runs: str | Path | Location, shipped: bool) -> list[Location]:
     """``runs`` resolved, then the shipped traces when ``shipped`` (and not already in)."""
     roots = [resolve_runs(runs)]
     traces = shipped_traces() if shipped else None
-    if traces is not None and not roots[0].is_relative_to(traces):
-        roots.append(traces)
+    if traces is not None and not within(roots[0], traces):
+        roots.append(Location.of(traces))
     return roots
+
+
+def within(root: Location, directory: Path) -> bool:
+    """Whether ``root`` is ``directory`` or below it (an object store never is)."""
+    return root.is_local and Path(root.path).is_relative_to(directory)
 
 
 @dataclass(frozen=True)
@@ -292,7 +305,7 @@ class Runs:
     several zoo tiers (see :func:`load_runs`); ``raw_dataset`` always the plain name.
     """
 
-    root: Path
+    root: Location
     positions: pd.DataFrame
     steps: pd.DataFrame
     runs: pd.DataFrame
@@ -344,7 +357,7 @@ def _tier_order(column: pd.Series) -> pd.Series:
 
 
 def load_runs(
-    runs: str | Path,
+    runs: str | Path | Location,
     *,
     datasets: Sequence[str] = (),
     methods: Sequence[str] = (),
@@ -499,7 +512,7 @@ def _choose_comparison(
 
 
 def load_comparison(
-    runs: str | Path,
+    runs: str | Path | Location,
     base: Mapping[str, Any] | None = None,
     new: Mapping[str, Any] | None = None,
     *,
@@ -546,7 +559,7 @@ class AnyRuns:
     when the source reported one). ``runs`` lists them all with their ``granularity``.
     """
 
-    root: Path
+    root: Location
     runs: pd.DataFrame
     positions: pd.DataFrame
     steps: pd.DataFrame
@@ -556,7 +569,7 @@ class AnyRuns:
 
 
 def load_any_runs(
-    runs: str | Path,
+    runs: str | Path | Location,
     *,
     datasets: Sequence[str] = (),
     methods: Sequence[str] = (),
@@ -581,7 +594,7 @@ def load_any_runs(
     return AnyRuns(roots[0], selected, *(_read_runs(name, selected) for name in names))
 
 
-def _run_table(roots: Sequence[Path]) -> pd.DataFrame:
+def _run_table(roots: Sequence[Location]) -> pd.DataFrame:
     """Every run below ``roots`` (``list_runs``), with the root it was found under."""
     from dsparklab.store import list_runs
 
@@ -609,7 +622,7 @@ def _selected(table: pd.DataFrame, selection: Mapping[str, Any]) -> pd.Series:
 
 
 def _nothing_matches(
-    roots: Sequence[Path],
+    roots: Sequence[Location],
     table: pd.DataFrame,
     datasets: Sequence[str],
     methods: Sequence[str],

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.lab.notebook import HEADLESS_ENV, RUNS_ENV, SHIPPED_ENV
+from dsparklab.lab.notebook import HEADLESS_ENV, RUNS_ENV, SHIPPED_ENV, resolve_runs
 from dsparklab.lab.resources import notebooks_dir
+from dsparklab.store.location import Location
 from dsparklab.zoo.load import ZOO_DIR, ZOO_ENV
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class LabServer:
 
 
 def start_lab(
-    runs: Path | str | None,
+    runs: Location | Path | str | None,
     *,
     port: int | None = None,
     token: str | None = None,
@@ -162,7 +163,7 @@ def start_lab(
     env = dict(os.environ)
     env.pop(HEADLESS_ENV, None)  # the lab's kernels have a front end
     if runs is not None:
-        env[RUNS_ENV] = str(Path(runs).resolve())
+        env[RUNS_ENV] = str(resolve_runs(runs))
     if shipped is not None:
         env[SHIPPED_ENV] = str(Path(shipped).resolve())
     env[ZOO_ENV] = str(ZOO_DIR)  # the kernels run in the notebooks' directory

@@ -38,12 +38,14 @@ from dsparklab.lab.notebook import (
     SHIPPED_ENV,
     resolve_runs,
     shipped_traces,
+    within,
 )
 from dsparklab.lab.resources import notebooks_dir as shipped_notebooks
 from dsparklab.report.figures import render_figures
 from dsparklab.report.html import export_html
 from dsparklab.report.index import write_index
 from dsparklab.report.results import NotebookResult, ReportResult
+from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ def execute_notebook(
     source: Path,
     executed: Path,
     *,
-    runs: Path,
+    runs: Location,
     figures_dir: Path,
     parameters: Mapping[str, Any] | None = None,
     environment: Mapping[str, str] | None = None,
@@ -236,8 +238,8 @@ def build_report(
     traces = _directory(shipped, "shipped traces") if shipped is not None else None
     parameters["SHIPPED"] = traces is not None
     roots = [runs_path]
-    if traces is not None and not runs_path.is_relative_to(traces):
-        roots.append(traces)
+    if traces is not None and not within(runs_path, traces):
+        roots.append(Location.of(traces))
     zoo = _directory(zoo_dir, "zoo") if zoo_dir is not None else ZOO_DIR
     environment = {SHIPPED_ENV: str(traces or ""), ZOO_ENV: str(zoo)}
     out = Path(out).resolve()

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from dsparklab.errors import DSparkLabError
+from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _label(frame: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 
 
 def compute_findings(
-    roots: list[Path], figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
+    roots: list[Location], figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
 ) -> Findings:
     """Everything the index's findings section shows; figures saved to ``figures_dir``.
 
@@ -209,7 +210,7 @@ def _acceptance_rows(lengths: pd.DataFrame, by_position: pd.DataFrame) -> list[d
 
 
 def _window_findings(
-    findings: Findings, lengths: pd.DataFrame, roots: list[Path], n_boot: int
+    findings: Findings, lengths: pd.DataFrame, roots: list[Location], n_boot: int
 ) -> None:
     """AL(n) per (run set, dataset, method) with two windows or more; speedup(n), the
     seeds' answer and the model's error where baselines and step timings exist."""

@@ -11,6 +11,7 @@ import jinja2
 
 from dsparklab.report.findings import Findings
 from dsparklab.report.results import ReportResult
+from dsparklab.store.location import Location
 
 INDEX_TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -190,7 +191,7 @@ def _short_hash(value: Any) -> str:
     return text.split(":", 1)[-1][:12] if text else ""
 
 
-def run_provenance(runs: Path) -> list[dict[str, str]]:
+def run_provenance(runs: Location) -> list[dict[str, str]]:
     """One row per run: what it is, which models (name @ content hash), when, which commit."""
     from dsparklab.store import list_runs, read_run_json
 

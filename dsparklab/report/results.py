@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparklab.report.figures import FigureSet
+from dsparklab.store.location import Location
 
 
 @dataclass
@@ -34,8 +35,8 @@ class ReportResult:
     shipped traces unless they were left out)."""
 
     out: Path
-    runs: Path
-    roots: list[Path]
+    runs: Location
+    roots: list[Location]
     index: Path
     notebooks: list[NotebookResult]
     figures: FigureSet

@@ -238,6 +238,14 @@ class Location:
             if info.base_name == name and not any(p.startswith(".") for p in parts):
                 yield Location(self.fs, info.path, self.scheme)
 
+    def walk_files(self) -> list[Location]:
+        """Every file below this directory, hidden ones included, in path order."""
+        return sorted(
+            Location(self.fs, info.path, self.scheme)
+            for info in self._walk(recursive=True)
+            if info.type == pafs.FileType.File
+        )
+
     # -- reading -----------------------------------------------------------------------
     def read_bytes(self) -> bytes:
         try:

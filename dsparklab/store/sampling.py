@@ -18,6 +18,9 @@ from typing import Any
 
 # run.json key holding the fraction (absent: every request recorded)
 SAMPLE_KEY = "sample"
+# Ids containing this are recorded whatever the fraction: the collector's probe of a
+# server, which it must find in the taps to learn what the server runs.
+ALWAYS_RECORDED = "dsparklab-probe-"
 
 
 @lru_cache(maxsize=1 << 16)
@@ -29,7 +32,7 @@ def request_unit(request_id: str) -> float:
 
 def request_sampled(request_id: str, fraction: float) -> bool:
     """Whether a run sampling ``fraction`` of its requests records this one."""
-    return fraction >= 1.0 or request_unit(request_id) < fraction
+    return fraction >= 1.0 or ALWAYS_RECORDED in request_id or request_unit(request_id) < fraction
 
 
 def check_fraction(fraction: float, *, name: str) -> float:

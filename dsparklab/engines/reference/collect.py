@@ -30,6 +30,7 @@ from dsparklab.engines.stats import DraftStats
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class RunRecorder:
 
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: Location,
         spec: RunSpec,
         models: ModelSet,
         *,
@@ -167,14 +168,14 @@ class RunRecorder:
         self.writer.__exit__(*exc)
 
 
-def collect(options: CollectOptions) -> Path:
+def collect(options: CollectOptions) -> Location:
     """Collect every (dataset, method, n) run of ``options`` with the reference engine.
 
     The demo labels its live runs with ``options.tier`` ``smol-live`` so that they stay
     apart from the shipped ``smol`` traces made in another sitting. Returns the output
     root.
     """
-    out = Path(options.out)
+    out = Location.of(options.out)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     todo = options.todo()

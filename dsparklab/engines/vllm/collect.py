@@ -63,9 +63,9 @@ from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
-from dsparklab.store.location import Location
+from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import emitted_tokens, totals_row
-from dsparklab.store.schema import POSITIONS_SCHEMA
+from dsparklab.store.schema import POSITIONS_SCHEMA, RUN_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def response_timing(metrics: Mapping[str, Any] | None) -> dict[str, float]:
 class RunReport:
     """What :func:`write_run` wrote and what it checked."""
 
-    run_dir: Path
+    run_dir: Location
     num_requests: int
     stats: DraftStats
     tap_vs_vllm: list[dict[str, Any]] = field(default_factory=list)
@@ -236,7 +236,7 @@ def _with_emitted(rows: list[dict[str, Any]], req: CollectedRequest) -> list[dic
 
 
 def write_run(
-    out: Path,
+    out: Location,
     spec: RunSpec,
     run_json: Mapping[str, Any],
     requests: Sequence[CollectedRequest],
@@ -507,11 +507,11 @@ class TapTables(NamedTuple):
     positions: pd.DataFrame
 
 
-def read_tap_runs(run_dirs: Iterable[str | Path]) -> TapTables:
+def read_tap_runs(run_dirs: Iterable[Where]) -> TapTables:
     """Steps and positions of the taps' run directories (any status), concatenated."""
     steps, positions = [], []
-    for run_dir in dict.fromkeys(str(d) for d in run_dirs):
-        if not (Path(run_dir) / "run.json").is_file():
+    for run_dir in dict.fromkeys(Location.of(d) for d in run_dirs):
+        if not (run_dir / RUN_JSON).is_file():
             continue
         steps.append(read_trace(run_dir, "steps"))
         positions.append(read_trace(run_dir, "positions"))
@@ -653,7 +653,7 @@ def collect(
     engine_kwargs: Mapping[str, Any] | None = None,
     tap_level: str = "full",
     keep_taps: Path | str | None = None,
-) -> Path:
+) -> Location:
     """Collect every (dataset, method, n) run of ``options`` with ``vllm.LLM`` and the taps.
 
     One engine per (method, n) serves all datasets (``dsparklab collect --engine vllm``).
@@ -676,7 +676,7 @@ def collect(
     """
     import torch
 
-    out = Path(options.out)
+    out = Location.of(options.out)
     if options.threads is not None and not torch.cuda.is_available():
         torch.set_num_threads(options.threads)
     todo = options.todo()
@@ -800,7 +800,12 @@ def _collect_engine(
         )
         reports.append(
             write_run(
-                Path(options.out), spec, meta, results, taps=taps, prometheus=prom if n else None
+                Location.of(options.out),
+                spec,
+                meta,
+                results,
+                taps=taps,
+                prometheus=prom if n else None,
             )
         )
     return reports
@@ -899,7 +904,7 @@ def _tap_steps_needed(req: CollectedRequest) -> int | None:
 
 
 def _wait_for_taps(
-    tap_dir: Path,
+    tap_dir: Location,
     wanted: Sequence[CollectedRequest],
     *,
     timeout: float,
@@ -918,7 +923,7 @@ def _wait_for_taps(
     need = {rid: int(k or 0) for rid, k in needed.items()}
     last_count, stable_since = -1, time.monotonic()
     while True:
-        dirs = sorted(p.parent for p in tap_dir.rglob("run.json"))
+        dirs = [p.parent for p in Location.of(tap_dir).find(RUN_JSON)]
         tables = read_tap_runs(dirs)
         steps = tables.steps
         if not steps.empty:
@@ -951,10 +956,10 @@ def default_server_url(url: str | None = None) -> str:
     return (url or os.environ.get(ENV_SERVER_URL) or "http://localhost:8000").rstrip("/")
 
 
-def default_tap_dir(tap_dir: Path | str | None = None) -> Path | None:
+def default_tap_dir(tap_dir: Where | None = None) -> Location | None:
     """``tap_dir``, else ``$DSPARKLAB_TRACE_DIR``; None: the server's taps are not read."""
     value = tap_dir or os.environ.get(ENV_TRACE_DIR, "").strip()
-    return Path(value) if value else None
+    return Location.of(value) if value else None
 
 
 def served_options(options: CollectOptions, served: ServedConfig) -> CollectOptions:
@@ -1015,13 +1020,13 @@ def collect_serve(
     options: CollectOptions,
     *,
     server_url: str | None = None,
-    tap_dir: Path | str | None = None,
+    tap_dir: Where | None = None,
     served: ServedConfig | None = None,
     named: Mapping[str, str | Path | None] | None = None,
     concurrency: int = 8,
     tap_timeout: float = 120.0,
     tokenize: Callable[[Prompt], list[int]] | None = None,
-) -> Path:
+) -> Location:
     """Send the prompt sets to a running ``vllm serve`` whose workers have the taps on.
 
     The server decides what the runs are: its (method, n), target and drafter, vLLM
@@ -1040,7 +1045,7 @@ def collect_serve(
     ``concurrency`` requests are in flight at once; ``tap_timeout`` bounds each wait for
     the taps' rows; ``tokenize`` (prompt -> token ids) sends token ids instead of text.
     """
-    out = Path(options.out)
+    out = Location.of(options.out)
     url = default_server_url(server_url)
     taps = default_tap_dir(tap_dir)
     if served is None:

@@ -19,8 +19,9 @@ exists with ``VLLM_SERVER_DEV_MODE=1``). The plugin's taps do: each worker's tap
 records ``method``, ``num_speculative_tokens``, the drafter's and target's paths, vLLM's
 version and its speculative settings. A tap run is opened at a worker's first verified
 draft, so :func:`discover` sends one probe request (two tokens, ``X-Request-Id``
-``dsl<hex>probe``; it stays in the tap store like any other traffic) and reads the tap
-run that recorded it. Every source that answers must agree.
+``dsparklab-probe-<hex>``, which a sampling server records whatever its fraction; it stays
+in the tap store like any other traffic) and reads the tap run that recorded it. Every
+source that answers must agree.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dsparklab.errors import ConfigError, DSparkLabError
+from dsparklab.store.location import Location
+from dsparklab.store.sampling import ALWAYS_RECORDED
+from dsparklab.store.schema import RUN_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +100,7 @@ class ServedConfig:
     n: int  # speculative tokens; 0: no speculation
     method: str | None  # 'none' when n == 0; None: no source named it
     drafter: str | None = None
-    tap_run: Path | None = None
+    tap_run: Location | None = None
     model_runner: str | None = None
     speculative: Mapping[str, Any] | None = None
     hardware: Mapping[str, Any] | None = None  # the server's, from its tap run
@@ -148,13 +151,11 @@ def _request_ids_match(request_id: str, tap_prompt_id: str) -> bool:
     return f"-{request_id}-" in f"-{tap_prompt_id}-"
 
 
-def tap_run_of(tap_dir: Path, request_id: str) -> Path | None:
+def tap_run_of(tap_dir: Location, request_id: str) -> Location | None:
     """The tap run below ``tap_dir`` that recorded ``request_id`` (None: none yet)."""
     from dsparklab.store import read_trace
 
-    if not tap_dir.is_dir():
-        return None
-    for run_json in sorted(tap_dir.glob("*/run.json")):
+    for run_json in tap_dir.find(RUN_JSON):
         try:
             ids = read_trace(run_json.parent, "requests", columns=["prompt_id"])
         except DSparkLabError:  # a run being created
@@ -182,7 +183,7 @@ def _probe(url: str, model: str, request_id: str, timeout: float) -> Mapping[str
 
 def discover(
     url: str,
-    tap_dir: Path | None,
+    tap_dir: Location | None,
     *,
     tap_timeout: float = 60.0,
     timeout: float = HTTP_TIMEOUT_S,
@@ -208,7 +209,7 @@ def discover(
     tap_meta: dict[str, Any] = {}
     tap_run = None
     if n_metrics != 0:
-        probe_id = f"dsl{uuid.uuid4().hex[:10]}probe"
+        probe_id = f"{ALWAYS_RECORDED}{uuid.uuid4().hex[:10]}"  # recorded by a sampling server
         spec = _probe(url, model, probe_id, timeout)
         if spec.get("num_spec_tokens") is not None:
             said["the probe's metrics.speculative_decoding"] = int(spec["num_spec_tokens"])

@@ -196,8 +196,8 @@ def test_resolve_runs_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     monkeypatch.setenv(RUNS_ENV, str(tmp_path / "b"))
-    assert resolve_runs(tmp_path / "a") == (tmp_path / "a").resolve()
-    assert resolve_runs("") == (tmp_path / "b").resolve()
+    assert str(resolve_runs(tmp_path / "a")) == str((tmp_path / "a").resolve())
+    assert str(resolve_runs("")) == str((tmp_path / "b").resolve())
     monkeypatch.delenv(RUNS_ENV)
     with pytest.raises(TraceSchemaError, match="make demo"):
         resolve_runs(tmp_path / "nope")
@@ -206,8 +206,8 @@ def test_resolve_runs_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with pytest.raises(TraceSchemaError, match="no runs at runs/demo"):
         resolve_runs("")
     (tmp_path / "runs" / "demo").mkdir(parents=True)
-    assert resolve_runs("") == (tmp_path / "runs" / "demo").resolve()
-    assert resolve_runs("a") == (tmp_path / "a").resolve()
+    assert str(resolve_runs("")) == str((tmp_path / "runs" / "demo").resolve())
+    assert str(resolve_runs("a")) == str((tmp_path / "a").resolve())
     assert front_end_attached() is False, "not inside a kernel"
 
 
