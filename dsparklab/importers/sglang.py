@@ -143,10 +143,15 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
                 completion = usage.get((source.path, top_id)) if m.prefix == DETAILS else None
                 units.append((m, rid, completion))
     if not units:
+        why = (
+            "the server ran without speculative decoding, or the requests did not set "
+            "return_spec_tokens_details"
+            if without
+            else "nothing was drafted"
+        )
         raise sources[0].error(
             f"no response carries a verify step ({idle} with spec_verify_ct 0, {without} "
-            "without it): the server ran without speculative decoding, or the requests "
-            "did not set return_spec_tokens_details",
+            f"without it): {why}",
             field="meta_info.spec_verify_ct",
         )
     parsed = [_parse(m, rid, completion, options) for m, rid, completion in units]

@@ -239,6 +239,44 @@ CASES: list[tuple[str, str, str, str, str]] = [
         ),
         "spec_num_correct_drafts",
     ),
+    ("sglang-not-a-response", "sglang", "s.json", json.dumps({"hello": "world"}), "meta_info"),
+    (
+        "sglang-openai-without-details",
+        "sglang",
+        "chat.json",
+        edit_json("sglang_chat_sglext.json", lambda rs: [r.pop("sglext") and r for r in rs]),  # type: ignore[union-attr]
+        "meta_info.spec_verify_ct",
+    ),
+    (
+        "sglang-only-zero-verify",
+        "sglang",
+        "s.jsonl",
+        "".join(
+            json.dumps({"meta_info": {"id": f"r{i}", "spec_verify_ct": 0}}) + "\n" for i in range(2)
+        ),
+        "meta_info.spec_verify_ct",
+    ),
+    (
+        "sglang-cap-length-disagrees",
+        "sglang",
+        "s.jsonl",
+        edit_lines(
+            "sglang_capped.jsonl",
+            lambda r: r["meta_info"].update(spec_cap_length=3.2),
+        ),
+        "meta_info.spec_cap_length",
+    ),
+    (
+        "sglang-cap-histogram-short",
+        "sglang",
+        "s.jsonl",
+        edit_lines(
+            "sglang_capped.jsonl",
+            lambda r: r["meta_info"]["spec_cap_lens_histogram"].__setitem__(2, 0),
+            line=1,
+        ),
+        "meta_info.spec_cap_lens_histogram",
+    ),
     # specdec-bench
     ("specdec-empty-list", "specdec-bench", "acceptance_rate.json", "[]", "empty list"),
     ("specdec-foreign", "specdec-bench", "x.json", json.dumps({"a": 1}), "schema_version"),
@@ -294,6 +332,33 @@ CASES: list[tuple[str, str, str, str, str]] = [
         "metrics.json",
         edit_json("deepspec_metrics.json", _set(["confidence", "per_position", 2, "position"], 40)),
         "confidence.per_position[2].position",
+    ),
+    (
+        "deepspec-bin-range",
+        "deepspec",
+        "metrics.json",
+        edit_json(
+            "deepspec_metrics.json",
+            _set(["confidence", "per_position", 2, "reliability", 0, "range"], [0.5]),
+        ),
+        "confidence.per_position[2].reliability[0].range",
+    ),
+    (
+        "deepspec-bin-twice",
+        "deepspec",
+        "metrics.json",
+        edit_json(
+            "deepspec_metrics.json",
+            _set(["confidence", "per_position", 2, "reliability", 1, "bin"], 10),
+        ),
+        "confidence.per_position[2].reliability",
+    ),
+    (
+        "deepspec-rate-not-a-count",
+        "deepspec",
+        "metrics.json",
+        edit_json("deepspec_metrics.json", _set(["spec", "accept_rates_by_position", 2], 0.5)),
+        "spec.accept_rates_by_position",
     ),
     ("deepspec-not-utf8", "deepspec", "metrics.json", "\udcff", "UTF-8"),
 ]
