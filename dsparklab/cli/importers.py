@@ -47,9 +47,10 @@ def import_command(
     vllm-metrics: Prometheus text from /metrics (one scrape: since start; two: the delta;
     more: intervals). vllm-bench: `vllm bench serve --save-result` JSON. vllm-request:
     responses with metrics.speculative_decoding (JSON, JSONL or an SSE stream).
-    sglang: responses' meta_info. specdec-bench: acceptance_rate.json and/or
-    speculation_profile.json. deepspec: eval metrics.json. Bad input: one line naming the
-    file and field, exit 2, nothing written.
+    sglang: /generate responses' meta_info or OpenAI responses' sglext.spec_tokens_details.
+    specdec-bench: acceptance_rate.json and/or speculation_profile.json. deepspec: DSpark
+    eval metrics.json. Bad input: one line naming the file and field, exit 2, nothing
+    written.
     """
     from dsparklab.errors import DSparkLabError
     from dsparklab.importers import FORMATS, import_files

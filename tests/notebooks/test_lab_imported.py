@@ -31,7 +31,8 @@ IMPORTS = {
     "vllm-request": ["vllm_request_detailed.json"],
     "sglang": ["sglang_generate.jsonl"],
     "specdec-bench": ["specdec_acceptance_rate.json", "specdec_speculation_profile.json"],
-    "deepspec": ["deepspec_metrics.json"],
+    # full blocks (counts) and a run whose last positions no proposal offered (rates only)
+    "deepspec": ["deepspec_metrics.json", "deepspec_metrics_short.json"],
 }
 
 
