@@ -1,5 +1,7 @@
 r"""``vllm-metrics``: vLLM's speculative-decoding counters from its Prometheus ``/metrics``.
 
+Provenance: ``SpecDecodingProm`` in ``vllm/v1/spec_decode/metrics.py`` (vLLM 0.32.0).
+
 vLLM exports, per engine (label ``engine``), the counters
 
 - ``vllm:spec_decode_num_drafts_total``: :math:`D`, verify steps that carried drafts;

@@ -1,5 +1,8 @@
 r"""``vllm-bench``: the result file of ``vllm bench serve --save-result``.
 
+Provenance: ``vllm/benchmarks/serve.py`` (vLLM 0.32.0), the ``spec_decode_*`` fields and
+the latency means.
+
 ``vllm bench serve`` scrapes the server's ``/metrics`` before and after its traffic and
 saves the difference: ``spec_decode_num_drafts`` (:math:`D`), ``spec_decode_draft_tokens``,
 ``spec_decode_accepted_tokens``, ``spec_decode_acceptance_rate`` (accepted / drafted

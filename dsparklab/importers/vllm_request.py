@@ -1,5 +1,8 @@
 r"""``vllm-request``: vLLM's per-request ``metrics.speculative_decoding`` in responses.
 
+Provenance: ``RequestSpecDecodeMetrics.to_dict`` in ``vllm/v1/metrics/stats.py`` (vLLM
+0.32.0); the older per-choice shape and the chat ``prompt_token_ids``: below.
+
 A server started with ``--per-request-spec-decode-metrics summary`` adds to each
 ``/v1/completions`` or ``/v1/chat/completions`` response (``n == 1`` only; null for
 ``n > 1``; in a stream, on the final usage chunk)::
