@@ -200,10 +200,10 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
             "num_draft_tokens": n * proposals,
             "num_accepted_tokens": int(accepted.sum()),
         }
-        if length is not None:
+        if length is not None and samples is not None:
             computed = accept_len_from_marginal(rates)
             # each sample ends at most one round at an accepted EOS, which commits no bonus
-            slack = (samples or proposals) / proposals
+            slack = samples / proposals
             checks.append(
                 check(
                     f"acceptance_length vs 1 + sum_i {RATES}",
