@@ -31,8 +31,7 @@ IMPORTS = {
     "vllm-request": ["vllm_request_detailed.json"],
     "sglang": ["sglang_generate.jsonl"],
     "specdec-bench": ["specdec_acceptance_rate.json", "specdec_speculation_profile.json"],
-    # full blocks (counts) and a run whose last positions no proposal offered (rates only)
-    "deepspec": ["deepspec_metrics.json", "deepspec_metrics_short.json"],
+    "deepspec": ["deepspec_metrics.json"],
 }
 
 
@@ -42,6 +41,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_synthetic_runs(root, ns=(3, 5), n_requests=3, tokens_per_request=24)
     for fmt, names in IMPORTS.items():
         import_files(fmt, [FIXTURES / n for n in names], root, method=None, dataset=fmt)
+    # DeepSpec with positions no proposal offered: rates only (the full-block one has counts)
+    import_files("deepspec", [FIXTURES / "deepspec_metrics_short.json"], root, dataset="short")
     import_files(
         "vllm-metrics",
         [FIXTURES / "vllm_metrics_before.prom", FIXTURES / "vllm_metrics_after.prom", _third(root)],
