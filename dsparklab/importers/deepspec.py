@@ -101,7 +101,9 @@ def _calibration(conf: Fields, rates: Sequence[float]) -> tuple[list[dict[str, A
     """The calibration rows (per position, then its bins) and the checks against the bins."""
     n = len(rates)
     rows: list[dict[str, Any]] = []
-    targets, eces, weights = [], [], []
+    targets: list[tuple[str, float | None, float]] = []
+    eces: list[tuple[str, float | None, float]] = []
+    weights: list[tuple[str, float | None, float]] = []
     per_position = conf.array("per_position")
     assert per_position is not None
     for k, entry in enumerate(per_position):
@@ -110,7 +112,7 @@ def _calibration(conf: Fields, rates: Sequence[float]) -> tuple[list[dict[str, A
         if position >= n:
             raise e.error("position", f"position {position} is outside the window n = {n}")
         total = e.req_float("total_weight", low=0.0)
-        summary = {
+        summary: dict[str, Any] = {
             "score": SCORE,
             "position": position,
             "bin": None,
@@ -187,7 +189,7 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
     checks: list[Check] = []
     notes = ["calibration as DeepSpec computed it: each bin's index and range as written"]
     full = bool(proposals) and per_proposal is not None and abs(per_proposal - n) <= 1e-9 * n
-    counts: dict[str, int] = {}
+    drafts = draft_tokens = accepted_tokens = None
     if full:
         assert proposals is not None
         if len(finite) < n:
@@ -195,11 +197,7 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
         with spec.definition_errors(RATES):
             accepted = counts_from_marginal_rates(rates, proposals, field=spec.name(RATES))
         counters = marginal_counter_rows(proposals, n * proposals, accepted)
-        counts = {
-            "num_drafts": proposals,
-            "num_draft_tokens": n * proposals,
-            "num_accepted_tokens": int(accepted.sum()),
-        }
+        drafts, draft_tokens, accepted_tokens = proposals, n * proposals, int(accepted.sum())
         if length is not None and samples is not None:
             computed = accept_len_from_marginal(rates)
             # each sample ends at most one round at an accepted EOS, which commits no bonus
@@ -235,7 +233,9 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
             )
         )
     totals = totals_row(
-        **counts,
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted_tokens,
         reported_accept_len=length,
         reported_accept_len_definition="committed_per_round" if length is not None else None,
     )

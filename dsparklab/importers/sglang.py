@@ -66,7 +66,6 @@ from dsparklab.importers._common import (
     SourceFile,
     histogram_counter_rows,
     imported_engine,
-    is_finite_number,
     numbered_records,
     request_id,
     worst_check,
@@ -140,8 +139,8 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
                 top_id = record.value.get("id")
                 rid = request_id(source, m.value.get("id") or top_id, index, suffix)
                 # one sglext object: the response's only choice, whose usage is the request's
-                completion = usage.get((source.path, top_id)) if m.prefix == DETAILS else None
-                units.append((m, rid, completion))
+                output = usage.get((source.path, top_id)) if m.prefix == DETAILS else None
+                units.append((m, rid, output))
     if not units:
         why = (
             "the server ran without speculative decoding, or the requests did not set "
@@ -154,7 +153,7 @@ def import_sglang(sources: Sequence[SourceFile], options: Options) -> list[Impor
             f"without it): {why}",
             field="meta_info.spec_verify_ct",
         )
-    parsed = [_parse(m, rid, completion, options) for m, rid, completion in units]
+    parsed = [_parse(m, rid, output, options) for m, rid, output in units]
     ns = {p["n"] for p in parsed if p["n"] is not None}
     if len(ns) > 1:
         raise sources[0].error(
@@ -333,9 +332,9 @@ def _cap_reported(parsed: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _histogram(m: Fields, name: str | None) -> np.ndarray | None:
+def _histogram(m: Fields, name: str) -> np.ndarray | None:
     """A dense histogram field ([] and absent: None, as sglext writes what it lacks)."""
-    raw = m.value.get(name) if name else None
+    raw = m.value.get(name)
     if not raw:
         return None
     if not isinstance(raw, (list, dict)):
@@ -360,9 +359,12 @@ def _verified(
         raise m.error(
             CAP_HISTOGRAM, f"counts sum to {int(hist.sum())}, but spec_verify_ct is {steps}"
         )
-    if length is None and hist is None:
+    if hist is not None:
+        slots = float(np.dot(np.arange(len(hist)), hist))
+    elif length is not None:
+        slots = length * steps
+    else:
         return None, None
-    slots = float(np.dot(np.arange(len(hist)), hist)) if hist is not None else length * steps
     if length is not None and abs(length * steps - slots) > 1e-6 * max(1.0, slots):
         raise m.error(
             CAP_LENGTH,
@@ -389,7 +391,7 @@ def _parse(m: Fields, rid: str, completion: int | None, options: Options) -> dic
     proposed = (m.integer(proposed_name, optional=True) if proposed_name else None) or None
     if proposed is not None and correct > proposed:
         raise m.error(correct_name, f"{correct} correct of {proposed} proposed drafts")
-    hist_name = m.first_present(*HISTOGRAM)
+    hist_name = m.first_present(*HISTOGRAM) or HISTOGRAM[0]
     hist = _histogram(m, hist_name)
     if hist is not None:
         if int(hist.sum()) != steps:
@@ -407,7 +409,6 @@ def _parse(m: Fields, rid: str, completion: int | None, options: Options) -> dic
         n = proposed // steps
     if n is None and hist is not None:
         n = len(hist) - 1
-    block = m.value.get(BLOCK_LENGTH)
     return {
         "fields": m,
         "request_id": rid,
@@ -418,7 +419,7 @@ def _parse(m: Fields, rid: str, completion: int | None, options: Options) -> dic
         "histogram": hist,
         "histogram_field": hist_name,
         "cap_histogram": cap_hist,
-        "block_length": float(block) if is_finite_number(block) and block > 0 else None,
+        "block_length": m.number(BLOCK_LENGTH, low=0.0, optional=True) or None,
         "n": n,
         "completion": m.integer("completion_tokens", optional=True)
         if completion is None
