@@ -6,10 +6,12 @@ from ``RequestSpecDecodeMetrics.to_dict()`` and the response's timing from
 ``build_per_request_timing_metrics`` (``--enable-per-request-metrics``), and the bench
 result from the difference of the two scrapes in the fields ``vllm bench serve
 --save-result`` writes, its latency means from bench's own ``calculate_metrics`` over
-seeded request timings. The SGLang,
-specdec_bench and DeepSpec files follow those tools' writers (field names and
-definitions in docs/acceptance-definitions.md); their numbers are built here from one
-seeded histogram per run, so every reported value is consistent with its counts.
+seeded request timings; the chat response goes through vLLM's ChatCompletionResponse.
+The SGLang and specdec_bench files follow those tools' writers (field names, definitions
+and the upstream files in docs/acceptance-definitions.md), their numbers built here from
+seeded histograms or verify steps; the DeepSpec files run seeded proposals through a
+rendition of DeepSpec's own accumulation and ``compute``. Every reported value is
+consistent with its counts.
 """
 
 from __future__ import annotations
