@@ -170,6 +170,7 @@ class CollectOptions:
 
     def todo(self) -> list[RunSpec]:
         """The runs to make: all with ``overwrite``, else those not complete in ``out``."""
+        Location.of(self.out).check_bucket()  # before any model loads
         todo = []
         for spec in self.runs():
             if self.overwrite or not is_complete(Location.of(self.out) / spec.name):

@@ -203,6 +203,17 @@ class Location:
     def is_dir(self) -> bool:
         return self._info().type == pafs.FileType.Directory
 
+    def check_bucket(self) -> None:
+        """Raise unless this object-store location's bucket exists (some S3-compatible
+        stores create a missing bucket on the first PUT; dsparklab never makes one)."""
+        if self.is_local:
+            return
+        bucket = Location(self.fs, self.path.split("/", 1)[0], self.scheme)
+        if bucket._info().type == pafs.FileType.NotFound:
+            raise StoreAccessError(
+                f"bucket {bucket.path!r} does not exist; create it first", location=self.uri
+            )
+
     def _walk(self, recursive: bool) -> list[pafs.FileInfo]:
         try:
             return self.fs.get_file_info(

@@ -162,6 +162,8 @@ class TraceWriter:
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> TraceWriter:
+        if self._outbox is None:
+            self.run_dir.check_bucket()
         exists = self._outbox is None and (self.run_dir / RUN_JSON).is_file()
         if exists and not self._overwrite:
             raise FileExistsError(
