@@ -437,9 +437,7 @@ class WriteResult:
     skipped: list[Location] = field(default_factory=list)
 
 
-def write_runs(
-    runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = False
-) -> WriteResult:
+def write_runs(runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = False) -> WriteResult:
     """Write every run below ``out`` (skipping complete runs already there)."""
     out = Location.of(out)
     result = WriteResult()
