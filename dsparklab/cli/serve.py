@@ -19,10 +19,11 @@ SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 def serve(
     ctx: typer.Context,
     trace_dir: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            help="Where the taps write (sets DSPARKLAB_TRACE_DIR for vLLM's processes; "
-            "default: $DSPARKLAB_TRACE_DIR, else tracing stays off)."
+            help="Where the taps write, a directory or s3://bucket/prefix (sets "
+            "DSPARKLAB_TRACE_DIR for vLLM's processes; default: $DSPARKLAB_TRACE_DIR, else "
+            "tracing stays off)."
         ),
     ] = None,
 ) -> None:
@@ -37,7 +38,8 @@ def serve(
     if not ctx.args:
         raise typer.BadParameter("name the model to serve: dsparklab serve MODEL [OPTIONS]")
     if trace_dir is not None:
-        os.environ[ENV_TRACE_DIR] = str(trace_dir.resolve())
+        local = "://" not in trace_dir
+        os.environ[ENV_TRACE_DIR] = str(Path(trace_dir).resolve()) if local else trace_dir
     where = check_tracing()
     typer.echo(
         f"dsparklab: taps write to {where}"

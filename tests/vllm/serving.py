@@ -179,14 +179,24 @@ def wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: f
 
 
 @contextmanager
-def serve(root: Path, run_name: str, *, eagle3: bool = True) -> Iterator[Server]:
-    """`dsparklab serve` of the zoo target (+ Eagle3, n = N) with the taps in root/taps."""
+def serve(
+    root: Path,
+    run_name: str,
+    *,
+    eagle3: bool = True,
+    trace_dir: str | None = "",
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """`dsparklab serve` of the zoo target (+ Eagle3, n = N) with the taps in root/taps,
+    or in ``trace_dir`` (an ``s3://`` URI; None: untraced); ``env`` adds variables."""
     target = zoo_path("tiny-target")
     drafter = zoo_path("tiny-eagle3") if eagle3 else None
     port = free_port()
     taps = root / "taps"
-    env = {**ENV, "DSPARKLAB_FLUSH_SECONDS": "1", "DSPARKLAB_RUN_NAME": run_name}
-    cmd = [DSPARKLAB, "serve", str(target), "--trace-dir", str(taps), "--port", str(port)]
+    env = {**ENV, "DSPARKLAB_FLUSH_SECONDS": "1", "DSPARKLAB_RUN_NAME": run_name, **(env or {})}
+    cmd = [DSPARKLAB, "serve", str(target), "--port", str(port)]
+    if trace_dir is not None:
+        cmd += ["--trace-dir", trace_dir or str(taps)]
     cmd += CPU_FLAGS + TIMING_FLAGS
     if drafter is not None:
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": N}

@@ -141,9 +141,11 @@ def check_tracing(environ: dict[str, str] | None = None) -> str | None:
 
     Raises ConfigError when tracing is asked for but vLLM could not load the plugin (no
     entry point: dsparklab is not installed in this environment, or ``VLLM_PLUGINS``
-    leaves it out).
+    leaves it out), and StoreAccessError when an ``s3://`` trace root's bucket cannot be
+    reached or does not exist (an outage after launch is buffered instead).
     """
     from dsparklab.engines.vllm.config import ENV_TRACE_DIR
+    from dsparklab.store.location import Location
 
     env = os.environ if environ is None else environ
     trace_dir = env.get(ENV_TRACE_DIR, "").strip() or None
@@ -161,6 +163,8 @@ def check_tracing(environ: dict[str, str] | None = None) -> str | None:
             f"VLLM_PLUGINS={allowed!r} leaves out '{PLUGIN_NAME}': vLLM would not load the "
             "taps; add it or unset VLLM_PLUGINS"
         )
+    # a store that refuses us at launch is a setting to fix, not an outage to ride out
+    Location.of(trace_dir).check_bucket()
     return trace_dir
 
 

@@ -29,12 +29,49 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import MutableMapping
 
 # Same name as dsparklab.engines.vllm.config.ENV_TRACE_DIR, which is not imported here
 # so that an untraced process stays at the standard library.
 ENV_TRACE_DIR = "DSPARKLAB_TRACE_DIR"
+# vLLM copies VLLM_* (and a few other) variables to its Ray workers, not DSPARKLAB_* or
+# AWS_* (vllm/ray/ray_env.py, get_env_vars_to_copy, vLLM 0.32.0); this registered vLLM
+# variable adds prefixes to that list, and travels to the workers itself.
+RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+TRACE_PREFIX = "DSPARKLAB_"
 
 logger = logging.getLogger(__name__)
+_warned_untraced_worker = False
+
+
+def _prefixes(environ: MutableMapping[str, str]) -> list[str]:
+    return [p.strip() for p in environ.get(RAY_PREFIXES_ENV, "").split(",") if p.strip()]
+
+
+def share_with_ray_workers(environ: MutableMapping[str, str] = os.environ) -> None:
+    """In a traced process: have vLLM copy ``DSPARKLAB_*`` (and, for an ``s3://`` root,
+    ``AWS_*``) to the Ray workers it starts, by adding them to :data:`RAY_PREFIXES_ENV`."""
+    prefixes = _prefixes(environ)
+    wanted = [TRACE_PREFIX]
+    if environ.get(ENV_TRACE_DIR, "").strip().startswith("s3://"):
+        wanted.append("AWS_")
+    for prefix in wanted:
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+    environ[RAY_PREFIXES_ENV] = ",".join(prefixes)
+
+
+def untraced_worker_warning(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """The warning for a process that a traced driver started (its prefixes name
+    ``DSPARKLAB_``) but that has no trace root: its variables did not travel."""
+    if environ.get(ENV_TRACE_DIR, "").strip() or TRACE_PREFIX not in _prefixes(environ):
+        return None
+    return (
+        f"dsparklab: this vLLM process (pid {os.getpid()}) has no {ENV_TRACE_DIR}, but its "
+        f"driver traces ({RAY_PREFIXES_ENV} names {TRACE_PREFIX}): nothing is recorded here. "
+        f"Start vLLM with {RAY_PREFIXES_ENV} including DSPARKLAB_ and AWS_, or pass them in "
+        "Ray's runtime_env env_vars"
+    )
 
 
 def tracing_requested() -> bool:
@@ -49,8 +86,14 @@ def register() -> None:
     or a bad setting is logged as an error (naming what is missing) and leaves vLLM
     untouched where the taps cannot work.
     """
+    global _warned_untraced_worker
     if not tracing_requested():
+        warning = untraced_worker_warning()
+        if warning and not _warned_untraced_worker:
+            _warned_untraced_worker = True
+            logger.warning(warning)
         return
+    share_with_ray_workers()
     from dsparklab.engines.vllm import patching
 
     patching.register_from_env()
