@@ -271,6 +271,8 @@ class SeaweedS3:
             "-port.iceberg=0",  # no Iceberg REST catalog listener
             "-port.lance=0",  # no Lance namespace listener
             "-iam=false",  # no IAM API on the S3 port: the identities file is the whole auth
+            # as on AWS, a PUT into a missing bucket fails (NoSuchBucket) instead of making it
+            "-autoCreateBucket=false",
             f"-config={self.data_dir / 's3-identities.json'}",
         ]
 

@@ -145,6 +145,15 @@ def test_pyarrow_ignores_the_endpoint_variables(
     assert options["endpoint_override"] == ""
 
 
+def test_a_put_into_a_missing_bucket_fails_as_on_aws(seaweed: SeaweedS3) -> None:
+    filesystem = seaweed.filesystem(allow_bucket_creation=False)
+    missing = "no-such-bucket-here"
+    with pytest.raises(OSError, match="NoSuchBucket|NO_SUCH_BUCKET|does not exist"):
+        with filesystem.open_output_stream(f"{missing}/x") as out:
+            out.write(b"x")
+    assert filesystem.get_file_info(missing).type == pafs.FileType.NotFound
+
+
 def test_fresh_buckets_are_empty_and_separate(seaweed: SeaweedS3, s3_bucket: str) -> None:
     filesystem = seaweed.filesystem()
     assert filesystem.get_file_info(pafs.FileSelector(s3_bucket, recursive=True)) == []
