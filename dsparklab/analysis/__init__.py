@@ -40,6 +40,8 @@ from dsparklab.analysis.calibration import (
     compute_calibration,
     compute_ece,
     compute_reliability,
+    compute_reliability_ece,
+    compute_reported_reliability,
     count_calibration,
 )
 from dsparklab.analysis.diff import (
@@ -110,6 +112,8 @@ __all__ = [
     "compute_rate_acceptance",
     "compute_regression_diff",
     "compute_reliability",
+    "compute_reliability_ece",
+    "compute_reported_reliability",
     "compute_required_survival",
     "compute_speedup_attribution",
     "compute_speedup_model",

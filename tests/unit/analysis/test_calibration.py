@@ -15,6 +15,7 @@ from dsparklab.analysis import (
     compute_calibration,
     compute_ece,
     compute_reliability,
+    compute_reliability_ece,
     count_calibration,
 )
 from dsparklab.errors import UnknownMethodError
@@ -129,6 +130,32 @@ def test_reliability_bins_add_up():
         assert (part["mean_score"] <= part["bin_hi"]).all()
         weighted = (part["count"] * part["gap"].abs()).sum() / part["count"].sum()
         assert weighted == pytest.approx(row["ece"])
+
+
+def test_bins_keep_their_edges_when_the_top_bins_are_empty():
+    """Scores below 0.45 fill bins 0..4 of 10: bin 4 is [0.4, 0.5], not the last fifth."""
+    run = build_run(n=3, accept=0.5, n_requests=30, seed=5, confidence=uniform_confidence(0, 0.45))
+    rel = compute_reliability(run.positions, by=(), scores=("confidence",), n_bins=10)
+    assert rel["bin"].max() == 4
+    np.testing.assert_allclose(rel["bin_lo"], rel["bin"] / 10)
+    np.testing.assert_allclose(rel["bin_hi"], (rel["bin"] + 1) / 10)
+    assert (rel["mean_score"] >= rel["bin_lo"]).all() and (rel["mean_score"] <= rel["bin_hi"]).all()
+    # the temperature-scaled ECE bins on the same 10 bins: counts pooled over a store agree
+    counts = count_calibration(run.positions, by=(), scores=("confidence",), n_bins=10)
+    direct = compute_calibration(run.positions, by=(), scores=("confidence",), n_bins=10)
+    pooled = compute_calibration(counts, by=(), scores=("confidence",))
+    np.testing.assert_allclose(pooled["ece_calibrated"], direct["ece_calibrated"])
+
+
+def test_ece_of_the_reliability_bins_is_the_calibration_ece():
+    run = build_run(n=4, accept=0.7, n_requests=30, seed=6, confidence=uniform_confidence(0.2, 1))
+    rel = compute_reliability(run.positions, steps=run.steps, by="method", n_bins=12)
+    summary = compute_calibration(run.positions, steps=run.steps, by="method", n_bins=12)
+    keys = ["method", "score", "position"]
+    ece = compute_reliability_ece(rel, by="method").merge(summary, on=keys, suffixes=("", "_cal"))
+    assert len(ece) == len(summary)
+    np.testing.assert_allclose(ece["ece"], ece["ece_cal"], rtol=1e-12)
+    assert (ece["count"] == ece["n_rows"]).all()
 
 
 def test_rows_without_confidence_are_skipped_and_unknown_scores_refused():
