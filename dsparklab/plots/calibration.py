@@ -8,6 +8,7 @@ Numbers come from :func:`dsparklab.analysis.compute_reliability`,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from dsparklab.plots._common import (
     choose,
     each_line,
     empty_figure,
+    error_bars,
     facet_grid,
     finish,
     label,
@@ -33,6 +35,7 @@ SCORE_LABELS: dict[str, str] = {
     "confidence": "confidence c_i vs accepted | reached",
     "prefix_confidence": "prefix confidence ∏ c_j vs accepted (survival)",
 }
+TOKEN_LEVEL = "token-level"  # the source of bins counted from the runs' own rows
 # metric -> axis label
 CALIBRATION_METRICS: dict[str, str] = {
     "ece": "ECE (lower is better)",
@@ -56,7 +59,9 @@ def plot_reliability(
     Parameters
     ----------
     reliability
-        From ``compute_reliability(..., per_position=True)``.
+        From ``compute_reliability(..., per_position=True)``, or the bins a source
+        reported, ``compute_reported_reliability(calibration)`` (rows with a ``source``;
+        both tables may be concatenated).
     score
         ``"confidence"`` or ``"prefix_confidence"``.
     facet
@@ -69,7 +74,9 @@ def plot_reliability(
     Notes
     -----
     Points below the diagonal are bins where the head is over-confident; marker area is
-    proportional to the rows in the bin.
+    proportional to the rows (a reported bin: its weight) in the bin. Each point sits at its
+    bin's mean score; a reported bin is drawn dotted, labelled with its source, and a
+    horizontal bar spans its edges ``[bin_lo, bin_hi]`` as the source wrote them.
     """
     score_label = choose("score", score, SCORE_LABELS)
     require(reliability, ["score", "mean_score", "accept_rate", "count"], what="plot_reliability")
@@ -86,6 +93,10 @@ def plot_reliability(
     all_positions = levels(data, "position")
     k = len(all_positions)
     size_ref = float(np.sqrt(data["count"].max()))
+    if "source" in data:
+        sources = data["source"].fillna(TOKEN_LEVEL)
+    else:
+        sources = pd.Series(TOKEN_LEVEL, index=data.index)
     for c, value in enumerate(panels, start=1):
         panel = data if value is None else data.loc[data[facet] == value]
         fig.add_trace(
@@ -101,32 +112,53 @@ def plot_reliability(
             row=1,
             col=c,
         )
-        for i, position in enumerate(all_positions):
-            line = select(panel, position=position).sort_values("mean_score")
-            if line.empty:
-                continue
-            color = position_color(i, k)
-            fig.add_trace(
-                go.Scatter(
-                    x=line["mean_score"],
-                    y=line["accept_rate"],
-                    mode="lines+markers",
-                    name=f"position {position}",
-                    legendgroup=f"p{position}",
-                    showlegend=c == 1,
-                    line=dict(color=color),
-                    marker=dict(size=4 + 14 * np.sqrt(line["count"]) / size_ref, color=color),
-                    customdata=line[["count"]].to_numpy(),
-                    hovertemplate=f"position {position}<br>mean score=%{{x:.3f}}<br>"
-                    "accept rate=%{y:.3f}<br>rows=%{customdata[0]}<extra></extra>",
-                ),
-                row=1,
-                col=c,
-            )
+        for (position, source), line in each_line(
+            panel.assign(source=sources.loc[panel.index]),
+            ("position", "source"),
+            sort_by="mean_score",
+        ):
+            color = position_color(all_positions.index(position), k)
+            fig.add_trace(_reliability_line(line, position, source, color, size_ref, c == 1), 1, c)
     fig.update_xaxes(title_text="mean score in bin")
     fig.update_xaxes(range=[-0.03, 1.03])
     fig.update_yaxes(title_text="acceptance rate in bin", range=[-0.03, 1.05], col=1)
     return finish(fig, title=title, name="reliability")
+
+
+def _reliability_line(
+    line: pd.DataFrame, position: Any, source: str, color: str, size_ref: float, legend: bool
+) -> go.Scatter:
+    """One position's bins (of one source) as a line of markers at their mean score."""
+    reported = source != TOKEN_LEVEL
+    name = f"position {position}" + (f" · {source}" if reported else "")
+    edges = ["bin", "bin_lo", "bin_hi"] if {"bin_lo", "bin_hi"} <= set(line.columns) else []
+    customdata = line[["count", *edges]].to_numpy()
+    where = (
+        "<br>bin %{customdata[1]:d} [%{customdata[2]:.3f}, %{customdata[3]:.3f}]" if edges else ""
+    )
+    weight = "weight" if reported else "rows"
+    return go.Scatter(
+        x=line["mean_score"],
+        y=line["accept_rate"],
+        mode="lines+markers",
+        name=name,
+        legendgroup=f"p{position}-{source}",
+        showlegend=legend,
+        line=dict(color=color, dash="dot" if reported else "solid"),
+        marker=dict(
+            size=4 + 14 * np.sqrt(line["count"].to_numpy(dtype=float)) / size_ref,
+            color=color,
+            symbol="diamond" if reported else "circle",
+        ),
+        error_x=(
+            error_bars(line["mean_score"], line["bin_lo"], line["bin_hi"], color=color, width=0)
+            if reported and edges
+            else None
+        ),
+        customdata=customdata,
+        hovertemplate=f"{name}{where}<br>mean score=%{{x:.3f}}<br>"
+        f"accept rate=%{{y:.3f}}<br>{weight}=%{{customdata[0]}}<extra></extra>",
+    )
 
 
 def plot_calibration_metrics(
