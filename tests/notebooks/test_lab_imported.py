@@ -86,7 +86,7 @@ def executed(mixed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_runs_clean_with_figures(executed: Path) -> None:
     nb = nbformat.read(executed, as_version=4)
     assert_ran_clean(nb)
-    assert count_figures(nb) >= 5
+    assert count_figures(nb) >= 6
 
 
 def test_records_match_the_analysis(executed: Path, mixed: Path) -> None:
@@ -116,6 +116,14 @@ def test_records_match_the_analysis(executed: Path, mixed: Path) -> None:
     assert records["live_intervals"] == 2
     survival = pd.DataFrame.from_records(records["survival"])
     assert set(survival["source"]) == {"counts", "reported rates"}
+    # DeepSpec's reliability bins, drawn as reported: their ECE is the file's at each position
+    reported = pd.DataFrame.from_records(records["reported_ece"])
+    keys = ["method", "n", "dataset", "score", "position"]
+    written = runs.calibration[runs.calibration["bin"].isna() & (runs.calibration["count"] > 0)]
+    merged = reported.merge(written[[*keys, "ece"]], on=keys, suffixes=("", "_file"))
+    assert len(merged) == len(written) == len(reported) > 0
+    assert set(merged["dataset"]) == {"deepspec", "short"}
+    assert (merged["ece"] - merged["ece_file"]).abs().max() < 1e-12
 
 
 def test_live_view_follows_a_growing_run(mixed: Path, tmp_path: Path) -> None:
