@@ -365,23 +365,34 @@ def compute_acceptance_length_any(
         ``by`` + ``accept_len`` (+ ``_lo``/``_hi`` where per-request counts exist) and
         ``definition``: ``per_step`` (:math:`1 + \\sum_i s_i` from counts or reported
         rates) or, for runs that hold only a reported number (e.g. specdec_bench's
-        ``accept_length_by_k``), ``reported: <its definition>``.
+        ``accept_length_by_k``), ``reported: <its definition>``. One ``per_step`` row
+        per group.
+
+    Notes
+    -----
+    Rate-only runs cannot be weighted against other runs (see
+    :func:`compute_rate_acceptance`). A group holding both counted and rate-only runs gets
+    the unweighted mean over its runs :math:`r` of each run's own length,
+    :math:`\\mathrm{AL} = \\frac{1}{|R|} \\sum_r \\bigl(1 + \\sum_i s_{r,i}\\bigr)`, with
+    no counts or interval (they would be the counted runs' alone).
     """
     by = as_columns(by)
     counted = _count_pieces(positions, steps, counters, by, True)
     length = _finish_any(counted, by, compute_acceptance_length, n_boot=n_boot, ci=ci, seed=seed)
-    pieces = [length.assign(definition="per_step")] if len(length) else []
+    pieces = []
     if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
-        rates = compute_rate_acceptance(counters, by=by)
-        grouped = rates.groupby(list(by), dropna=False) if by else [((), rates)]
-        rows = [
-            {
-                **dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
-                "accept_len": 1.0 + float(np.nansum(g["survival"])),
-            }
-            for key, g in grouped
-        ]
-        pieces.append(pd.DataFrame(rows).assign(definition="per_step"))
+        rated = _rate_lengths(compute_rate_acceptance(counters, by=by), by)
+        mixed = set(_key_tuples(length, by)) & set(_key_tuples(rated, by))
+        if mixed:
+            in_length = np.array([k in mixed for k in _key_tuples(length, by)], dtype=bool)
+            in_rated = np.array([k in mixed for k in _key_tuples(rated, by)], dtype=bool)
+            runs = _run_lengths(positions, steps, counters, by, ci=ci, seed=seed)
+            runs = runs[np.array([k in mixed for k in _key_tuples(runs, by)], dtype=bool)]
+            pieces.append(_mean_over_runs(runs, by))
+            length, rated = length[~in_length], rated[~in_rated]
+        if len(rated):
+            pieces.append(rated)
+    pieces = [piece.assign(definition="per_step") for piece in [length, *pieces] if len(piece)]
     if totals is not None and len(totals):
         have = set()
         for piece in pieces:
@@ -407,6 +418,50 @@ def compute_acceptance_length_any(
     if not pieces:
         return length.assign(definition=pd.Series(dtype=str))
     return pd.concat(pieces, ignore_index=True)
+
+
+def _key_tuples(frame: pd.DataFrame, by: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Each row's group as a tuple of strings (``()`` for every row when ``by`` is empty)."""
+    values = frame[list(by)].astype(str).to_numpy() if by else np.empty((len(frame), 0))
+    return [tuple(row) for row in values]
+
+
+def _rate_lengths(rates: pd.DataFrame, by: tuple[str, ...]) -> pd.DataFrame:
+    """``by`` + ``accept_len`` = 1 + sum_i s_i per group of a rate-acceptance table."""
+    grouped = rates.groupby(list(by), dropna=False) if by else [((), rates)]
+    rows = [
+        {
+            **dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+            "accept_len": 1.0 + float(np.nansum(g["survival"])),
+        }
+        for key, g in grouped
+    ]
+    return pd.DataFrame(rows, columns=[*by, "accept_len"])
+
+
+def _run_lengths(
+    positions: pd.DataFrame | None,
+    steps: pd.DataFrame | None,
+    counters: pd.DataFrame,
+    by: tuple[str, ...],
+    *,
+    ci: float,
+    seed: int,
+) -> pd.DataFrame:
+    """``by`` + ``run_id`` + ``accept_len`` of every run, counted or rate-only, on its own."""
+    per_run = by if "run_id" in by else (*by, "run_id")
+    pieces = _count_pieces(positions, steps, counters, per_run, False)
+    counted = _finish_any(pieces, per_run, compute_acceptance_length, n_boot=0, ci=ci, seed=seed)
+    rated = _rate_lengths(compute_rate_acceptance(counters, by=per_run), per_run)
+    columns = [*per_run, "accept_len"]
+    return pd.concat([counted[columns], rated[columns]], ignore_index=True)
+
+
+def _mean_over_runs(runs: pd.DataFrame, by: tuple[str, ...]) -> pd.DataFrame:
+    """``by`` + ``accept_len``: the mean over each group's runs of their lengths."""
+    if not by:
+        return pd.DataFrame({"accept_len": [float(runs["accept_len"].mean())]})
+    return runs.groupby(list(by), dropna=False, sort=True)["accept_len"].mean().reset_index()
 
 
 def compute_acceptance_over_time(

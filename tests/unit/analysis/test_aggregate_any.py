@@ -1,0 +1,88 @@
+"""Acceptance length of groups that mix counted and rate-only runs (compute_*_any)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dsparklab.analysis import compute_acceptance_length_any
+
+
+def _counted(run_id: str, dataset: str, reached: list[int], accepted: list[int]) -> pd.DataFrame:
+    n = len(reached)
+    return pd.DataFrame(
+        {
+            "run_id": run_id,
+            "dataset": dataset,
+            "scope": "run",
+            "request_id": None,
+            "interval": pd.array([pd.NA] * n, dtype="Int64"),
+            "position": np.arange(n),
+            "n_drafted": reached[0],
+            "n_reached": pd.array(reached, dtype="Int64"),
+            "n_accepted": pd.array(accepted, dtype="Int64"),
+            "accept_rate": np.nan,
+            "survival": np.nan,
+        }
+    )
+
+
+def _rates(run_id: str, dataset: str, survival: list[float]) -> pd.DataFrame:
+    n = len(survival)
+    return pd.DataFrame(
+        {
+            "run_id": run_id,
+            "dataset": dataset,
+            "scope": "run",
+            "request_id": None,
+            "interval": pd.array([pd.NA] * n, dtype="Int64"),
+            "position": np.arange(n),
+            "n_drafted": pd.array([pd.NA] * n, dtype="Int64"),
+            "n_reached": pd.array([pd.NA] * n, dtype="Int64"),
+            "n_accepted": pd.array([pd.NA] * n, dtype="Int64"),
+            "accept_rate": np.nan,
+            "survival": survival,
+        }
+    )
+
+
+@pytest.fixture
+def counters() -> pd.DataFrame:
+    return pd.concat(
+        [
+            # dataset "mixed": a counted run (AL = 1 + .7 + .4 + .1 = 2.2) and a rate-only
+            # run (AL = 1 + .9 + .6 + .3 = 2.8)
+            _counted("a", "mixed", [10, 7, 4], [7, 4, 1]),
+            _rates("b", "mixed", [0.9, 0.6, 0.3]),
+            _counted("c", "counted", [20, 10, 5], [10, 5, 0]),  # AL 1.75
+            _rates("d", "rates", [0.5, 0.25]),  # AL 1.75
+        ],
+        ignore_index=True,
+    )
+
+
+def test_a_group_mixing_counts_and_rates_gets_one_row(counters: pd.DataFrame) -> None:
+    lengths = compute_acceptance_length_any(counters=counters, by="dataset", n_boot=0)
+    assert sorted(lengths["dataset"]) == ["counted", "mixed", "rates"], lengths
+    by_dataset = lengths.set_index("dataset")
+    # the runs cannot be weighted against each other: the mean over runs of each run's AL
+    assert by_dataset.loc["mixed", "accept_len"] == pytest.approx((2.2 + 2.8) / 2)
+    assert by_dataset.loc["counted", "accept_len"] == pytest.approx(1.75)
+    assert by_dataset.loc["rates", "accept_len"] == pytest.approx(1.75)
+    assert set(lengths["definition"]) == {"per_step"}
+    # the mixed row carries no counts: they would be the counted run's alone
+    assert pd.isna(by_dataset.loc["mixed", "n_accepted"])
+    assert by_dataset.loc["counted", "n_accepted"] == 15
+
+
+def test_one_group_over_everything_is_one_row(counters: pd.DataFrame) -> None:
+    (length,) = compute_acceptance_length_any(counters=counters, by=(), n_boot=0)["accept_len"]
+    assert length == pytest.approx(np.mean([2.2, 2.8, 1.75, 1.75]))
+
+
+def test_groups_by_run_are_unchanged(counters: pd.DataFrame) -> None:
+    lengths = compute_acceptance_length_any(counters=counters, n_boot=0).set_index("run_id")
+    assert lengths["accept_len"].to_dict() == pytest.approx(
+        {"a": 2.2, "b": 2.8, "c": 1.75, "d": 1.75}
+    )
