@@ -5,9 +5,10 @@ refusing credentials or missing its bucket must not change vLLM's tokens or hold
 step. The writer hands each finished file (a part, or run.json) to an :class:`Outbox`,
 which sends them in order from its own thread and retries a failing send with back-off.
 While the store is away, files queue up to ``max_bytes``; past that, the oldest parts are
-dropped and counted (run.json is never dropped: only its newest version is kept). When the
-store answers again, everything still queued is sent. One log line says when the store
-went away and one when it came back, with what was dropped.
+dropped and counted, a whole flush at a time (a step and its positions stay together), and
+run.json is never dropped: only its newest version is kept. When the store answers again,
+everything still queued is sent. One log line says when the store went away and one when
+it came back, with what was dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class _Item:
     data: bytes
     table: str | None  # None: run.json
     rows: int = 0
+    batch: int | None = None  # the parts of one flush: dropped together or not at all
 
 
 @dataclass
@@ -77,32 +79,61 @@ class Outbox:
     def queued_bytes(self) -> int:
         return self._bytes
 
-    def put(self, location: Location, data: bytes, *, table: str | None, rows: int = 0) -> None:
-        """Queue one file; a newer run.json replaces a queued older one."""
+    def put(
+        self,
+        location: Location,
+        data: bytes,
+        *,
+        table: str | None,
+        rows: int = 0,
+        batch: int | None = None,
+    ) -> None:
+        """Queue one file; a newer run.json replaces a queued older one. Parts given one
+        ``batch`` are dropped together."""
         with self._cond:
             if table is None:
+                in_flight = self._queue[0] if self._busy and self._queue else None
                 for old in [i for i in self._queue if i.location == location]:
-                    self._queue.remove(old)
-                    self._bytes -= len(old.data)
-            self._queue.append(_Item(location, data, table, rows))
+                    if old is not in_flight:
+                        self._queue.remove(old)
+                        self._bytes -= len(old.data)
+            self._queue.append(_Item(location, data, table, rows, batch))
             self._bytes += len(data)
             self._drop_over_bound()
             self._cond.notify_all()
 
     def _drop_over_bound(self) -> None:
-        """Oldest parts first; the queued run.json stays (it says what was dropped)."""
+        """Oldest flush first, whole; never the one being sent (it would land in part), and
+        never run.json (it says what was dropped)."""
         while self._bytes > self.max_bytes:
-            victim = next((i for i in self._queue if i.table is not None), None)
+            in_flight = self._queue[0] if self._busy and self._queue else None
+            sending = in_flight.batch if in_flight is not None else None
+            victim = next(
+                (
+                    i
+                    for i in self._queue
+                    if i.table is not None
+                    and i is not in_flight
+                    and (i.batch != sending or i.batch is None)
+                ),
+                None,
+            )
             if victim is None:
                 return
-            self._queue.remove(victim)
-            self._bytes -= len(victim.data)
-            table = victim.table
-            assert table is not None
-            counts = self.counts
-            counts.dropped_parts[table] = counts.dropped_parts.get(table, 0) + 1
-            counts.dropped_rows[table] = counts.dropped_rows.get(table, 0) + victim.rows
-            self._dropped_in_outage += 1
+            doomed = [
+                i
+                for i in self._queue
+                if i is victim or (victim.batch is not None and i.batch == victim.batch)
+            ]
+            for item in doomed:
+                self._queue.remove(item)
+                self._bytes -= len(item.data)
+                table = item.table
+                assert table is not None
+                counts = self.counts
+                counts.dropped_parts[table] = counts.dropped_parts.get(table, 0) + 1
+                counts.dropped_rows[table] = counts.dropped_rows.get(table, 0) + item.rows
+                self._dropped_in_outage += 1
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every queued file is sent (or ``timeout_s`` passes)."""

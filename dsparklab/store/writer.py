@@ -18,7 +18,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
@@ -157,7 +158,9 @@ class TraceWriter:
         self._buffers: dict[str, list[Mapping[str, Any]]] = {name: [] for name in ALL_TABLES}
         self._next_part: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
         self._rows_written: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
-        self._last_flush = time.monotonic()
+        self._last_flush = self._last_meta = time.monotonic()
+        self._flushes = 0
+        self._held = 0
         self._open = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -235,11 +238,27 @@ class TraceWriter:
                 f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}", field=table
             )
         self._buffers[table].extend(rows)
+        if not self._held:
+            self._flush_if_due()
+
+    def _flush_if_due(self) -> None:
         if (
             sum(len(b) for b in self._buffers.values()) >= self.flush_rows
             or time.monotonic() - self._last_flush >= self.flush_seconds
         ):
             self.flush()
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Rows added inside land in one flush (a step with its positions and request row):
+        a part dropped while the store is away then never separates them."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._open:
+                self._flush_if_due()
 
     def update_meta(self, **fields: Any) -> None:
         """Merge fields into run.json (written at the next flush or status change)."""
@@ -252,7 +271,15 @@ class TraceWriter:
         self.flush()
         self._write_meta()
 
+    def heartbeat(self) -> None:
+        """Renew the lease when a third of it has passed without a run.json write (an idle
+        writer is still alive)."""
+        stale = time.monotonic() - self._last_meta >= self.lease_seconds / 3
+        if self._open and self._publish == "first" and stale:
+            self._write_meta()
+
     def flush(self) -> None:
+        self._flushes += 1
         wrote = False
         for name, rows in self._buffers.items():
             if rows:
@@ -280,7 +307,7 @@ class TraceWriter:
         if self._outbox is None:
             path.write_bytes(data)
         else:
-            self._outbox.put(path, data, table=table, rows=len(rows))
+            self._outbox.put(path, data, table=table, rows=len(rows), batch=self._flushes)
         self._next_part[table] += 1
 
     @staticmethod
@@ -302,6 +329,7 @@ class TraceWriter:
             expires = datetime.now(timezone.utc) + timedelta(seconds=self.lease_seconds)
             self.meta["lease_expires_at"] = expires.isoformat(timespec="seconds")
         path = self.run_dir / RUN_JSON
+        self._last_meta = time.monotonic()
         if self._outbox is None:
             write_json_atomic(path, self.meta)
         else:

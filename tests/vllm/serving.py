@@ -202,6 +202,7 @@ def serve(
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": N}
         cmd += ["--speculative-config", json.dumps(spec)]
     log = root / "vllm-serve.log"
+    root.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", target, drafter, taps, log, proc)

@@ -27,6 +27,7 @@ ENV_FLUSH_SECONDS = "DSPARKLAB_FLUSH_SECONDS"
 ENV_WRITER_RANKS = "DSPARKLAB_WRITER_RANKS"
 ENV_SAMPLE = "DSPARKLAB_SAMPLE"
 ENV_BUFFER_MB = "DSPARKLAB_BUFFER_MB"
+ENV_LEASE_SECONDS = "DSPARKLAB_LEASE_SECONDS"
 
 TapLevel = Literal["full", "light"]
 WriterRanks = Literal["tp0", "all"]
@@ -86,6 +87,12 @@ class TapConfig:
         "are dropped and counted in run.json",
         256.0,
     )
+    lease_seconds: float = _describe(
+        "a live run's lease, renewed while its writer lives; a reader takes a 'running' run "
+        "whose lease has passed for incomplete (its writer was killed, e.g. by vLLM's "
+        "shutdown, or lost its store)",
+        120.0,
+    )
 
     def __post_init__(self) -> None:
         # a Path or a URI given by a caller: one Location from here on
@@ -117,6 +124,12 @@ class TapConfig:
         buffer_mb = _number(env, ENV_BUFFER_MB, "256")
         if buffer_mb <= 0:
             raise TapConfigError(f"{ENV_BUFFER_MB} must be > 0, got {buffer_mb}")
+        lease = _number(env, ENV_LEASE_SECONDS, "120")
+        if lease <= flush:
+            raise TapConfigError(
+                f"{ENV_LEASE_SECONDS}={lease} must exceed {ENV_FLUSH_SECONDS}={flush} "
+                "(each flush renews the lease)"
+            )
         return cls(
             trace_dir=Location.of(root if "://" in root else Path(root).expanduser()),
             run_name=env.get(ENV_RUN_NAME, "").strip(),
@@ -126,6 +139,7 @@ class TapConfig:
             writer_ranks=ranks,  # type: ignore[arg-type]
             sample=sample,
             buffer_mb=buffer_mb,
+            lease_seconds=lease,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -139,6 +153,7 @@ class TapConfig:
             ENV_WRITER_RANKS: self.writer_ranks,
             ENV_SAMPLE: repr(self.sample),
             ENV_BUFFER_MB: repr(self.buffer_mb),
+            ENV_LEASE_SECONDS: repr(self.lease_seconds),
         }
 
     def as_dict(self) -> dict[str, Any]:

@@ -63,6 +63,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,7 +316,8 @@ class TraceRecorder:
                 slot.wait()
                 seq = int(slot.meta.get("seq", self._seq_done))
                 try:
-                    self._process(slot)
+                    with self.writer.together() if self.writer is not None else nullcontext():
+                        self._process(slot)
                 finally:
                     if release is not None:
                         release(slot)
@@ -588,6 +590,8 @@ class TraceRecorder:
                         self.writer.flush()
                         self._last_write = now
                     self._settle()
+                    if self._writer_open and self.writer is not None:
+                        self.writer.heartbeat()
             except Exception:  # fail open: the engine keeps running, tracing stops
                 logger.exception("dsparklab: trace flush failed; tracing disabled")
                 self.fail("flush failed")

@@ -336,7 +336,12 @@ def new_recorder(
         else Outbox(max_bytes=int(config.buffer_mb * 2**20), name=str(config.trace_dir))
     )
     writer = TraceWriter(
-        run_dir, run_json, flush_seconds=config.flush_seconds, outbox=outbox, tag=f"dp{dp}"
+        run_dir,
+        run_json,
+        flush_seconds=config.flush_seconds,
+        outbox=outbox,
+        tag=f"dp{dp}",
+        lease_seconds=config.lease_seconds,
     )
     rec = TraceRecorder(
         n,
