@@ -76,6 +76,21 @@ def _label(frame: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     return frame.assign(run_set=frame["run_id"].astype(str).map(labels))
 
 
+def sampled_notes(runs: pd.DataFrame, labels: pd.Series) -> list[str]:
+    """One note per run set holding runs that recorded a sample of their requests."""
+    if "sample" not in runs.columns:
+        return []
+    sampled = runs[runs["sample"] < 1.0]
+    notes = []
+    for run_set, group in sampled.groupby(sampled["run_id"].astype(str).map(labels)):
+        fractions = ", ".join(f"{f:g}" for f in sorted(set(group["sample"])))
+        notes.append(
+            f"{run_set}: {len(group)} runs recorded a sample of their requests (fraction "
+            f"{fractions}, by request-id hash): intervals are over the sampled requests"
+        )
+    return notes
+
+
 def compute_findings(
     roots: list[Location], figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
 ) -> Findings:
@@ -112,6 +127,7 @@ def compute_findings(
         for name in ("positions", "steps", "counters", "totals")
     }
     findings.run_sets = sorted(set(labels))
+    findings.notes += sampled_notes(runs, labels)
     by = ("run_set", "dataset", "method", "n")
     lengths = compute_acceptance_length_any(
         frames["positions"],

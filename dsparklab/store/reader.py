@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store.location import Location, StoreAccessError, Where
+from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
     ALL_TABLES,
     DEFAULT_GRANULARITY,
@@ -225,7 +226,8 @@ def _float_or_nan(value: Any) -> float:
 
 
 def list_runs(root: Where) -> pd.DataFrame:
-    """One row per run below ``root``: run-level columns, status, granularity and path."""
+    """One row per run below ``root``: run-level columns, status, granularity, the fraction
+    of requests it recorded (``sample``) and path."""
     rows = []
     for run_dir in find_runs(root):
         meta = read_run_json(run_dir)
@@ -235,6 +237,7 @@ def list_runs(root: Where) -> pd.DataFrame:
                 "status": meta["status"],
                 "created_at": meta["created_at"],
                 "granularity": run_granularity(meta),
+                "sample": run_sample(meta),
                 "path": str(run_dir),
             }
         )

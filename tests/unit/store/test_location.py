@@ -203,3 +203,16 @@ def test_secrets_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_schemes_are_refused_in_one_line() -> None:
     with pytest.raises(StoreAccessError, match="unsupported scheme"):
         Location.of("gs://bucket/runs")
+
+
+def test_a_sampled_run_says_so_in_its_listing_and_the_findings(tmp_path: Path) -> None:
+    from dsparklab.report.findings import run_set_labels, sampled_notes
+
+    write_run(tmp_path / "full")
+    sampled = make_run_json(run_id="sampled", sample={"fraction": 0.1, "by": "blake2b"})
+    write_run(tmp_path / "sampled", meta=sampled)
+    runs = list_runs(tmp_path)
+    assert runs.set_index("run_id")["sample"].to_dict() == {"run-test": 1.0, "sampled": 0.1}
+    (note,) = sampled_notes(runs, run_set_labels(runs))
+    assert "1 runs recorded a sample" in note and "fraction 0.1" in note
+    assert "intervals are over the sampled requests" in note
