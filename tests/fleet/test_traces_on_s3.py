@@ -165,9 +165,12 @@ def test_collect_validate_and_report_on_a_bucket(
         env,
     )
     assert collected.returncode == 0, collected.stderr[-2000:]
+    fixture = ROOT / "tests" / "unit" / "importers" / "fixtures" / "vllm_bench_result.json"
+    imported = _dsparklab(["import", "vllm-bench", str(fixture), "--out", f"{root}/imported"], env)
+    assert imported.returncode == 0, imported.stdout + imported.stderr
     checked = _dsparklab(["validate", root], env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "2 runs: 2 valid, 0 invalid" in checked.stdout
+    assert "3 runs: 3 valid, 0 invalid" in checked.stdout
     report = _dsparklab(
         [
             "report",
@@ -215,6 +218,7 @@ def _commands(root: str, tmp_path: Path) -> dict[str, list[str]]:
         ],
         "import": ["import", "vllm-bench", str(fixture), "--out", root],
         "lab": ["lab", "--runs", root],
+        "serve": ["serve", str(ROOT / "data" / "zoo" / "tiny-target"), "--trace-dir", root],
     }
 
 

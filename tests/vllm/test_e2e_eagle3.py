@@ -16,6 +16,8 @@ with per-request spec-decode metrics on. Checked:
 - the drafted tokens' log-probabilities (taken from the draft model's ``compute_logits``)
   equal the reference engine's where both drafted the same token (4.5e-6 apart at most when
   this was written, 393 positions);
+- the taps of a run sampling half its requests (``DSPARKLAB_SAMPLE``) hold exactly the
+  requests the request-id hash keeps, each whole: its rows equal the full run's;
 - every step carries its batch size and its share of the engine step that verified it
   (draft and verify), and the taps' run.json accounts for every engine step's time; a
   target-only ``collect`` (no speculative config) gives one timed step per token after
@@ -42,6 +44,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 N = 3
 LIMIT = 8
+SAMPLE = 0.5
 MAX_NEW_TOKENS = 32
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         engine_kwargs={"max_num_seqs": LIMIT},
         keep_taps=root / "baseline-taps",
     )
+    # the same engine run with the taps recording a sample of the requests
+    collect(
+        CollectOptions(out=root / "sampled", **common),
+        engine_kwargs={"max_num_seqs": LIMIT},
+        keep_taps=root / "sampled-taps",
+        tap_sample=SAMPLE,
+    )
     return {
+        "sampled_taps": root / "sampled-taps",
+        "sampled": root / "sampled" / "humaneval" / f"eagle3-n{N}",
         "vllm": root / "vllm" / "humaneval" / f"eagle3-n{N}",
         "reference": root / "reference" / "humaneval" / f"eagle3-n{N}",
         "taps": root / "taps",
@@ -256,3 +268,32 @@ def test_target_only_collect_times_one_step_per_token(runs: dict[str, Path]) -> 
     assert tap_meta["step_costs"]["attributed_s"] == pytest.approx(
         float(steps["verify_time_s"].sum()), rel=1e-9
     )
+
+
+def test_a_sampled_run_records_exactly_the_sampled_requests_whole(
+    runs: dict[str, Path],
+) -> None:
+    from dsparklab.store.sampling import request_sampled
+
+    (full_run,) = find_runs(runs["taps"])
+    (sampled_run,) = find_runs(runs["sampled_taps"])
+    assert read_run_json(sampled_run)["sample"]["fraction"] == SAMPLE
+    keys = {"steps": ["prompt_id", "step"], "positions": ["prompt_id", "step", "position"]}
+    full = {t: read_trace(full_run, t) for t in keys}
+    sampled = {t: read_trace(sampled_run, t) for t in keys}
+    for table in ("positions",):  # positions carry no prompt id: take the steps'
+        for frames in (full, sampled):
+            ids = frames["steps"][["request_id", "prompt_id"]].drop_duplicates()
+            frames[table] = frames[table].merge(ids, on="request_id")
+    wanted = {p for p in full["steps"]["prompt_id"] if request_sampled(p, SAMPLE)}
+    assert 0 < len(wanted) < LIMIT, "pick another SAMPLE: this one keeps all or none"
+    assert set(sampled["steps"]["prompt_id"]) == wanted
+    columns = ["accepted_len", "num_drafted", "num_verified", "context_len"]
+    for table, key in keys.items():
+        values = columns if table == "steps" else ["draft_token", "target_token", "accepted"]
+        mine = sampled[table].sort_values(key)[key + values].reset_index(drop=True)
+        theirs = full[table][full[table]["prompt_id"].isin(wanted)]
+        theirs = theirs.sort_values(key)[key + values].reset_index(drop=True)
+        pd.testing.assert_frame_equal(mine, theirs, check_dtype=False)
+    # the collected run: unsampled requests keep vLLM's counts and are not "without taps"
+    assert read_run_json(runs["sampled"])["checks"]["requests_without_taps"] == []

@@ -65,6 +65,7 @@ from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import emitted_tokens, totals_row
+from dsparklab.store.sampling import request_sampled
 from dsparklab.store.schema import POSITIONS_SCHEMA, RUN_JSON
 
 logger = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ def write_run(
     exact_ids: bool = True,
     prometheus: DraftStats | None = None,
     overwrite: bool = True,
+    sample: float = 1.0,
 ) -> RunReport:
     """Join vLLM's per-request results with the tap trace and write one run.
 
@@ -264,6 +266,9 @@ def write_run(
         the X-Request-Id the collector sent.
     prometheus
         vLLM's aggregate counters over exactly these requests, to check against the trace.
+    sample
+        The fraction of requests the taps recorded: a request they left out on purpose is
+        not one "without taps" (it keeps vLLM's per-step counts, no positions).
     """
     run_dir, n, dataset = out / spec.name, spec.n, spec.dataset_dir
     report = RunReport(run_dir=run_dir, num_requests=len(requests), stats=DraftStats.new(n))
@@ -308,7 +313,8 @@ def write_run(
                 writer.add("totals", reported)
             tap = by_prompt.get(id_map.get(rid, ""))
             if tap is None or tap.empty:
-                report.requests_without_taps.append(rid)
+                if request_sampled(rid, sample):
+                    report.requests_without_taps.append(rid)
                 steps = [] if req.per_step_accepted is None else _computed_steps(req)
                 steps = _with_emitted(steps, req)
                 writer.add_many("steps", [{**base, **s} for s in steps])
@@ -653,6 +659,7 @@ def collect(
     engine_kwargs: Mapping[str, Any] | None = None,
     tap_level: str = "full",
     keep_taps: Path | str | None = None,
+    tap_sample: float = 1.0,
 ) -> Location:
     """Collect every (dataset, method, n) run of ``options`` with ``vllm.LLM`` and the taps.
 
@@ -668,6 +675,9 @@ def collect(
     keep_taps
         Keep the taps' raw run directories here (default: a temporary directory,
         removed afterwards).
+    tap_sample
+        Fraction of requests the taps record (``DSPARKLAB_SAMPLE``); the others keep
+        vLLM's per-step counts only.
 
     Returns
     -------
@@ -713,6 +723,7 @@ def collect(
                     trace_dir=Location.of(tap_root),
                     run_name=f"{method}-n{n}-{uuid.uuid4().hex[:8]}",
                     level=tap_level,  # type: ignore[arg-type]
+                    sample=tap_sample,
                 ),
             )
     finally:
@@ -806,6 +817,7 @@ def _collect_engine(
                 results,
                 taps=taps,
                 prometheus=prom if n else None,
+                sample=tap_config.sample,
             )
         )
     return reports
