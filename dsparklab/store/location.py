@@ -157,8 +157,8 @@ class Location:
     def __truediv__(self, name: str) -> Location:
         return Location(self.fs, f"{self.path.rstrip('/')}/{name}", self.scheme)
 
-    def relative_to(self, other: Location) -> str:
-        return str(PurePosixPath(self.path).relative_to(other.path))
+    def relative_to(self, other: Location | Path | str) -> str:
+        return str(PurePosixPath(self.path).relative_to(Location.of(other).path))
 
     def local_path(self) -> Path:
         """The local path (a process-local step such as a subprocess's working directory);

@@ -98,6 +98,8 @@ def test_an_outage_drops_counted_parts_and_never_changes_tokens(
     assert meta["dropped"] is not None and sum(meta["dropped"]["rows"].values()) > 0
     assert meta["status"] == "incomplete", meta["status"]
     assert log.count("unreachable") == 1 and log.count("is back after") == 1, log[-3000:]
+    assert seaweed.secret_key not in log and seaweed.access_key not in log
+    assert seaweed.secret_key not in str(meta) and seaweed.access_key not in str(meta)
     (report,) = validate_trace(run)
     assert report.ok, report.violations
     steps = read_trace(run, "steps", statuses=["incomplete"])

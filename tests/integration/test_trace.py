@@ -267,4 +267,5 @@ def test_configurations_are_interleaved(runs: Path) -> None:
     for _, group in list_runs(runs).groupby("dataset"):
         metas = [read_run_json(p) for p in group["path"]]
         assert len(metas) > 1
-        assert max(m["created_at"] for m in metas) < min(m["finished_at"] for m in metas)
+        # to the second (run.json's resolution): the tiny runs here take about one
+        assert max(m["created_at"] for m in metas) <= min(m["finished_at"] for m in metas)
