@@ -99,6 +99,25 @@ def step_rows(
     return steps, positions
 
 
+def numbered_request(i: int, *, n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Request ``r<i>`` of the killed-writer tests: two steps accepting i % 5 and (i + 2) % 5."""
+    return step_rows([i % 5, (i + 2) % 5], n=n, request_id=f"r{i}")
+
+
+def numbered_requests(count: int, *, n: int) -> tuple[Any, Any]:
+    """Steps and positions of requests ``r0 .. r<count - 1>`` as DataFrames: what a writer of
+    :func:`numbered_request` rows holds once ``count`` requests are flushed."""
+    import pandas as pd
+
+    steps: list[dict[str, Any]] = []
+    positions: list[dict[str, Any]] = []
+    for i in range(count):
+        s, p = numbered_request(i, n=n)
+        steps += s
+        positions += p
+    return pd.DataFrame(steps), pd.DataFrame(positions)
+
+
 def request_row(request_id: str = "r0", *, n_output: int = 2) -> dict[str, Any]:
     """A request whose output holds ``n_output`` tokens (4, 5, ...)."""
     return dict(

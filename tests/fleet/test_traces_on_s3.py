@@ -16,7 +16,7 @@ import pytest
 from seaweed_store import SeaweedS3, free_ports
 
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
-from tests.conftest import step_rows
+from tests.conftest import numbered_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4
@@ -28,7 +28,7 @@ WRITER = textwrap.dedent(
     f"""
     import sys
     from dsparklab.store import TraceWriter
-    from tests.conftest import make_run_json, request_row, step_rows
+    from tests.conftest import make_run_json, numbered_request, request_row
     total = int(sys.argv[2])
     meta = make_run_json(num_speculative_tokens={N}, run_id=sys.argv[1].rsplit("/", 1)[-1])
     with TraceWriter(sys.argv[1], meta,
@@ -36,7 +36,7 @@ WRITER = textwrap.dedent(
                      lease_seconds=float(sys.argv[3])) as w:
         i = 0
         while total == 0 or i < total:
-            steps, positions = step_rows([i % 5, (i + 2) % 5], n={N}, request_id=f"r{{i}}")
+            steps, positions = numbered_request(i, n={N})
             w.add_many("steps", steps)
             w.add_many("positions", positions)
             n_output = 1 + sum(s["emitted"] for s in steps)
@@ -51,15 +51,6 @@ WRITER = textwrap.dedent(
 
 def _env(seaweed: SeaweedS3, **extra: str) -> dict[str, str]:
     return {**os.environ, **seaweed.env(), "PYTHONPATH": str(ROOT), **extra}
-
-
-def _expected(requests: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    steps, positions = [], []
-    for i in range(requests):
-        s, p = step_rows([i % 5, (i + 2) % 5], n=N, request_id=f"r{i}")
-        steps += s
-        positions += p
-    return pd.DataFrame(steps), pd.DataFrame(positions)
 
 
 def _same_rows(got: pd.DataFrame, want: pd.DataFrame, keys: list[str]) -> None:
@@ -109,7 +100,7 @@ def test_four_writers_and_a_killed_one(
         assert reports[f"w{index}"].status == "complete"
         steps = read_trace(f"{root}/w{index}", "steps")
         positions = read_trace(f"{root}/w{index}", "positions")
-        want_steps, want_positions = _expected(finishing)
+        want_steps, want_positions = numbered_requests(finishing, n=N)
         _same_rows(steps, want_steps, ["request_id", "step"])
         _same_rows(positions, want_positions, ["request_id", "step", "position"])
     # the killed writer: every finished part reads back, whole, with nothing twice
@@ -117,7 +108,7 @@ def test_four_writers_and_a_killed_one(
     positions = read_trace(f"{root}/w0", "positions", statuses=["incomplete"])
     requests = steps["request_id"].nunique()
     assert requests % BATCH == 0 and requests >= flushed[-1]
-    want_steps, want_positions = _expected(requests)
+    want_steps, want_positions = numbered_requests(requests, n=N)
     _same_rows(steps, want_steps, ["request_id", "step"])
     _same_rows(positions, want_positions, ["request_id", "step", "position"])
     assert not steps.duplicated(["request_id", "step"]).any()

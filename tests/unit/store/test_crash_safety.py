@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from dsparklab.store import read_run_json, read_trace, validate_trace
-from tests.conftest import step_rows
+from tests.conftest import numbered_requests
 
 N = 4
 BATCH = 25  # requests per flush
@@ -24,11 +24,11 @@ WRITER = textwrap.dedent(
     f"""
     import sys
     from dsparklab.store import TraceWriter
-    from tests.conftest import make_run_json, step_rows
+    from tests.conftest import make_run_json, numbered_request
     with TraceWriter(sys.argv[1], make_run_json(num_speculative_tokens={N}),
                      flush_rows=10**9, flush_seconds=10**9) as w:
         for i in range(10**9):
-            steps, positions = step_rows([i % 5, (i + 2) % 5], n={N}, request_id=f"r{{i}}")
+            steps, positions = numbered_request(i, n={N})
             w.add_many("steps", steps)
             w.add_many("positions", positions)
             if (i + 1) % {BATCH} == 0:
@@ -36,15 +36,6 @@ WRITER = textwrap.dedent(
                 print(i + 1, flush=True)
     """
 )
-
-
-def _expected(requests: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    steps, positions = [], []
-    for i in range(requests):
-        s, p = step_rows([i % 5, (i + 2) % 5], n=N, request_id=f"r{i}")
-        steps += s
-        positions += p
-    return pd.DataFrame(steps), pd.DataFrame(positions)
 
 
 def _rows(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
@@ -77,7 +68,7 @@ def test_sigkill_mid_write_keeps_every_flushed_row(tmp_path: Path) -> None:
 
     assert read_run_json(run)["status"] == "running", "killed: never marked complete"
     steps, positions = read_trace(run, "steps"), read_trace(run, "positions")
-    want_steps, want_positions = _expected(flushed)
+    want_steps, want_positions = numbered_requests(flushed, n=N)
     step_keys, position_keys = ["request_id", "step"], ["request_id", "step", "position"]
     # every row flushed before the kill is there, exactly as written
     got = steps[steps["request_id"].isin(want_steps["request_id"])]
