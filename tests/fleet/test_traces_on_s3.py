@@ -16,6 +16,7 @@ import pytest
 from seaweed_store import SeaweedS3, free_ports
 
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
+from dsparklab.store.location import Location
 from tests.conftest import numbered_requests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,7 @@ def test_four_writers_and_a_killed_one(
 
     runs = find_runs(root)
     assert sorted(r.name for r in runs) == [f"w{i}" for i in range(WRITERS)]
+    assert [d.name for d in Location.of(root).dirs()] == [f"w{i}" for i in range(WRITERS)]
     reports = {r.path.name: r for r in validate_trace(root)}
     assert all(r.ok for r in reports.values()), {k: r.violations for k, r in reports.items()}
     assert reports["w0"].status == "incomplete"

@@ -370,7 +370,8 @@ class TraceRecorder:
 
     def keeps(self, req_id: str) -> bool:
         """Whether this run records the request (all of it, or nothing)."""
-        return request_sampled(external_request_id(req_id), self.sample)
+        # every row of every step asks: an unsampled run skips the id's parsing
+        return self.sample >= 1.0 or request_sampled(external_request_id(req_id), self.sample)
 
     def _process(self, slot: HostSlot) -> None:
         meta = slot.meta

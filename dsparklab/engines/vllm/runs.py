@@ -158,9 +158,8 @@ def close_runs_of_dead_descendants(
     trace_dir = Location.of(trace_dir)
     if not trace_dir.is_local:  # pids mean nothing across hosts: the runs' leases end
         return {}
-    for run_json in trace_dir.find(RUN_JSON) if trace_dir.is_dir() else []:
-        run_dir = run_json.parent
-        if run_dir.parent != trace_dir:
+    for run_dir in trace_dir.dirs():  # the taps' runs sit directly below the trace dir
+        if not (run_dir / RUN_JSON).is_file():
             continue
         try:
             meta = read_run_json(run_dir, derive_status=False)

@@ -155,13 +155,15 @@ def tap_run_of(tap_dir: Location, request_id: str) -> Location | None:
     """The tap run below ``tap_dir`` that recorded ``request_id`` (None: none yet)."""
     from dsparklab.store import read_trace
 
-    for run_json in tap_dir.find(RUN_JSON):
+    for run_dir in tap_dir.dirs():  # each writing process's run, directly below
+        if not (run_dir / RUN_JSON).is_file():
+            continue
         try:
-            ids = read_trace(run_json.parent, "requests", columns=["prompt_id"])
+            ids = read_trace(run_dir, "requests", columns=["prompt_id"])
         except DSparkLabError:  # a run being created
             continue
         if any(_request_ids_match(request_id, str(p)) for p in ids.get("prompt_id", ())):
-            return run_json.parent
+            return run_dir
     return None
 
 

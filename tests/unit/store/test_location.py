@@ -30,6 +30,7 @@ def test_hidden_run_directories_are_not_runs(tmp_path: Path) -> None:
     shutil.copytree(run, tmp_path / "runs" / f".a.tmp-{os.getpid()}")
     shutil.copytree(run, tmp_path / "runs" / ".cache" / "b")
     assert [r.name for r in find_runs(tmp_path / "runs")] == ["a"]
+    assert [d.name for d in Location.of(tmp_path / "runs").dirs()] == ["a"]
     runs = list_runs(tmp_path / "runs")
     assert len(runs) == 1
     steps = read_trace(tmp_path / "runs", "steps")
