@@ -9,42 +9,38 @@ import pytest
 from dsparklab.analysis import compute_acceptance_length_any
 
 
+def _run_counters(run_id: str, dataset: str, n: int, **columns: object) -> pd.DataFrame:
+    """One run's counters rows at positions 0..n-1: counts NA, rates NaN but ``columns``."""
+    missing = pd.array([pd.NA] * n, dtype="Int64")
+    base: dict[str, object] = {
+        "run_id": run_id,
+        "dataset": dataset,
+        "scope": "run",
+        "request_id": None,
+        "interval": missing,
+        "position": np.arange(n),
+        "n_drafted": missing,
+        "n_reached": missing,
+        "n_accepted": missing,
+        "accept_rate": np.nan,
+        "survival": np.nan,
+    }
+    return pd.DataFrame(base | columns)
+
+
 def _counted(run_id: str, dataset: str, reached: list[int], accepted: list[int]) -> pd.DataFrame:
-    n = len(reached)
-    return pd.DataFrame(
-        {
-            "run_id": run_id,
-            "dataset": dataset,
-            "scope": "run",
-            "request_id": None,
-            "interval": pd.array([pd.NA] * n, dtype="Int64"),
-            "position": np.arange(n),
-            "n_drafted": reached[0],
-            "n_reached": pd.array(reached, dtype="Int64"),
-            "n_accepted": pd.array(accepted, dtype="Int64"),
-            "accept_rate": np.nan,
-            "survival": np.nan,
-        }
+    return _run_counters(
+        run_id,
+        dataset,
+        len(reached),
+        n_drafted=reached[0],
+        n_reached=pd.array(reached, dtype="Int64"),
+        n_accepted=pd.array(accepted, dtype="Int64"),
     )
 
 
 def _rates(run_id: str, dataset: str, survival: list[float]) -> pd.DataFrame:
-    n = len(survival)
-    return pd.DataFrame(
-        {
-            "run_id": run_id,
-            "dataset": dataset,
-            "scope": "run",
-            "request_id": None,
-            "interval": pd.array([pd.NA] * n, dtype="Int64"),
-            "position": np.arange(n),
-            "n_drafted": pd.array([pd.NA] * n, dtype="Int64"),
-            "n_reached": pd.array([pd.NA] * n, dtype="Int64"),
-            "n_accepted": pd.array([pd.NA] * n, dtype="Int64"),
-            "accept_rate": np.nan,
-            "survival": survival,
-        }
-    )
+    return _run_counters(run_id, dataset, len(survival), survival=survival)
 
 
 @pytest.fixture
