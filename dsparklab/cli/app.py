@@ -32,6 +32,7 @@ def _group() -> None:
 
 app.command()(validate.validate)
 app.command()(validate.migrate)
+app.command()(validate.compact)
 app.command()(collect.collect)
 app.command(context_settings=serve.SERVE_CONTEXT)(serve.serve)
 app.command(name="import")(importers.import_command)

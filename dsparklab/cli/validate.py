@@ -36,3 +36,30 @@ def migrate(
     outcomes = migrate_store(path)
     migrated = sum(o == "migrated" for o in outcomes.values())
     typer.echo(f"{len(outcomes)} runs: {migrated} migrated, {len(outcomes) - migrated} current")
+
+
+def compact(
+    path: str = typer.Argument(..., help="A store (a directory of runs, or s3://bucket/prefix)."),
+    out: str = typer.Option(
+        "", "--out", help="Write the compacted store here instead of in place."
+    ),
+    file_rows: int = typer.Option(32_000_000, "--file-rows", min=1, help="Rows per file at most."),
+) -> None:
+    """Rewrite every finished run into the table layout, as large files sorted by (request,
+    step, position); a run in the old layout is moved into it. Readers see each run's old
+    files or its new ones, never both."""
+    from dsparklab.store.compact import compact_store
+
+    results = compact_store(path, out=out or None, file_rows=file_rows)
+    for result in results:
+        if result.skipped:
+            typer.echo(f"{result.source}: skipped ({result.skipped})")
+        else:
+            typer.echo(
+                f"{result.run}: generation {result.generation}, "
+                + ", ".join(
+                    f"{t} {result.rows[t]} rows in {result.files[t]} files" for t in result.rows
+                )
+            )
+    done = sum(not r.skipped for r in results)
+    typer.echo(f"{len(results)} runs: {done} compacted, {len(results) - done} skipped")

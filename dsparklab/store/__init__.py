@@ -2,11 +2,13 @@
 
 from dsparklab.store.reader import (
     find_runs,
+    hive_table,
     list_runs,
     matches_selection,
     read_run_json,
     read_trace,
     run_field,
+    table_dataset,
 )
 from dsparklab.store.schema import (
     POSITIONS_SCHEMA,
@@ -28,12 +30,14 @@ __all__ = [
     "TraceWriter",
     "Violation",
     "find_runs",
+    "hive_table",
     "list_runs",
     "matches_selection",
     "new_run_json",
     "read_run_json",
     "read_trace",
     "run_field",
+    "table_dataset",
     "validate_run",
     "validate_trace",
     "write_json_atomic",

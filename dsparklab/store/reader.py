@@ -19,6 +19,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.store.layout import (
+    COMPACTED_PREFIX,
+    PARTITION_KEYS,
+    current_parts,
+    is_partitioned,
+    partition_values,
+    store_of,
+    table_location,
+)
 from dsparklab.store.location import Location, StoreAccessError, Where
 from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
@@ -118,15 +127,24 @@ def _type_names(expected: type | tuple[type, ...]) -> str:
     return " or ".join("null" if t is type(None) else t.__name__ for t in types)
 
 
-def part_files(run_dir: Where, table: str) -> list[Location]:
-    """Finished parts of ``table`` in name order (temporary files are never listed)."""
+def part_files(run_dir: Where, table: str, meta: Mapping[str, Any] | None = None) -> list[Location]:
+    """Finished parts of ``table`` in name order, of the run's current compaction
+    generation (temporary files are never listed). ``meta``: the run's run.json, read when
+    not given and compacted parts are there."""
     if table not in ALL_TABLES:
         raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    return (Location.of(run_dir) / table).files(f"{PART_PREFIX}*{PART_SUFFIX}")
+    run_dir = Location.of(run_dir)
+    files = table_location(run_dir, table).files(f"{PART_PREFIX}*{PART_SUFFIX}")
+    if meta is None and any(f.name.startswith(COMPACTED_PREFIX) for f in files):
+        meta = read_run_json(run_dir, derive_status=False)  # which generation is current
+    return current_parts(files, meta or {})
 
 
-def check_part_schema(path: Where, table: str) -> pa.Schema:
-    """Read one part's footer and check version, columns and types against the contract."""
+def check_part_schema(path: Where, table: str, *, partitioned: bool = False) -> pa.Schema:
+    """Read one part's footer and check version, columns and types against the contract.
+
+    ``partitioned``: the part is in the table layout, where ``dataset`` is the partition's
+    (:mod:`dsparklab.store.layout`), not a column of the file."""
     path = Location.of(path)
     try:
         schema = pq.read_schema(path.path, filesystem=path.fs)
@@ -153,6 +171,15 @@ def check_part_schema(path: Where, table: str) -> pa.Schema:
         )
     expected = ALL_TABLES[table]
     for field in expected:
+        if partitioned and field.name in PARTITION_KEYS:
+            if field.name in schema.names:
+                raise TraceSchemaError(
+                    "a partition key must not be a column of a part in the table layout "
+                    "(the directory holds it)",
+                    path=path,
+                    field=field.name,
+                )
+            continue
         if field.name not in schema.names:
             raise TraceSchemaError("required column missing", path=path, field=field.name)
         got = schema.field(field.name).type
@@ -173,19 +200,29 @@ def read_parts(
     read_dictionary: Sequence[str] = (),
 ) -> pa.Table:
     """``columns`` of every finished part of one run's ``table``, checked against the
-    contract, as one arrow table (``read_dictionary`` columns come dictionary-encoded)."""
+    contract, as one arrow table (``read_dictionary`` columns come dictionary-encoded).
+    In the table layout ``dataset`` comes from the partition."""
+    run_dir = Location.of(run_dir)
+    partitioned = is_partitioned(run_dir)
     files = part_files(run_dir, table)
     for path in files:
-        check_part_schema(path, table)
+        check_part_schema(path, table, partitioned=partitioned)
+    schema = ALL_TABLES[table]
     if not files:
-        schema = ALL_TABLES[table]
         return schema.empty_table().select(list(columns))
+    constants = partition_values(run_dir) if partitioned else {}
+    own = [c for c in columns if c not in constants]
     tables = []
     for path in files:
         with path.fs.open_input_file(path.path) as fh:
             part = pq.ParquetFile(fh, read_dictionary=list(read_dictionary))
-            tables.append(part.read(columns=list(columns)))
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
+            tables.append(part.read(columns=own))
+    arrow = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
+    for name in columns:
+        if name in constants:
+            column = pa.array([constants[name]] * arrow.num_rows, schema.field(name).type)
+            arrow = arrow.add_column(list(columns).index(name), schema.field(name), column)
+    return arrow
 
 
 def find_runs(root: Where) -> list[Location]:
@@ -323,18 +360,13 @@ def read_trace(
     schema = ALL_TABLES.get(table)
     if schema is None:
         raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS}
-    if "dataset" in run_level and "dataset" in schema.names:
-        run_level.pop("dataset")  # the table's own column decides
-    row_level = {k: v for k, v in filters.items() if k not in run_level}
-    for name in [*(columns or []), *row_level]:
+    for name in [*(columns or []), *(k for k in filters if k not in RUN_COLUMNS)]:
         if name not in schema.names:
             raise TraceSchemaError(
                 f"unknown column for table {table!r}; expected one of {schema.names}",
                 field=name,
             )
     wanted_columns = list(columns) if columns is not None else list(schema.names)
-    expr = _row_filter(row_level)
     statuses = set(statuses)
 
     frames: list[pd.DataFrame] = []
@@ -343,25 +375,34 @@ def read_trace(
         if meta["status"] not in statuses:
             continue
         constants = run_columns(meta)
+        partitioned = is_partitioned(run_dir)
+        # the table's own column decides, unless the partition holds it (table layout)
+        own = [c for c in schema.names if not (partitioned and c in PARTITION_KEYS)]
+        run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS and k not in own}
         if not all(_matches(constants[k], v) for k, v in run_level.items()):
             continue
-        files = part_files(run_dir, table)
+        files = part_files(run_dir, table, meta)
         for path in files:
-            check_part_schema(path, table)
+            check_part_schema(path, table, partitioned=partitioned)
         if not files:
             continue
         dataset = ds.dataset(
-            [p.path for p in files], schema=schema, format="parquet", filesystem=files[0].fs
+            [p.path for p in files],
+            schema=pa.schema([schema.field(c) for c in own]),
+            format="parquet",
+            filesystem=files[0].fs,
         )
+        expr = _row_filter({k: v for k, v in filters.items() if k not in run_level})
         try:
-            arrow = dataset.to_table(columns=wanted_columns, filter=expr)
+            arrow = dataset.to_table(columns=[c for c in wanted_columns if c in own], filter=expr)
         except (pa.ArrowInvalid, OSError) as err:
             raise TraceSchemaError(f"unreadable part: {err}", path=run_dir / table) from err
         frame = arrow.to_pandas()
         for name, value in constants.items():
             if name not in frame.columns:
                 frame[name] = value
-        frames.append(frame)
+        rest = [c for c in frame.columns if c not in wanted_columns]
+        frames.append(frame[[*wanted_columns, *rest]])  # a partition's column in its place
     if not frames:
         empty = schema.empty_table().select(wanted_columns).to_pandas()
         for name in RUN_COLUMNS:
@@ -369,3 +410,61 @@ def read_trace(
                 empty[name] = pd.Series(dtype=object)
         return empty
     return pd.concat(frames, ignore_index=True)
+
+
+# Run columns every table gets in :func:`table_dataset` (the table layout's partition keys).
+RUN_FIELDS = (
+    pa.field("dataset", pa.string()),
+    pa.field("method", pa.string()),
+    pa.field("n", pa.int64()),
+    pa.field("run_id", pa.string()),
+)
+
+
+def table_dataset(root: Where, table: str, *, statuses: Iterable[str] = STATUSES) -> ds.Dataset:
+    """Every run's parts of ``table`` below ``root`` as one pyarrow dataset, in either layout.
+
+    The schema is the contract's for ``table`` plus the run columns ``dataset``, ``method``,
+    ``n`` and ``run_id`` (:data:`RUN_FIELDS`), which each file gets from its run's run.json
+    (a partition expression per file: nothing is read to add them). Runs whose status is not
+    in ``statuses`` are left out, and so are the parts of a compaction run.json does not
+    name. An SQL engine scans it with projection and filters pushed down (DuckDB:
+    ``con.register(name, dataset)``), also from an object store.
+    """
+    schema = ALL_TABLES.get(table)
+    if schema is None:
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
+    full = pa.schema([*schema, *(f for f in RUN_FIELDS if f.name not in schema.names)])
+    root = Location.of(root)
+    paths: list[str] = []
+    partitions: list[ds.Expression] = []
+    wanted = set(statuses)
+    for run_dir in find_runs(root):
+        meta = read_run_json(run_dir)
+        if meta["status"] not in wanted:
+            continue
+        partitioned = is_partitioned(run_dir)
+        columns = run_columns(meta)
+        expr = ds.scalar(True)
+        for field in RUN_FIELDS:
+            expr = expr & (pc.field(field.name) == pa.scalar(columns[field.name], field.type))
+        for path in part_files(run_dir, table, meta):
+            check_part_schema(path, table, partitioned=partitioned)
+            paths.append(path.path)
+            partitions.append(expr)
+    return ds.FileSystemDataset.from_paths(
+        paths, schema=full, format=ds.ParquetFileFormat(), filesystem=root.fs, partitions=partitions
+    )
+
+
+def hive_table(root: Where, table: str) -> Location | None:
+    """``<root>/<table>`` when every run below a local ``root`` is in the table layout, so
+    engines read the directory natively (``spark.read.parquet``, DuckDB's ``read_parquet(...,
+    hive_partitioning = true)``); None otherwise (read :func:`table_dataset` instead)."""
+    root = Location.of(root)
+    if not root.is_local:
+        return None
+    runs = find_runs(root)
+    if all(is_partitioned(r) and store_of(r) == root for r in runs):
+        return root / table
+    return None

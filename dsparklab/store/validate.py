@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
+from dsparklab.store.layout import is_partitioned, partition_values, run_tables, table_location
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
     check_part_schema,
@@ -106,7 +107,8 @@ def validate_run(run_dir: Where) -> RunReport:
     granularity = run_granularity(meta)
 
     # an object store commits a part in one PUT: only a disk can hold a leftover
-    leftovers = sorted(Path(run_dir).rglob(f".*{TEMP_SUFFIX}")) if run_dir.is_local else []
+    homes = run_tables(run_dir, tuple(ALL_TABLES)) if run_dir.is_local else []
+    leftovers = sorted(t for home in homes for t in Path(home).rglob(f".*{TEMP_SUFFIX}"))
     for tmp in leftovers:
         if report.complete:
             report.violations.append(
@@ -120,10 +122,10 @@ def validate_run(run_dir: Where) -> RunReport:
 
     frames: dict[str, pd.DataFrame] = {}
     for table in ALL_TABLES:
-        if table in AGGREGATE_TABLES and not (run_dir / table).is_dir():
+        if table in AGGREGATE_TABLES and not table_location(run_dir, table).is_dir():
             frames[table] = _empty_frame(table)
             continue  # a token-level run has no aggregate tables at all
-        frames[table] = _load_table(run_dir, table, report)
+        frames[table] = _load_table(run_dir, meta, table, report)
         report.rows[table] = len(frames[table])
     if report.violations:
         return report  # invariants are meaningless over unreadable parts
@@ -417,11 +419,13 @@ def _reason(err: TraceSchemaError) -> str:
     return text.split(": ", 1)[1] if err.path and ": " in text else text
 
 
-def _load_table(run_dir: Location, table: str, report: RunReport) -> pd.DataFrame:
+def _load_table(run_dir: Location, meta: dict, table: str, report: RunReport) -> pd.DataFrame:
     pieces = []
-    for path in part_files(run_dir, table):
+    partitioned = is_partitioned(run_dir)
+    constants = partition_values(run_dir) if partitioned else {}
+    for path in part_files(run_dir, table, meta):
         try:
-            check_part_schema(path, table)
+            check_part_schema(path, table, partitioned=partitioned)
             arrow = pq.read_table(path.path, filesystem=path.fs)
         except TraceSchemaError as err:
             report.violations.append(Violation(str(path), err.field, _reason(err)))
@@ -430,6 +434,10 @@ def _load_table(run_dir: Location, table: str, report: RunReport) -> pd.DataFram
             report.violations.append(Violation(str(path), None, f"unreadable parquet: {err}"))
             continue
         schema = ALL_TABLES[table]
+        for name in schema.names:
+            if name in constants:  # the table layout's partition holds it
+                value = pa.array([constants[name]] * arrow.num_rows, schema.field(name).type)
+                arrow = arrow.append_column(schema.field(name), value)
         for spec in schema:
             if not spec.nullable and arrow.column(spec.name).null_count:
                 first = arrow.column(spec.name).is_null().to_pylist().index(True)

@@ -336,11 +336,11 @@ class TraceWriter:
             self._outbox.put(path, json_bytes(self.meta), table=None)
 
 
-def part_bytes(arrow: pa.Table, table: str) -> bytes:
+def part_bytes(arrow: pa.Table, table: str, row_group_rows: int | None = None) -> bytes:
     """One part as parquet bytes, stamped with the contract's version and its table."""
     arrow = arrow.replace_schema_metadata(
         {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: table.encode()}
     )
     sink = io.BytesIO()
-    pq.write_table(arrow, sink, compression="zstd")
+    pq.write_table(arrow, sink, compression="zstd", row_group_size=row_group_rows)
     return sink.getvalue()
