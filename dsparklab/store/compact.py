@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -127,8 +128,12 @@ def compact_store(
             results.append(Compacted(run, run, 0, {}, {}, skipped="still being written"))
             logger.info("skipping %s: still being written", run)
             continue
-        home = dest_store if dest_store is not None else store_of(run)
+        # in place: a run of the table layout stays in its store; one of the old layout
+        # moves into the table layout of the store compacted
+        home = dest_store or (store_of(run) if is_partitioned(run) else store)
         results.append(_compact_run(run, meta, home, file_rows, row_group_rows))
+        if dest_store is None and not is_partitioned(run):
+            _remove_moved(run, store)
     return results
 
 
@@ -172,7 +177,7 @@ def _compact_run(
         },
     }
     (target / RUN_JSON).write_bytes(json_bytes(committed))  # the commit
-    _delete_old(run, written, target, in_place, generation)
+    _delete_old(target, generation)
     logger.info("compacted %s -> %s (generation %d)", run, target, generation)
     return Compacted(run, target, generation, files, rows)
 
@@ -184,16 +189,20 @@ def _existing(target: Location) -> dict[str, Any] | None:
     return read_run_json(target, derive_status=False)
 
 
-def _delete_old(
-    run: Location, written: dict[str, Any], target: Location, in_place: bool, generation: int
-) -> None:
-    """Delete what the commit made obsolete: the older generations' parts below the
-    target, and a run moved from the old layout of the same store."""
+def _delete_old(target: Location, generation: int) -> None:
+    """Delete the parts the commit made obsolete: the older generations' below the target."""
     for table in ALL_TABLES:
         directory = table_location(target, table)
         keep = compacted_part_name(generation, 0)[: len("part-c000-")]
         for path in directory.files("part-*.parquet") if directory.is_dir() else []:
             if not path.name.startswith(keep):
                 path.delete()
-    if not in_place and not is_partitioned(run) and store_of(run) == store_of(target):
-        run.delete()  # moved into the table layout of its own store
+
+
+def _remove_moved(run: Location, store: Location) -> None:
+    """Delete a run moved out of the old layout, and the directories it leaves empty."""
+    run.delete()
+    parent = run.parent
+    while parent.is_local and parent != store and not any(Path(parent.path).iterdir()):
+        Path(parent.path).rmdir()
+        parent = parent.parent

@@ -1,0 +1,217 @@
+"""The table layout: runs compacted into it read back equal, engines read it natively."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
+from analysis_synth import build_run, noisy_confidence, write_run  # noqa: E402
+
+from dsparklab.cli.app import app
+from dsparklab.store import find_runs, read_run_json, read_trace, table_dataset, validate_trace
+from dsparklab.store.compact import compact_store
+from dsparklab.store.layout import (
+    is_partitioned,
+    partition_path,
+    partition_value,
+    partition_values,
+    table_location,
+)
+from dsparklab.store.location import Location
+from dsparklab.store.reader import part_files
+from dsparklab.store.schema import POSITIONS_SCHEMA, STEPS_SCHEMA
+from dsparklab.store.writer import part_bytes
+
+TABLES = ("positions", "steps", "requests")
+KEYS = {
+    "positions": ["run_id", "request_id", "step", "position"],
+    "steps": ["run_id", "request_id", "step"],
+    "requests": ["run_id", "request_id"],
+}
+
+
+def _store(root: Path) -> Path:
+    """Three runs in the old layout: DSpark n=3, Eagle3 n=5 verifying adaptively, a baseline."""
+    runs = [
+        build_run(run_id="ref/gsm8k/dspark-n3", n=3, confidence=noisy_confidence(0.2), seed=1),
+        build_run(
+            run_id="ref/humaneval/eagle3-n5",
+            method="eagle3",
+            n=5,
+            dataset="humaneval",
+            seed=2,
+            num_verified=lambda drafted, rng: rng.integers(1, drafted + 1),
+        ),
+        build_run(run_id="ref/gsm8k/none", method="none", n=0, seed=3),
+    ]
+    for run in runs:
+        write_run(root, run)
+    return root
+
+
+def _tables(root: Path) -> dict[str, pd.DataFrame]:
+    return {
+        t: read_trace(root, t)
+        .sort_values(KEYS[t])
+        .reset_index(drop=True)[sorted(read_trace(root, t).columns)]
+        for t in TABLES
+    }
+
+
+def test_partition_values_escape_as_hive_and_read_back() -> None:
+    for value in ("gsm8k/dspark-n3", "a=b%c d", "é:#?", "plain-1.2_x"):
+        escaped = partition_value(value)
+        assert "/" not in escaped and "=" not in escaped
+        run = Location.of(f"/s/_runs/dataset={escaped}/method=m/n=3/run_id={escaped}")
+        assert is_partitioned(run)
+        assert partition_values(run) == {"dataset": value, "method": "m", "n": "3", "run_id": value}
+    assert partition_value("gsm8k/dspark-n3") == "gsm8k%2Fdspark-n3"
+
+
+def test_compaction_moves_runs_into_the_table_layout_and_reads_back_equal(tmp_path: Path) -> None:
+    root = _store(tmp_path / "store")
+    before = _tables(root)
+    results = compact_store(root, file_rows=500, row_group_rows=200)
+    assert [r.generation for r in results] == [1, 1, 1]
+    runs = find_runs(root)
+    assert len(runs) == 3 and all(is_partitioned(r) for r in runs)
+    assert not (root / "ref").exists()  # the old run directories went
+    after = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[table], before[table], check_dtype=False)
+    assert all(r.ok for r in validate_trace(root)), [
+        str(v) for r in validate_trace(root) for v in r.violations
+    ]
+
+    dspark = next(r for r in runs if "dspark" in str(r))
+    meta = read_run_json(dspark)
+    assert meta["compaction"]["generation"] == 1
+    parts = part_files(dspark, "positions")
+    assert len(parts) == meta["parts"]["positions"] == -(-meta["rows"]["positions"] // 500) > 1
+    rows = pq.read_table([p.path for p in parts][0])
+    assert "dataset" not in pq.read_schema(part_files(dspark, "steps")[0].path).names
+    keys = rows.select(["request_id", "step", "position"]).to_pandas()
+    assert keys.equals(keys.sort_values(list(keys.columns)).reset_index(drop=True))
+    assert pq.ParquetFile(parts[0].path).metadata.num_row_groups == 3  # 500 rows, groups of 200
+
+    # again, in place: generation 2 replaces generation 1
+    assert [r.generation for r in compact_store(root)] == [2, 2, 2]
+    assert [p.name for p in part_files(dspark, "positions")] == ["part-c002-00000.parquet"]
+    again = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(again[table], before[table], check_dtype=False)
+
+
+def test_parts_a_compaction_did_not_commit_are_not_read(tmp_path: Path) -> None:
+    root = _store(tmp_path / "store")
+    compact_store(root)
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    before = read_trace(root, "positions")
+    # a compaction killed before its run.json: generation 2's parts, uncommitted
+    stray = read_trace(run, "positions")[
+        [c for c in pq.read_schema(part_files(run, "positions")[0].path).names]
+    ]
+    table = pa.Table.from_pandas(stray, schema=POSITIONS_SCHEMA, preserve_index=False)
+    (table_location(run, "positions") / "part-c002-00000.parquet").write_bytes(
+        part_bytes(table, "positions")
+    )
+    assert len(read_trace(root, "positions")) == len(before)
+    assert table_dataset(root, "positions").count_rows() == len(before)
+    # running it again replaces the stray parts with a committed generation 2
+    compact_store(root)
+    assert len(read_trace(root, "positions")) == len(before)
+
+
+def test_engines_read_the_run_columns_with_no_glob(tmp_path: Path) -> None:
+    root = _store(tmp_path / "store")
+    compact_store(root)
+    positions = duckdb.sql(
+        f"SELECT run_id, dataset, method, n, count(*) AS rows FROM read_parquet("
+        f"'{root}/positions', hive_partitioning = true) GROUP BY ALL ORDER BY run_id"
+    ).df()
+    expected = (
+        read_trace(root, "positions")
+        .groupby(["run_id", "dataset", "method", "n"], as_index=False)
+        .size()
+    )
+    assert positions["run_id"].tolist() == expected["run_id"].tolist()
+    assert positions["rows"].tolist() == expected["size"].tolist()
+    assert positions["n"].tolist() == [3, 5]
+    steps = duckdb.sql(
+        f"SELECT DISTINCT dataset, method FROM read_parquet('{root}/steps', hive_partitioning = "
+        "true) ORDER BY ALL"
+    ).fetchall()
+    assert steps == [("gsm8k", "dspark"), ("gsm8k", "none"), ("humaneval", "eagle3")]
+    runs = duckdb.sql(
+        f"SELECT run_id, status, engine FROM read_parquet('{root}/runs', hive_partitioning = "
+        "true) ORDER BY run_id"
+    ).fetchall()
+    assert [r[0] for r in runs] == [
+        "ref/gsm8k/dspark-n3",
+        "ref/gsm8k/none",
+        "ref/humaneval/eagle3-n5",
+    ]
+    assert {r[1] for r in runs} == {"complete"}
+
+
+def test_table_dataset_gives_every_layout_the_run_columns(tmp_path: Path) -> None:
+    old = _store(tmp_path / "old")
+    new = tmp_path / "new"
+    compact_store(old, out=new)
+    assert (old / "ref").exists()  # --out leaves the source as it was
+    for root in (old, new):
+        frame = table_dataset(root, "steps").to_table().to_pandas()
+        expected = read_trace(root, "steps")
+        assert len(frame) == len(expected)
+        assert sorted(frame.groupby(["run_id", "dataset", "method", "n"]).size().items()) == sorted(
+            expected.groupby(["run_id", "dataset", "method", "n"]).size().items()
+        )
+        assert np.isclose(frame["verify_time_s"].sum(), expected["verify_time_s"].sum())
+
+
+def test_a_part_holding_its_partition_key_is_one_clear_violation(tmp_path: Path) -> None:
+    root = _store(tmp_path / "store")
+    compact_store(root)
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    steps = read_trace(run, "steps", columns=None)
+    table = pa.Table.from_pandas(
+        steps[STEPS_SCHEMA.names], schema=STEPS_SCHEMA, preserve_index=False
+    )
+    path = part_files(run, "steps")[0]
+    path.write_bytes(part_bytes(table, "steps"))  # with its dataset column
+    [report] = [r for r in validate_trace(root) if not r.ok]
+    [violation] = report.violations
+    assert violation.field == "dataset" and "partition key" in violation.message
+    result = CliRunner().invoke(app, ["validate", str(root)])
+    assert result.exit_code == 2
+
+
+def test_compact_cli_reports_each_run_and_leaves_a_running_one(tmp_path: Path) -> None:
+    root = _store(tmp_path / "store")
+    base = next(r for r in find_runs(root) if "none" in str(r))
+    meta = json.loads((Path(base) / "run.json").read_text())
+    meta["status"] = "running"
+    (Path(base) / "run.json").write_text(json.dumps(meta))
+    result = CliRunner().invoke(app, ["compact", str(root)])
+    assert result.exit_code == 0, result.output
+    assert "3 runs: 2 compacted, 1 skipped" in result.output
+    assert "still being written" in result.output
+    assert partition_path(meta).startswith("dataset=gsm8k/method=none/n=0/run_id=ref%2Fgsm8k")
+    missing = subprocess.run(
+        [sys.executable, "-c", "from dsparklab.cli.app import main; main()", "compact"]
+        + [str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.count("\n") == 1 and "nowhere" in missing.stderr
