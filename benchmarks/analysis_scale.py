@@ -1,29 +1,28 @@
-"""Benchmark: the analysis library on a large trace store, beside DuckDB.
+"""Benchmark: the counting stage on DuckDB and Spark at scale, beside hand-written DuckDB.
 
-    .venv/bin/python benchmarks/analysis_scale.py --rows 50000000
+    .venv/bin/python benchmarks/analysis_scale.py                      # 20 M and 200 M rows
     .venv/bin/python benchmarks/analysis_scale.py --rows 2000000 --store /tmp/small
 
 1. A SYNTHETIC generator (used only by this benchmark; random numbers, not a
-   measurement of any drafter) writes a store in the trace layout: for each of 2 methods
-   (dspark, eagle3) x n = 3..7 x 6 datasets one run directory with run.json and parquet
-   parts carrying the store schema and its version metadata, plus a target-only baseline
-   run per dataset. Acceptance is prefix-closed per step, so "reached" needs every row's
-   step, as in real traces. Parts are written with pyarrow directly (not TraceWriter,
-   whose per-row Python dicts would take an hour at 50 M rows); run.json says
-   ``"synthetic": true``.
-2. Each measurement runs in its own subprocess, which reports its wall time (imports of
-   the library or duckdb included) and peak RSS (VmHWM): the library's position x n
-   acceptance heatmap (``aggregate_store`` + ``compute_acceptance_by_position``; by
-   default counted from the steps table, with ``source="positions"`` from the position
-   rows) and per-position calibration table (``aggregate_store`` +
-   ``compute_calibration``, confidence vs accepted on reached rows, 10 bins, 1000 AUROC
-   levels), and DuckDB computing the same
-   counters over the same parquet files: "reached" from a window over each step, from a
-   join with the steps table, or (heatmap) counted from the steps table as the library
-   does. The fastest DuckDB query giving the same table is the reference. A plain
-   GROUP BY n, position over the position rows is shown too; it has no "reached" column,
-   so it is not the same table.
-3. The library's counters are checked equal to every DuckDB variant's before printing.
+   measurement of any drafter) writes a store in the table layout, as ``dsparklab compact``
+   leaves it: for each of 2 methods (dspark, eagle3) x n = 3..7 x 6 datasets one run, with
+   large sorted files of the store schema in its hive partitions, its run.json and its row
+   of the runs table, plus a target-only baseline run per dataset. Acceptance is
+   prefix-closed per step, so "reached" needs every row's step, as in real traces. Parts
+   are written with pyarrow directly (not TraceWriter, whose per-row Python dicts would take
+   hours at 200 M rows); run.json says ``"synthetic": true``.
+2. Each measurement runs in its own subprocess, which reports its wall time (imports and,
+   for Spark, the session's start included) and peak RSS (of the whole process tree, a
+   Spark driver's JVM included): the library's position x n acceptance heatmap
+   (``aggregate_store`` + ``compute_acceptance_by_position``, counted from the steps table
+   by default, or from the position rows) and per-position calibration table
+   (``aggregate_store`` + ``compute_calibration``: confidence vs accepted on reached rows,
+   10 bins, 1000 AUROC levels) on DuckDB and on Spark ``local[2]``; the in-process path the
+   notebooks use (``read_trace`` + ``count_acceptance``) up to ``--inproc-max-rows``; and
+   hand-written DuckDB queries for the same counters over the same files ("reached" from a
+   window over each step, from a join with the steps table, or counted from the steps
+   table). The fastest hand-written query is the reference of each ratio.
+3. Every path's counters are checked equal to every hand-written query's before printing.
 """
 
 from __future__ import annotations
@@ -40,17 +39,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dsparklab.store import POSITIONS_SCHEMA, REQUESTS_SCHEMA, STEPS_SCHEMA
-from dsparklab.store.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TABLE_KEY
-from dsparklab.store.writer import new_run_json, write_json_atomic
+from dsparklab.store.compact import ROW_GROUP_ROWS, runs_row
+from dsparklab.store.layout import RUNS_DIR, RUNS_TABLE, compacted_part_name, partition_path
+from dsparklab.store.schema import RUN_JSON
+from dsparklab.store.writer import new_run_json, part_bytes, write_json_atomic
 
 METHODS = ("dspark", "eagle3")
 WINDOWS = (3, 4, 5, 6, 7)
 DATASETS = ("gsm8k", "math500", "aime", "humaneval", "livecodebench", "speedbench_coding")
 STEPS_PER_REQUEST = 200
-PART_ROWS = 2_000_000
+PART_ROWS = 8_000_000  # rows per positions file: large, as compaction writes them
 N_BINS = 10
 LEVELS = 1000
 
@@ -58,11 +58,13 @@ LEVELS = 1000
 # -- synthetic store ----------------------------------------------------------------------
 
 
-def _write_part(path: Path, table: pa.Table, name: str) -> None:
-    table = table.replace_schema_metadata(
-        {SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: name.encode()}
-    )
-    pq.write_table(table, path, compression="zstd")
+def _write_part(directory: Path, seq: int, table: pa.Table, name: str) -> None:
+    """One committed part of generation 1 in its partition (what compaction writes)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if name in ("steps", "requests"):
+        table = table.drop_columns(["dataset"])  # the partition holds it
+    data = part_bytes(table, name, ROW_GROUP_ROWS)
+    (directory / compacted_part_name(1, seq)).write_bytes(data)
 
 
 def _request_ids(run_id: str, request: np.ndarray, n_requests: int) -> pa.Array:
@@ -75,14 +77,24 @@ def _request_ids(run_id: str, request: np.ndarray, n_requests: int) -> pa.Array:
 def _synthetic_run(
     root: Path, method: str, n: int, dataset: str, n_steps: int, rng: np.random.Generator
 ) -> int:
-    run_id = f"{method}-n{n}-{dataset}"
-    run_dir = root / run_id
-    for table in ("steps", "positions", "requests"):
-        (run_dir / table).mkdir(parents=True, exist_ok=True)
+    run_id = f"synthetic/{dataset}/{method}-n{n}"
+    drafted = 0 if method == "none" else n
+    meta = new_run_json(
+        run_id=run_id,
+        engine={"name": "synthetic", "version": "benchmarks/analysis_scale.py"},
+        method=method,
+        num_speculative_tokens=drafted,
+        target={"name": "synthetic-target"},
+        drafter=None if method == "none" else {"name": f"synthetic-{method}"},
+        dataset=dataset,
+        sampling={"temperature": 0.0, "seed": 0},
+        synthetic=True,
+        note="SYNTHETIC benchmark data from benchmarks/analysis_scale.py; not a measurement",
+    )
+    partition = partition_path(meta)
     n_requests = max(1, n_steps // STEPS_PER_REQUEST)
     request = np.minimum(np.arange(n_steps) // STEPS_PER_REQUEST, n_requests - 1)  # [S]
     step = np.arange(n_steps) - request * STEPS_PER_REQUEST  # [S]
-    drafted = 0 if method == "none" else n
     base = {"dspark": 0.82, "eagle3": 0.78}.get(method, 0.0)
     rate = np.clip(base - 0.03 * np.arange(drafted), 0.05, 0.99)  # [n]
     hardness = rng.normal(0.0, 0.05, n_requests)[request]  # [S] per-request difficulty
@@ -110,7 +122,7 @@ def _synthetic_run(
         },
         schema=STEPS_SCHEMA,
     )
-    _write_part(run_dir / "steps" / "part-00000.parquet", steps, "steps")
+    _write_part(root / "steps" / partition, 0, steps, "steps")
     requests = pa.table(
         {
             "request_id": pa.array([f"{run_id}/req{r:05d}" for r in range(n_requests)]),
@@ -123,7 +135,7 @@ def _synthetic_run(
         },
         schema=REQUESTS_SCHEMA,
     )
-    _write_part(run_dir / "requests" / "part-00000.parquet", requests, "requests")
+    _write_part(root / "requests" / partition, 0, requests, "requests")
     rows = n_steps * drafted
     steps_per_part = max(1, PART_ROWS // max(drafted, 1))
     for part, start in enumerate(range(0, n_steps if drafted else 0, steps_per_part)):
@@ -159,22 +171,13 @@ def _synthetic_run(
             },
             schema=POSITIONS_SCHEMA,
         )
-        _write_part(run_dir / "positions" / f"part-{part:05d}.parquet", table, "positions")
-    meta = new_run_json(
-        run_id=run_id,
-        engine={"name": "synthetic", "version": "benchmarks/analysis_scale.py"},
-        method=method,
-        num_speculative_tokens=drafted,
-        target={"name": "synthetic-target"},
-        drafter=None if method == "none" else {"name": f"synthetic-{method}"},
-        dataset=dataset,
-        sampling={"temperature": 0.0, "seed": 0},
-        synthetic=True,
-        note="SYNTHETIC benchmark data from benchmarks/analysis_scale.py; not a measurement",
-    )
+        _write_part(root / "positions" / partition, part, table, "positions")
+    (root / "positions" / partition).mkdir(parents=True, exist_ok=True)
     meta["status"] = "complete"
     meta["rows"] = {"steps": n_steps, "positions": rows, "requests": n_requests}
-    write_json_atomic(run_dir / "run.json", meta)
+    meta["compaction"] = {"generation": 1, "sorted_by": ["request_id", "step", "position"]}
+    _write_part(root / RUNS_TABLE / partition, 0, runs_row(meta), RUNS_TABLE)
+    write_json_atomic(root / RUNS_DIR / partition / RUN_JSON, meta)
     return rows
 
 
@@ -195,20 +198,11 @@ def generate(root: Path, rows: int, seed: int) -> int:
 
 
 def _duckdb_table_sql(root: Path, table: str, columns: str) -> str:
-    """One UNION ALL over the method runs' parts of ``table``, run columns as constants."""
-    from dsparklab.store import list_runs
-
-    parts = []
-    for run in list_runs(root).itertuples():
-        if run.method == "none":
-            continue
-        files = sorted(str(p) for p in (Path(run.path) / table).glob("part-*.parquet"))
-        file_list = ", ".join(f"'{f}'" for f in files)
-        parts.append(
-            f"SELECT '{run.run_id}' AS run_id, '{run.method}' AS method, {run.n} AS n, "
-            f"{columns} FROM read_parquet([{file_list}])"
-        )
-    return "\nUNION ALL\n".join(parts)
+    """The method runs' rows of ``table``, read as DuckDB reads the table layout natively."""
+    return (
+        f"SELECT run_id, method, n, {columns} FROM read_parquet('{root}/{table}/**/*.parquet', "
+        "hive_partitioning = true) WHERE method <> 'none'"
+    )
 
 
 def _duckdb_positions_sql(root: Path, columns: str) -> str:
@@ -242,13 +236,16 @@ def _duck(sql: str):
 def measure(name: str, root: Path, out: Path) -> None:
     """Run one measurement; write its result table and print time and peak RSS as JSON."""
     start = time.perf_counter()
-    if name.startswith("lib_heatmap"):
+    engine = "spark" if name.startswith("spark") else "duckdb"
+    if name.startswith(("lib_heatmap", "spark_heatmap")):
         from dsparklab.analysis import aggregate_store, compute_acceptance_by_position
 
         source = "positions" if name.endswith("positions") else "steps"
-        counts = aggregate_store(root, metric="acceptance", by=("method", "n"), source=source)
+        counts = aggregate_store(
+            root, metric="acceptance", by=("method", "n"), source=source, engine=engine
+        )
         result = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
-    elif name == "lib_calibration":
+    elif name.startswith(("lib_calibration", "spark_calibration")):
         from dsparklab.analysis import aggregate_store, compute_calibration
 
         counts = aggregate_store(
@@ -258,9 +255,24 @@ def measure(name: str, root: Path, out: Path) -> None:
             scores=("confidence",),
             n_bins=N_BINS,
             levels=LEVELS,
+            engine=engine,
         )
         result = compute_calibration(counts, by=("n",), scores=("confidence",))
         counts.to_parquet(out.with_suffix(".counts.parquet"))
+    elif name == "inproc_heatmap":
+        from dsparklab.analysis import compute_acceptance_by_position, count_acceptance
+        from dsparklab.store import read_trace
+
+        columns = ["request_id", "step", "position", "accepted"]
+        positions = read_trace(root, "positions", columns=columns, filters={"method": METHODS})
+        steps = read_trace(
+            root,
+            "steps",
+            columns=["request_id", "step", "num_verified"],
+            filters={"method": METHODS},
+        )
+        counts = count_acceptance(positions, steps=steps, by=("method", "n"), per_request=False)
+        result = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
     elif name.startswith("duckdb_heatmap"):
         variant = name.rsplit("_", 1)[1]
         if variant == "steps":
@@ -274,12 +286,6 @@ def measure(name: str, root: Path, out: Path) -> None:
                 "sum(c * (a >= i AND l > i)::INT) AS n_reached, "
                 "sum(c * (a > i)::INT) AS n_accepted "
                 "FROM h CROSS JOIN range(0, 64) r(i) WHERE d > i GROUP BY ALL"
-            )
-        elif variant == "plain":
-            sql = (
-                f"SELECT method, n, position, count(*) AS n_drafted, "
-                f"sum(accepted::INT) AS n_accepted FROM "
-                f"({_duckdb_positions_sql(root, 'position, accepted')}) GROUP BY ALL"
             )
         else:
             sql = (
@@ -320,25 +326,42 @@ def _peak_rss_kib() -> float:
 
 
 def _run_measure(name: str, root: Path, work: Path) -> dict:
+    """One measurement in a subprocess; its peak memory is the whole process tree's (a
+    Spark driver's JVM included), sampled every 0.1 s, or the child's VmHWM if larger."""
+    import psutil
+
     out = work / f"{name}.parquet"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, __file__, "--measure", name, "--store", str(root)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
         env={**os.environ, "BENCH_OUT": str(out)},
     )
+    peak = 0
+    parent = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            tree = [parent, *parent.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree))
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate()
     if proc.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"{name} failed:\n{stderr}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["peak_mib"] = max(result["peak_mib"], peak / 2**20)
+    return result
 
 
-def _check_equal(work: Path) -> list[str]:
-    """The library's counters equal DuckDB's (the measured queries' outputs)."""
+def _check_equal(work: Path, names: list[str]) -> list[str]:
+    """Every path's counters equal DuckDB's hand-written queries' (the measured outputs)."""
     import pandas as pd
 
     problems = []
-    for mine in ("lib_heatmap", "lib_heatmap_positions"):
+    heatmaps = [n for n in names if "heatmap" in n and not n.startswith("duckdb")]
+    for mine in heatmaps:
         lib = pd.read_parquet(work / f"{mine}.parquet")
         for variant in ("window", "join", "steps"):
             duck = pd.read_parquet(work / f"duckdb_heatmap_{variant}.parquet")
@@ -348,124 +371,136 @@ def _check_equal(work: Path) -> list[str]:
             for col in ("n_drafted", "n_reached", "n_accepted"):
                 if not (merged[col] == merged[f"{col}_duck"]).all():
                     problems.append(f"{mine} {col} differs from DuckDB ({variant})")
-    counts = pd.read_parquet(work / "lib_calibration.counts.parquet")
-    counts["level_code"] = np.round(counts["level"] * LEVELS).astype(np.int64)
-    for variant in ("window", "join"):
-        duck = pd.read_parquet(work / f"duckdb_calibration_{variant}.parquet")
-        key = ["n", "position", "bin", "level_code", "accepted"]
-        merged = counts.merge(duck, on=key, suffixes=("", "_duck"), how="outer")
-        if merged["count"].isna().any() or merged["count_duck"].isna().any():
-            problems.append(f"calibration cells differ from DuckDB ({variant})")
-        elif not (merged["count"] == merged["count_duck"]).all() or not np.allclose(
-            merged["sum_score"], merged["sum_score_duck"], rtol=1e-9
-        ):
-            problems.append(f"calibration counters differ from DuckDB ({variant})")
+    for mine in [n for n in names if n.endswith("_calibration") and not n.startswith("duckdb")]:
+        counts = pd.read_parquet(work / f"{mine}.counts.parquet")
+        counts["level_code"] = np.round(counts["level"] * LEVELS).astype(np.int64)
+        for variant in ("window", "join"):
+            duck = pd.read_parquet(work / f"duckdb_calibration_{variant}.parquet")
+            key = ["n", "position", "bin", "level_code", "accepted"]
+            merged = counts.merge(duck, on=key, suffixes=("", "_duck"), how="outer")
+            if merged["count"].isna().any() or merged["count_duck"].isna().any():
+                problems.append(f"{mine} cells differ from DuckDB ({variant})")
+            elif not (merged["count"] == merged["count_duck"]).all() or not np.allclose(
+                merged["sum_score"], merged["sum_score_duck"], rtol=1e-9
+            ):
+                problems.append(f"{mine} counters differ from DuckDB ({variant})")
     return problems
+
+
+# (label, measurement, the hand-written DuckDB queries it is compared with)
+HEAT_REFS = ("duckdb_heatmap_window", "duckdb_heatmap_join", "duckdb_heatmap_steps")
+CAL_REFS = ("duckdb_calibration_window", "duckdb_calibration_join")
+LABELS = [
+    ("heatmap: dsparklab on DuckDB, from steps (default)", "lib_heatmap", HEAT_REFS),
+    ("heatmap: dsparklab on DuckDB, source='positions'", "lib_heatmap_positions", HEAT_REFS),
+    ("heatmap: dsparklab on Spark local[2], from steps", "spark_heatmap", HEAT_REFS),
+    ("heatmap: in-process (read_trace + count_acceptance)", "inproc_heatmap", HEAT_REFS),
+    ("heatmap: hand-written DuckDB, reached by window", "duckdb_heatmap_window", HEAT_REFS),
+    ("heatmap: hand-written DuckDB, reached by join", "duckdb_heatmap_join", HEAT_REFS),
+    ("heatmap: hand-written DuckDB, from steps", "duckdb_heatmap_steps", HEAT_REFS),
+    ("calibration: dsparklab on DuckDB", "lib_calibration", CAL_REFS),
+    ("calibration: dsparklab on Spark local[2]", "spark_calibration", CAL_REFS),
+    ("calibration: hand-written DuckDB, reached by window", "duckdb_calibration_window", CAL_REFS),
+    ("calibration: hand-written DuckDB, reached by join", "duckdb_calibration_join", CAL_REFS),
+]
+
+
+def _bench(store: Path, rows_wanted: int, args: argparse.Namespace) -> tuple[int, dict, list]:
+    """Generate (or reuse) one store and run every measurement on it."""
+    runs = list(store.glob(f"{RUNS_DIR}/*/*/*/*/{RUN_JSON}"))
+    if args.reuse and runs:
+        print(f"reusing store {store}")
+        rows = sum(json.loads(p.read_text())["rows"]["positions"] for p in runs)
+    else:
+        if store.exists():
+            shutil.rmtree(store)
+        store.mkdir(parents=True)
+        start = time.perf_counter()
+        rows = generate(store, rows_wanted, args.seed)
+        print(f"generated {rows:,} SYNTHETIC position rows in {time.perf_counter() - start:.0f} s")
+    size = sum(p.stat().st_size for p in store.rglob("*.parquet"))
+    print(f"store {store}: {size / 2**20:,.0f} MiB of parquet")
+    work = store.parent / (store.name + "-results")
+    work.mkdir(exist_ok=True)
+    names = [name for _, name, _ in LABELS]
+    if args.no_spark:
+        names = [n for n in names if not n.startswith("spark")]
+    if rows > args.inproc_max_rows:
+        names.remove("inproc_heatmap")
+        print(f"in-process path not run above {args.inproc_max_rows:,} rows (--inproc-max-rows)")
+    for path in store.rglob("*.parquet"):  # warm the page cache for every contender
+        path.read_bytes()
+    results: dict[str, dict] = {}
+    for _ in range(args.repeat):
+        for name in names:
+            r = _run_measure(name, store, work)
+            best = results.get(name)
+            results[name] = {
+                "seconds": min(r["seconds"], best["seconds"]) if best else r["seconds"],
+                "peak_mib": max(r["peak_mib"], best["peak_mib"]) if best else r["peak_mib"],
+            }
+            print(f"  {name}: {r['seconds']:.1f} s, {r['peak_mib']:,.0f} MiB", flush=True)
+    problems = _check_equal(work, names)
+    if not args.keep:
+        shutil.rmtree(store)
+        shutil.rmtree(work)
+    return rows, results, problems
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=50_000_000, help="position rows to generate")
+    parser.add_argument(
+        "--rows",
+        default="20000000,200000000",
+        help="position rows to generate: one size, or sizes separated by commas",
+    )
     parser.add_argument("--store", type=Path, default=Path("/tmp/dsparklab-bench-store"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeat", type=int, default=2, help="runs per measurement (best kept)")
-    parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (best kept)")
+    parser.add_argument("--keep", action="store_true", help="keep the stores afterwards")
     parser.add_argument("--reuse", action="store_true", help="reuse an existing store")
+    parser.add_argument("--no-spark", action="store_true", help="leave Spark out")
+    parser.add_argument("--inproc-max-rows", type=int, default=60_000_000)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         measure(args.measure, args.store, Path(os.environ["BENCH_OUT"]))
         return
 
-    if args.reuse and any(args.store.glob("*/run.json")):
-        print(f"reusing store {args.store}")
-        rows = sum(
-            json.loads(p.read_text())["rows"]["positions"] for p in args.store.glob("*/run.json")
+    sizes = [int(v) for v in args.rows.split(",")]
+    tables = []
+    for wanted in sizes:
+        store = (
+            args.store if len(sizes) == 1 else args.store.with_name(f"{args.store.name}-{wanted}")
         )
-    else:
-        if args.store.exists():
-            shutil.rmtree(args.store)
-        args.store.mkdir(parents=True)
-        start = time.perf_counter()
-        rows = generate(args.store, args.rows, args.seed)
-        print(f"generated {rows:,} SYNTHETIC position rows in {time.perf_counter() - start:.0f} s")
-    size = sum(p.stat().st_size for p in args.store.rglob("*.parquet"))
-    print(f"store {args.store}: {size / 2**20:,.0f} MiB of parquet")
+        tables.append(_bench(store, wanted, args))
 
-    work = args.store.parent / (args.store.name + "-results")
-    work.mkdir(exist_ok=True)
-    for path in args.store.rglob("*.parquet"):  # warm the page cache for every contender
-        path.read_bytes()
-    names = [
-        "lib_heatmap",
-        "lib_heatmap_positions",
-        "duckdb_heatmap_window",
-        "duckdb_heatmap_join",
-        "duckdb_heatmap_steps",
-        "duckdb_heatmap_plain",
-        "lib_calibration",
-        "duckdb_calibration_window",
-        "duckdb_calibration_join",
-    ]
-    results: dict[str, dict] = {}
-    for _ in range(args.repeat):
-        for name in names:
-            r = _run_measure(name, args.store, work)
-            best = results.get(name)
-            results[name] = {
-                "seconds": min(r["seconds"], best["seconds"]) if best else r["seconds"],
-                "peak_mib": max(r["peak_mib"], best["peak_mib"]) if best else r["peak_mib"],
-            }
-    problems = _check_equal(work)
-
-    def row(label: str, name: str, ref: str | None) -> str:
-        r = results[name]
-        ratio = f"{r['seconds'] / results[ref]['seconds']:.2f}x" if ref else ""
-        return f"| {label} | {r['seconds']:.2f} | {r['peak_mib']:,.0f} | {ratio} |"
-
-    heat_ref = min(
-        ("duckdb_heatmap_window", "duckdb_heatmap_join", "duckdb_heatmap_steps"),
-        key=lambda k: results[k]["seconds"],
-    )
-    cal_ref = min(
-        ("duckdb_calibration_window", "duckdb_calibration_join"),
-        key=lambda k: results[k]["seconds"],
-    )
-    labels = [
-        ("heatmap: dsparklab, acceptance counted from steps (default)", "lib_heatmap", heat_ref),
-        (
-            "heatmap: dsparklab, source='positions' (per-row reached)",
-            "lib_heatmap_positions",
-            heat_ref,
-        ),
-        ("heatmap: DuckDB, reached by window over each step", "duckdb_heatmap_window", heat_ref),
-        ("heatmap: DuckDB, reached by join with steps", "duckdb_heatmap_join", heat_ref),
-        ("heatmap: DuckDB, counted from steps (histogram)", "duckdb_heatmap_steps", heat_ref),
-        (
-            "heatmap: DuckDB plain GROUP BY n, position (no reached; not the same numbers)",
-            "duckdb_heatmap_plain",
-            heat_ref,
-        ),
-        (
-            "calibration: dsparklab aggregate_store + compute_calibration",
-            "lib_calibration",
-            cal_ref,
-        ),
-        ("calibration: DuckDB, reached by window", "duckdb_calibration_window", cal_ref),
-        ("calibration: DuckDB, reached by join with steps", "duckdb_calibration_join", cal_ref),
-    ]
     print()
-    print(f"{rows:,} SYNTHETIC position rows, {os.cpu_count()} CPUs, best of {args.repeat}")
-    print("| measurement | seconds | peak RSS MiB | vs fastest DuckDB giving the same table |")
-    print("|---|---|---|---|")
-    for label, name, ref in labels:
-        print(row(label, name, ref))
     print(
-        "library counters equal DuckDB's:", "yes" if not problems else "NO: " + "; ".join(problems)
+        f"SYNTHETIC position rows, {os.cpu_count()} CPUs, best of {args.repeat}; each cell: "
+        "seconds / peak RSS MiB / time vs the fastest hand-written DuckDB query"
     )
-    if not args.keep:
-        shutil.rmtree(args.store)
-        shutil.rmtree(work)
+    head = " | ".join(f"{rows:,} rows" for rows, _, _ in tables)
+    growth = len(tables) > 1
+    print(f"| measurement | {head} |" + (" time growth |" if growth else ""))
+    print("|---|" + "---|" * len(tables) + ("---|" if growth else ""))
+    for label, name, refs in LABELS:
+        cells = []
+        for _, results, _ in tables:
+            if name not in results:
+                cells.append("not run")
+                continue
+            ref = min(results[k]["seconds"] for k in refs)
+            r = results[name]
+            cells.append(f"{r['seconds']:.1f} s / {r['peak_mib']:,.0f} / {r['seconds'] / ref:.2f}x")
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        if growth:
+            first, last = tables[0][1].get(name), tables[-1][1].get(name)
+            line += f" {last['seconds'] / first['seconds']:.1f}x |" if first and last else " |"
+        print(line)
+    for rows, _, problems in tables:
+        verdict = "yes" if not problems else "NO: " + "; ".join(problems)
+        print(f"{rows:,} rows: every path's counters equal hand-written DuckDB's: {verdict}")
 
 
 if __name__ == "__main__":
