@@ -119,6 +119,8 @@ def _synthetic_run(
             "verify_time_s": pa.array(
                 0.01 * (1.1 if drafted else 1.0) * rng.uniform(0.9, 1.1, n_steps)
             ),
+            "batch_size": pa.array(np.ones(n_steps), pa.int32()),
+            "other_time_s": pa.nulls(n_steps, pa.float64()),
         },
         schema=STEPS_SCHEMA,
     )
