@@ -66,12 +66,12 @@ from dsparklab.analysis.projection import (
     cost_table_from_profile,
     fitted_cost_table,
 )
-from dsparklab.analysis.scale import aggregate_store
 from dsparklab.analysis.speedup import (
     DRAFTER_KINDS,
     compute_speedup_model,
     fit_speedup_model,
 )
+from dsparklab.analysis.sql import aggregate_store
 from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, classify_token
 from dsparklab.analysis.window import (
     compute_window_scaling,

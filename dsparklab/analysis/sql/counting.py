@@ -1,0 +1,278 @@
+"""The counting stage: counter tables straight from a store, counted by an SQL engine.
+
+:func:`aggregate_store` is the one I/O entry point of the analysis layer. It selects runs
+by their run.json (status and run-column filters), renders the metric's query
+(:mod:`dsparklab.analysis.sql.queries`: one text, run as is by DuckDB and by Spark) and
+returns the counter table the in-process ``count_*`` function returns for the same rows.
+Finish it with the usual ``compute_*`` function (the bootstraps resample the per-request
+rows of ``per_request=True``)::
+
+    counts = aggregate_store("runs/", metric="acceptance", by=("method", "n"))
+    heatmap = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
+
+DuckDB (the default) runs in process and spills to disk past its memory limit; Spark
+(``engine="spark"``, pyspark from the ``spark`` extra) runs wherever the active Spark
+configuration points, from ``local[2]`` to a cluster (docs/howto-trace-a-fleet.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns
+from dsparklab.analysis.acceptance import ACCEPTANCE_COUNTERS
+from dsparklab.analysis.calibration import CALIBRATION_COUNTERS
+from dsparklab.analysis.sql.engines import ENGINES, open_engine
+from dsparklab.analysis.sql.queries import COUNTERS, ROW_COLUMNS, SCORE_ROWS, render
+from dsparklab.analysis.window import MATCH_COLUMNS
+from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.store.location import Location
+from dsparklab.store.reader import list_runs
+from dsparklab.store.schema import RUN_COLUMNS, STATUSES
+
+METRICS = ("acceptance", "calibration", "step_times")
+SOURCES = ("steps", "positions")
+STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
+# Key columns of a calibration table after the group keys.
+CALIBRATION_KEYS = ("score", "position", "bin", "bin_lo", "bin_hi", "level", "accepted")
+
+
+def _matches(column: pd.Series, wanted: Any) -> pd.Series:
+    if isinstance(wanted, (list, tuple, set, frozenset)):
+        return column.isin(list(wanted))
+    return column == wanted
+
+
+def select_runs(
+    root: Location | Path | str,
+    *,
+    filters: Mapping[str, Any] | None = None,
+    statuses: Iterable[str] = STATUSES,
+) -> tuple[pd.DataFrame, bool]:
+    """The runs below ``root`` whose status is in ``statuses`` and whose run columns match
+    ``filters`` (``{column: value or list}``), one row each (``list_runs`` columns), and
+    whether that is every run there."""
+    runs = list_runs(root)
+    if runs.empty:
+        return runs, True
+    keep = runs["status"].isin(list(statuses))
+    for name, wanted in (filters or {}).items():
+        keep &= _matches(runs[name], wanted)
+    return runs.loc[keep].reset_index(drop=True), bool(keep.all())
+
+
+def _check(
+    metric: str,
+    source: str,
+    by: tuple[str, ...],
+    filters: Mapping[str, Any],
+    scores: tuple[str, ...],
+    engine: str,
+) -> None:
+    if metric not in METRICS:
+        raise UnknownMethodError(f"unknown metric {metric!r}; valid metrics are {sorted(METRICS)}")
+    if source not in SOURCES:
+        raise UnknownMethodError(f"unknown source {source!r}; valid sources are {sorted(SOURCES)}")
+    if engine not in ENGINES:
+        raise UnknownMethodError(f"unknown engine {engine!r}; valid engines are {sorted(ENGINES)}")
+    for name in scores:
+        if name not in SCORE_ROWS:
+            raise UnknownMethodError(
+                f"unknown calibration score {name!r}; valid scores are {sorted(SCORE_ROWS)}"
+            )
+    for name in by:
+        if name not in RUN_COLUMNS and name not in ROW_COLUMNS:
+            raise DSparkLabError(
+                f"aggregate_store cannot group by {name!r}; use run columns "
+                f"{list(RUN_COLUMNS)} or {list(ROW_COLUMNS)}, or read the rows with read_trace"
+            )
+    for name in filters:
+        if name not in RUN_COLUMNS:
+            raise DSparkLabError(
+                f"aggregate_store filters runs only; {name!r} is not a run column "
+                f"{list(RUN_COLUMNS)}"
+            )
+
+
+def metric_keys(
+    metric: str,
+    by: Iterable[str],
+    *,
+    per_request: bool = False,
+    match: Iterable[str] = MATCH_COLUMNS,
+) -> list[str]:
+    """The key columns of ``metric``'s table: ``by`` [+ method, n, ``match`` for step
+    times] [+ run_id, request_id with ``per_request``], as the ``count_*`` functions."""
+    keys = list(as_columns(by))
+    if metric == "step_times":
+        keys = list(dict.fromkeys([*keys, "method", "n", *as_columns(match)]))
+    if per_request:
+        keys += [c for c in UNIT_COLUMNS if c not in keys]
+    return keys
+
+
+def metric_queries(
+    metric: str,
+    keys: list[str],
+    *,
+    n_positions: int,
+    source: str = "steps",
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    n_bins: int = 10,
+    levels: int | None = 1000,
+) -> list[str]:
+    """The query texts whose results, stacked, are ``metric``'s counter table."""
+    if metric == "acceptance":
+        counter = "acceptance_steps" if source == "steps" else "acceptance"
+        return [render(counter, keys=keys, n_positions=n_positions)]
+    if metric == "step_times":
+        return [render("step_times", keys=keys)]
+    return [
+        render(
+            "calibration",
+            keys=keys,
+            n_positions=n_positions,
+            score=name,
+            n_bins=n_bins,
+            levels=levels,
+        )
+        for name in scores
+    ]
+
+
+def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
+    """(sort keys, counter columns) of ``metric``'s table."""
+    if metric == "acceptance":
+        return [*keys, "position"], list(ACCEPTANCE_COUNTERS)
+    if metric == "calibration":
+        return [*keys, *CALIBRATION_KEYS], list(CALIBRATION_COUNTERS)
+    return list(keys), list(STEP_TIME_COUNTERS)
+
+
+def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The dtypes of the in-process tables (SQL results carry the engines' own)."""
+    ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n"}
+    floats = {"bin_lo", "bin_hi", "level", "sum_score", "sum_score_sq", "temperature"}
+    floats |= set(STEP_TIME_COUNTERS) - {"n_steps"}
+    out = {}
+    for name in frame.columns:
+        column = frame[name]
+        if name in ints and not column.isna().any():
+            out[name] = column.astype(np.int64)
+        elif name in floats:
+            out[name] = column.astype(np.float64)
+        elif name == "accepted":
+            out[name] = column.astype(bool)
+        else:
+            out[name] = column
+    return pd.DataFrame(out)
+
+
+def aggregate_store(
+    root: Location | Path | str,
+    *,
+    metric: str = "acceptance",
+    by: str | Iterable[str] = ("run_id",),
+    filters: Mapping[str, Any] | None = None,
+    statuses: Iterable[str] = STATUSES,
+    per_request: bool = False,
+    source: str = "steps",
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    n_bins: int = 10,
+    levels: int | None = 1000,
+    match: Iterable[str] = MATCH_COLUMNS,
+    engine: str = "duckdb",
+    threads: int | None = None,
+) -> pd.DataFrame:
+    """Counters of ``metric`` over every run below ``root``, counted by an SQL engine.
+
+    Parameters
+    ----------
+    root
+        A store (a local directory or ``s3://bucket/prefix``, either layout; Spark: the
+        table layout) or one run.
+    metric
+        ``"acceptance"`` (the table of :func:`count_acceptance`), ``"calibration"`` (that
+        of :func:`count_calibration`) or ``"step_times"`` (that of
+        :func:`count_step_times`, for speedup and attribution).
+    by
+        Run columns (run_id, method, n, dataset, ...) and ``request_id`` / ``prompt_id``;
+        ``("dataset", "prompt_id")`` gives the per-prompt counts a regression diff compares.
+    filters
+        ``{run column: value or list}``: runs that do not match are never read.
+    statuses
+        Run statuses to include.
+    per_request
+        Keep (run_id, request_id) in the keys, so bootstrap intervals can be drawn.
+    source
+        Acceptance only: ``"steps"`` counts from the steps table (one row per step, see
+        :func:`count_acceptance_from_steps`), ``"positions"`` from the position rows as
+        :func:`count_acceptance` does. Both give the same counters on a trace that passes
+        ``dsparklab validate``.
+    scores, n_bins, levels
+        Calibration only; as in :func:`count_calibration`. ``levels`` defaults to a
+        1000-cell grid here (AUROC ties within 0.001), None counts exact scores.
+    match
+        Step times only: the run columns pairing a method run with its baseline.
+    engine
+        ``"duckdb"`` (embedded) or ``"spark"`` (``SparkSession.builder.getOrCreate()``:
+        master and settings from Spark's own configuration).
+    threads
+        DuckDB's worker threads (default: the CPU count); Spark sizes itself.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The counter table, summed over runs that share the keys, sorted by them. Runs
+        without the table's rows (target-only baselines for positions, runs imported as
+        counters or totals) contribute nothing, as in the in-process path.
+
+    Notes
+    -----
+    Acceptance, per position :math:`i` (:math:`D, V, A` a step's drafted, verified and
+    accepted counts): drafted :math:`\\#\\{D > i\\}`, reached :math:`R_i = \\#\\{A \\ge i
+    \\wedge \\min(V, D) > i\\}`, accepted :math:`A_i = \\#\\{A > i\\}`; from positions, a row
+    is reached when :math:`i \\le A` and :math:`i < V`. Calibration bins a score :math:`s`
+    (:math:`c_i`, or :math:`\\prod_{j \\le i} c_j` multiplied left to right in float64) at
+    :math:`\\min(\\lfloor s B \\rfloor, B - 1)` and counts rows, :math:`\\sum s` and
+    :math:`\\sum s^2` per bin, level and label. Step times sum :math:`e_k`, :math:`d_k +
+    u_k + o_k`, :math:`d_k` and :math:`u_k` per group.
+    """
+    by = as_columns(by)
+    scores = tuple(scores)
+    filters = dict(filters or {})
+    _check(metric, source, by, filters, scores, engine)
+    keys = metric_keys(metric, by, per_request=per_request, match=match)
+    sort_keys, counters = _layout(metric, keys)
+    runs, every_run = select_runs(root, filters=filters, statuses=statuses)
+    if runs.empty:
+        return pd.DataFrame(columns=[*sort_keys, *counters])
+    n_positions = int(max(runs["n"].max(), 1))
+    texts = metric_queries(
+        metric,
+        keys,
+        n_positions=n_positions,
+        source=source,
+        scores=scores,
+        n_bins=n_bins,
+        levels=levels,
+    )
+    if metric == "acceptance":
+        tables = COUNTERS["acceptance_steps" if source == "steps" else "acceptance"].tables
+    else:
+        tables = COUNTERS[metric].tables
+    with open_engine(
+        engine, root, runs, tables, every_run=every_run, statuses=statuses, threads=threads
+    ) as session:
+        pieces = [session.query(text) for text in texts]
+    pieces = [p for p in pieces if len(p)]
+    if not pieces:
+        return pd.DataFrame(columns=[*sort_keys, *counters])
+    table = _typed(pd.concat(pieces, ignore_index=True), metric)
+    table = table[[*sort_keys, *counters]]
+    return table.sort_values(sort_keys, kind="stable", na_position="last").reset_index(drop=True)

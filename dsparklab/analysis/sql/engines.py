@@ -1,0 +1,331 @@
+"""The engines that run the counting queries: DuckDB (embedded, the default) and Spark.
+
+An engine is opened on a store and a ``runs`` frame (the selected runs, one row each with
+the run columns) and registers the relations :mod:`dsparklab.analysis.sql.queries` reads:
+``runs`` and each table the query needs (``positions``, ``steps``) with its ``run_id``.
+Where the store is in the table layout (``hive_table``: ``<store>/<table>/dataset=.../
+method=.../n=.../run_id=.../part-*.parquet``) both engines read the directory natively,
+the run columns taken from the partition names; otherwise DuckDB reads the store's
+pyarrow dataset (``table_dataset``: either layout, local or ``s3://``). Spark reads the
+table layout only.
+
+- DuckDB: an in-memory connection per call (``threads`` sets its worker threads).
+- Spark: ``SparkSession.builder.getOrCreate()``, so the master and settings come from
+  Spark's own configuration (``spark-defaults.conf``, ``spark-submit``, ``SPARK_MASTER``,
+  or a session the caller built first); the relations live in a ``newSession()`` of it,
+  so concurrent calls do not see each other's views.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.store import hive_table, table_dataset
+from dsparklab.store.layout import is_partitioned, store_of
+from dsparklab.store.location import Location, Where
+from dsparklab.store.reader import part_files
+from dsparklab.store.schema import RUN_COLUMNS, STATUSES, TABLES
+
+# The columns the queries read from each table (run_id comes from the store's partitions).
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "positions": ("request_id", "step", "position", "accepted", "confidence"),
+    "steps": (
+        "request_id",
+        "prompt_id",
+        "step",
+        "num_drafted",
+        "num_verified",
+        "accepted_len",
+        "emitted",
+        "draft_time_s",
+        "verify_time_s",
+        "other_time_s",
+    ),
+}
+RUN_TYPES: dict[str, pa.DataType] = {
+    **dict.fromkeys(RUN_COLUMNS, pa.string()),
+    "n": pa.int64(),
+    "temperature": pa.float64(),
+}
+RUNS_SCHEMA = pa.schema([pa.field(name, RUN_TYPES[name]) for name in RUN_COLUMNS])
+MIGRATE_HINT = "run `dsparklab migrate --layout <store>` to move it into the table layout"
+
+
+def table_schema(table: str) -> pa.Schema:
+    """The relation a query sees for ``table``: ``run_id`` and :data:`TABLE_COLUMNS`."""
+    contract = TABLES[table]
+    fields = [pa.field("run_id", pa.string())]
+    fields += [pa.field(name, contract.field(name).type) for name in TABLE_COLUMNS[table]]
+    return pa.schema(fields)
+
+
+def runs_table(runs: pd.DataFrame) -> pa.Table:
+    """The ``runs`` relation: the run columns of ``runs``, typed."""
+    return pa.Table.from_pandas(
+        runs[list(RUN_COLUMNS)].reset_index(drop=True), schema=RUNS_SCHEMA, preserve_index=False
+    )
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _run_filter(run_ids: Sequence[str]) -> str:
+    """A WHERE clause keeping the rows of ``run_ids`` (the dataset prunes the others' files)."""
+    return f" WHERE run_id IN ({', '.join(_quoted(r) for r in run_ids) or 'NULL'})"
+
+
+class Engine(ABC):
+    """An engine holding the relations of one store; :meth:`query` runs a query text."""
+
+    name: str
+
+    @abstractmethod
+    def query(self, sql: str) -> pd.DataFrame:
+        """The result of ``sql`` as a DataFrame."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop the relations (and the connection, for DuckDB)."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _table_layout(root: Where, runs: pd.DataFrame, table: str) -> Location | None:
+    """``<root>/<table>`` when every run below ``root`` is in the table layout of ``root``.
+
+    :func:`~dsparklab.store.hive_table` for a local store; for an object store (which it
+    leaves to the dataset reader) the same check on the selected runs' paths.
+    """
+    store = Location.of(root)
+    if store.is_local:
+        return hive_table(store, table)
+    paths = [Location.of(p) for p in runs["path"]]
+    if paths and all(is_partitioned(p) and store_of(p) == store for p in paths):
+        return store / table
+    return None
+
+
+def run_parts(runs: pd.DataFrame, table: str) -> list[Location]:
+    """The current parts of ``table`` of each run in ``runs`` (its ``path`` column), as
+    dsparklab's readers list them: finished parts of the generation run.json names."""
+    return [part for path in runs["path"] for part in part_files(Location.of(path), table)]
+
+
+class DuckDBEngine(Engine):
+    """DuckDB in process: the table layout read natively, any other store as a dataset."""
+
+    name = "duckdb"
+
+    def __init__(
+        self,
+        root: Where,
+        runs: pd.DataFrame,
+        tables: Iterable[str],
+        *,
+        every_run: bool = True,
+        statuses: Iterable[str] = STATUSES,
+        threads: int | None = None,
+    ) -> None:
+        import duckdb
+
+        self.con = duckdb.connect()
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        self.con.execute("SET preserve_insertion_order = false")
+        self.con.register("runs", runs_table(runs))
+        for table in tables:
+            if table != "runs":
+                self._register(root, runs, table, every_run, tuple(statuses))
+
+    def _register(
+        self,
+        root: Where,
+        runs: pd.DataFrame,
+        table: str,
+        every_run: bool,
+        statuses: tuple[str, ...],
+    ) -> None:
+        columns = ", ".join(table_schema(table).names)
+        if hive_table(root, table) is not None:
+            # DuckDB's own reader over the parts dsparklab lists (a compaction's other
+            # generation is never read), the run columns from the partition names
+            files = [str(p.local_path()) for p in run_parts(runs, table)]
+            if files:
+                listed = ", ".join(_quoted(f) for f in files)
+                source = (
+                    f"read_parquet([{listed}], hive_partitioning = true, "
+                    "hive_types = {'run_id': VARCHAR})"
+                )
+                self.con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {source}")
+                return
+            self.con.register(f"{table}_parts", table_schema(table).empty_table())
+        else:  # either layout, local or s3://: the store's pyarrow dataset
+            self.con.register(f"{table}_parts", table_dataset(root, table, statuses=statuses))
+        where = "" if every_run else _run_filter(list(runs["run_id"]))
+        self.con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {table}_parts{where}")
+
+    def query(self, sql: str) -> pd.DataFrame:
+        return self.con.sql(sql).to_arrow_table().to_pandas()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class SparkEngine(Engine):
+    """Spark SQL over the table layout, in a new session of the active SparkSession."""
+
+    name = "spark"
+
+    def __init__(
+        self,
+        root: Where,
+        runs: pd.DataFrame,
+        tables: Iterable[str],
+        *,
+        every_run: bool = True,
+        statuses: Iterable[str] = STATUSES,
+        threads: int | None = None,
+    ) -> None:
+        del every_run, statuses, threads  # the runs' own parts are read; Spark sizes itself
+        tables = [t for t in tables if t != "runs"]
+        directories = {t: _table_layout(root, runs, t) for t in tables}
+        for table, directory in directories.items():
+            if directory is None:
+                raise DSparkLabError(
+                    f"engine='spark' reads stores in the table layout only, and the {table} "
+                    f"of {Location.of(root)} are not; {MIGRATE_HINT}"
+                )
+        self.session = _spark_session().newSession()
+        self.views: list[str] = []
+        self._register_runs(runs)
+        for table, directory in directories.items():
+            assert directory is not None
+            self._register(runs, table, directory)
+
+    def _register_runs(self, runs: pd.DataFrame) -> None:
+        arrow = runs_table(runs)
+        rows = [tuple(row[c] for c in arrow.column_names) for row in arrow.to_pylist()]
+        self._view("runs", self.session.createDataFrame(rows, schema=_ddl(RUNS_SCHEMA)))
+
+    def _register(self, runs: pd.DataFrame, table: str, directory: Location) -> None:
+        schema = table_schema(table)
+        files = [_spark_uri(p) for p in run_parts(runs, table)]
+        if files:
+            # the parts dsparklab lists, partitions found below basePath; the partition
+            # keys typed in the schema, so run_id stays a string whatever it looks like
+            reader = self.session.read.schema(_ddl(schema)).option(
+                "basePath", _spark_uri(directory)
+            )
+            frame = reader.parquet(*files)
+        else:  # no selected run wrote this table (e.g. only target-only baselines)
+            frame = self.session.createDataFrame([], schema=_ddl(schema))
+        self._view(table, frame.select(*schema.names))
+
+    def _view(self, name: str, frame: Any) -> None:
+        frame.createOrReplaceTempView(name)
+        self.views.append(name)
+
+    def query(self, sql: str) -> pd.DataFrame:
+        with warnings.catch_warnings():
+            # pyspark 4.3 warns that it does not fully support pandas 3 (toArrow does not
+            # go through pandas)
+            warnings.simplefilter("ignore", FutureWarning)
+            return self.session.sql(sql).toArrow().to_pandas()
+
+    def close(self) -> None:
+        for name in self.views:
+            self.session.catalog.dropTempView(name)
+        self.views = []
+
+
+_SPARK_TYPES = {
+    pa.string(): "STRING",
+    pa.int32(): "INT",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+}
+
+
+def _ddl(schema: pa.Schema) -> str:
+    """A Spark DDL schema string (``name TYPE, ...``) of a flat arrow schema."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
+
+
+def _spark_uri(directory: Location) -> str:
+    """The URI Spark reads ``directory`` by: file:// locally, s3a:// for an S3 store.
+
+    Not percent-encoded: Hadoop's Path escapes the name itself (a partition's ``%2F`` is
+    part of the directory's name)."""
+    if directory.is_local:
+        return f"file://{directory.local_path().resolve()}"
+    return "s3a://" + directory.uri.split("://", 1)[-1]
+
+
+def _spark_session() -> Any:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise DSparkLabError(
+            "engine='spark' needs pyspark: pip install 'dsparklab[spark]' (and a Java runtime)"
+        ) from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return SparkSession.builder.appName("dsparklab").getOrCreate()
+    except Exception as err:  # e.g. no Java: PySparkRuntimeError JAVA_GATEWAY_EXITED
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DSparkLabError(f"could not start Spark: {first}") from err
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {"duckdb": DuckDBEngine, "spark": SparkEngine}
+
+
+def open_engine(
+    name: str,
+    root: Where,
+    runs: pd.DataFrame,
+    tables: Iterable[str],
+    *,
+    every_run: bool = True,
+    statuses: Iterable[str] = STATUSES,
+    threads: int | None = None,
+) -> Engine:
+    """Open engine ``name`` (:data:`ENGINES`) on ``root`` with the ``runs`` relation.
+
+    Parameters
+    ----------
+    name
+        ``"duckdb"`` or ``"spark"``.
+    root
+        The store (a local directory or ``s3://``; Spark: the table layout).
+    runs
+        The selected runs, one row each with the run columns (``list_runs`` rows).
+    tables
+        The relations the queries will read (``positions``, ``steps``, ``runs``).
+    every_run
+        False when ``runs`` leaves out some runs below ``root`` (by status or filter):
+        the others' files are then pruned before a row is read.
+    statuses
+        Run statuses whose rows a dataset-read store includes.
+    threads
+        DuckDB's worker threads (default: DuckDB's, the CPU count).
+    """
+    if name not in ENGINES:
+        raise UnknownMethodError(f"unknown engine {name!r}; valid engines are {sorted(ENGINES)}")
+    return ENGINES[name](
+        root, runs, tables, every_run=every_run, statuses=statuses, threads=threads
+    )

@@ -1,0 +1,293 @@
+"""The counting stage's SQL: one query text per counter, the same text for DuckDB and Spark.
+
+Each counter is a template rendered by :func:`render` into plain SQL that both engines
+accept (no quoted identifiers, no engine-specific functions: ``CAST``, ``CASE``, ``LEAST``,
+``GREATEST``, ``FLOOR``, ``isnan``, ``COALESCE``, ``VALUES``). The queries read three
+relations, which :mod:`dsparklab.analysis.sql.engines` registers:
+
+- ``positions``: the positions table with ``run_id`` (one row per drafted position);
+- ``steps``: the steps table with ``run_id`` (one row per (request, step));
+- ``runs``: one row per selected run with the run columns (``run_id``, ``engine``,
+  ``method``, ``n``, ``target``, ``drafter``, ``tier``, ``temperature``, ``dataset``).
+
+Run columns always come from ``runs`` (an inner join on ``run_id``, which is also what
+selects runs by status and filter); row columns (``request_id``, ``prompt_id``) from the
+tables. Every counter equals the in-process function it names on a trace that passes
+``dsparklab validate`` (integer counts exactly; float sums up to summation order):
+
+=====================  =======================================================
+counter                in-process function
+=====================  =======================================================
+``acceptance_steps``   :func:`~dsparklab.analysis.count_acceptance_from_steps`
+``acceptance``         :func:`~dsparklab.analysis.count_acceptance`
+``calibration``        :func:`~dsparklab.analysis.count_calibration` (one score)
+``step_times``         :func:`~dsparklab.analysis.count_step_times`
+=====================  =======================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dsparklab.errors import DSparkLabError
+
+# Row-level grouping columns besides the run columns, and the relation each comes from in
+# the positions queries (``t``: positions; ``u``: the step, i.e. the steps table's row).
+ROW_COLUMNS = ("request_id", "prompt_id")
+_POSITION_ROW_ALIAS = {"request_id": "t", "prompt_id": "u"}
+NAN = "CAST('NaN' AS DOUBLE)"
+
+# -- acceptance from the steps table -------------------------------------------------------
+# Per step D = num_drafted, L = min(num_verified, D), A = min(accepted_len, L); position i
+# (< D) is drafted, reached iff A >= i and L > i, accepted iff A > i. Steps are first
+# histogrammed by (keys, D, L, A), then the few histogram cells are spread over positions.
+ACCEPTANCE_STEPS = """
+WITH h AS (
+  SELECT {keys}
+    s.num_drafted AS d,
+    LEAST(s.num_verified, s.num_drafted) AS l,
+    LEAST(s.accepted_len, s.num_verified, s.num_drafted) AS a,
+    COUNT(*) AS c
+  FROM steps s JOIN runs r ON s.run_id = r.run_id
+  WHERE s.num_drafted > 0
+  GROUP BY {group}
+    s.num_drafted,
+    LEAST(s.num_verified, s.num_drafted),
+    LEAST(s.accepted_len, s.num_verified, s.num_drafted)
+)
+SELECT {h_keys}
+  g.position AS position,
+  CAST(SUM(h.c) AS BIGINT) AS n_drafted,
+  CAST(SUM(CASE WHEN h.a >= g.position AND h.l > g.position THEN h.c ELSE 0 END) AS BIGINT)
+    AS n_reached,
+  CAST(SUM(CASE WHEN h.a > g.position THEN h.c ELSE 0 END) AS BIGINT) AS n_accepted
+FROM h JOIN (SELECT * FROM (VALUES {grid}) AS p(position)) g ON g.position < h.d
+GROUP BY {h_group} g.position
+"""
+
+# -- per-row quantities from the positions table -------------------------------------------
+# k: per step, the accepted rows (A) and each position's confidence c_0..c_{P-1} (NULL when
+# the row is missing or its confidence is null); u: the step's own steps row (num_verified,
+# prompt_id; NULL where there is none) and the prefix products c_0 * ... * c_j, multiplied
+# left to right in float64 as numpy does; x: one row per position row with
+# reached = position <= A and position < num_verified.
+POSITION_ROWS = """
+WITH k AS (
+  SELECT t.run_id, t.request_id, t.step,
+    SUM(CASE WHEN t.accepted THEN 1 ELSE 0 END) AS a{pivot}
+  FROM positions t JOIN runs r ON t.run_id = r.run_id
+  GROUP BY t.run_id, t.request_id, t.step
+),
+u AS (
+  SELECT k.run_id, k.request_id, k.step, k.a, s.num_verified, s.prompt_id{prefix}
+  FROM k LEFT JOIN steps s
+    ON s.run_id = k.run_id AND s.request_id = k.request_id AND s.step = k.step
+),
+x AS (
+  SELECT {keys}
+    t.position AS position,
+    t.accepted AS accepted,
+    (t.position <= u.a AND (u.num_verified IS NULL OR t.position < u.num_verified)) AS reached,
+    (u.num_verified IS NULL OR t.position < u.num_verified) AS verified,
+    CAST(t.confidence AS DOUBLE) AS confidence,
+    {prefix_score} AS prefix_confidence
+  FROM positions t
+    JOIN u ON t.run_id = u.run_id AND t.request_id = u.request_id AND t.step = u.step
+    JOIN runs r ON t.run_id = r.run_id
+)
+"""
+
+# Acceptance counters per (keys, position) from the position rows (count_acceptance).
+ACCEPTANCE_POSITIONS = (
+    POSITION_ROWS
+    + """
+SELECT {x_keys}
+  x.position AS position,
+  CAST(COUNT(*) AS BIGINT) AS n_drafted,
+  CAST(SUM(CASE WHEN x.reached THEN 1 ELSE 0 END) AS BIGINT) AS n_reached,
+  CAST(SUM(CASE WHEN x.reached AND x.accepted THEN 1 ELSE 0 END) AS BIGINT) AS n_accepted
+FROM x
+GROUP BY {x_group} x.position
+"""
+)
+
+# Calibration counters of one score per (keys, position, bin, level, label)
+# (count_calibration): bin = min(max(floor(s * B), 0), B - 1); level = the exact score or
+# the grid cell floor(s * L) clipped to [0, L - 1], given by its lower edge cell / L.
+CALIBRATION = (
+    POSITION_ROWS
+    + """,
+y AS (
+  SELECT {x_keys}
+    x.position AS position,
+    x.accepted AS accepted,
+    x.{score} AS s,
+    LEAST(GREATEST(CAST(FLOOR(x.{score} * {n_bins}) AS BIGINT), 0), {last_bin}) AS bin,
+    {level_code} AS level_code
+  FROM x
+  WHERE {keep}
+)
+SELECT {y_keys}
+  '{score}' AS score,
+  y.position AS position,
+  y.bin AS bin,
+  CAST(y.bin AS DOUBLE) / {n_bins} AS bin_lo,
+  CAST(y.bin + 1 AS DOUBLE) / {n_bins} AS bin_hi,
+  {level} AS level,
+  y.accepted AS accepted,
+  CAST(COUNT(*) AS BIGINT) AS count,
+  SUM(y.s) AS sum_score,
+  SUM(y.s * y.s) AS sum_score_sq
+FROM y
+GROUP BY {y_group} y.position, y.bin, y.level_code, y.accepted
+"""
+)
+
+# Which rows each score is judged on (calibration.SCORES): the head's output at reached
+# positions; the prefix product at every verified position.
+SCORE_ROWS = {
+    "confidence": "x.reached AND x.confidence IS NOT NULL AND NOT isnan(x.confidence)",
+    "prefix_confidence": (
+        "x.verified AND x.prefix_confidence IS NOT NULL AND NOT isnan(x.prefix_confidence)"
+    ),
+}
+
+# -- step times (count_step_times) ---------------------------------------------------------
+# A step without a verify time makes its group's time sums NaN, a step without emitted its
+# group's token sum; a null (or NaN) draft or other time counts 0.
+_DRAFT, _OTHER = (
+    f"CASE WHEN s.{c} IS NULL OR isnan(s.{c}) THEN 0.0 ELSE s.{c} END"
+    for c in ("draft_time_s", "other_time_s")
+)
+_UNTIMED = "COUNT(s.verify_time_s) < COUNT(*)"
+STEP_TIMES = f"""
+SELECT {{keys}}
+  CAST(COUNT(*) AS BIGINT) AS n_steps,
+  CASE WHEN COUNT(s.emitted) < COUNT(*) THEN {NAN}
+    ELSE CAST(SUM(s.emitted) AS DOUBLE) END AS sum_tokens,
+  CASE WHEN {_UNTIMED} THEN {NAN}
+    ELSE SUM({_DRAFT} + s.verify_time_s + {_OTHER}) END AS sum_time,
+  CASE WHEN {_UNTIMED} THEN {NAN} ELSE SUM({_DRAFT}) END AS sum_draft,
+  CASE WHEN {_UNTIMED} THEN {NAN} ELSE SUM(s.verify_time_s) END AS sum_verify
+FROM steps s JOIN runs r ON s.run_id = r.run_id
+GROUP BY {{group}}
+"""
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One counter: its query template and the relations it reads."""
+
+    name: str
+    template: str
+    tables: tuple[str, ...]
+
+
+COUNTERS: dict[str, Counter] = {
+    "acceptance_steps": Counter("acceptance_steps", ACCEPTANCE_STEPS, ("steps", "runs")),
+    "acceptance": Counter("acceptance", ACCEPTANCE_POSITIONS, ("positions", "steps", "runs")),
+    "calibration": Counter("calibration", CALIBRATION, ("positions", "steps", "runs")),
+    "step_times": Counter("step_times", STEP_TIMES, ("steps", "runs")),
+}
+
+
+def _key_lists(keys: Sequence[str], alias: dict[str, str]) -> tuple[str, str]:
+    """``"a.k AS k, ..."`` and ``"a.k, ..."`` (each with a trailing comma when non-empty)."""
+    exprs = [f"{alias.get(k, 'r')}.{k}" for k in keys]
+    select = "".join(f"{e} AS {k}, " for e, k in zip(exprs, keys, strict=True))
+    return select, "".join(f"{e}, " for e in exprs)
+
+
+def _check_keys(keys: Sequence[str]) -> None:
+    for key in keys:
+        if not key.isidentifier() or key.lower() in {"position", "score", "level", "bin"}:
+            raise DSparkLabError(f"cannot group counters by {key!r}")
+
+
+def render(
+    counter: str,
+    *,
+    keys: Sequence[str] = (),
+    n_positions: int = 1,
+    score: str = "confidence",
+    n_bins: int = 10,
+    levels: int | None = None,
+) -> str:
+    """The SQL text of ``counter`` grouped by ``keys`` (run columns and row columns).
+
+    Parameters
+    ----------
+    counter
+        A name of :data:`COUNTERS`.
+    keys
+        Output key columns: run columns (taken from ``runs``) and ``request_id`` /
+        ``prompt_id`` (from the tables). ``step_times`` needs at least one.
+    n_positions
+        P, the widest window of the selected runs: positions ``0..P-1`` are counted.
+    score, n_bins, levels
+        Calibration only: the score (``confidence`` or ``prefix_confidence``), the number
+        of equal-width bins B and the level grid L (None: the exact score values).
+
+    Returns
+    -------
+    str
+        A query both DuckDB and Spark SQL run as is.
+    """
+    if counter not in COUNTERS:
+        raise DSparkLabError(f"unknown counter {counter!r}; valid counters are {sorted(COUNTERS)}")
+    _check_keys(keys)
+    width = max(int(n_positions), 1)
+    fields: dict[str, object] = {}
+    for alias in ("h", "x", "y"):
+        fields[f"{alias}_keys"], fields[f"{alias}_group"] = _key_lists(
+            keys, dict.fromkeys(keys, alias)
+        )
+    if counter in ("acceptance_steps", "step_times"):
+        fields["keys"], group = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "s"))
+        if counter == "step_times":
+            if not keys:
+                raise DSparkLabError("step_times needs at least one key column")
+            group = group.rstrip(", ")
+        fields["group"] = group
+        fields["grid"] = ", ".join(f"({i})" for i in range(width))
+        return COUNTERS[counter].template.format(**fields)
+    fields["keys"], _ = _key_lists(keys, _POSITION_ROW_ALIAS)
+    fields.update(_pivot(width, counter == "calibration" and score == "prefix_confidence"))
+    if counter == "acceptance":
+        return COUNTERS[counter].template.format(**fields)
+    if score not in SCORE_ROWS:
+        raise DSparkLabError(f"unknown calibration score {score!r}; valid: {sorted(SCORE_ROWS)}")
+    if n_bins < 1:
+        raise DSparkLabError(f"n_bins must be >= 1, got {n_bins}")
+    if levels is not None and levels < 1:
+        raise DSparkLabError(f"levels must be >= 1 or None (exact), got {levels}")
+    if levels is None:  # the exact score is its own level
+        fields["level_code"], fields["level"] = f"x.{score}", "y.level_code"
+    else:
+        cell = f"CAST(FLOOR(x.{score} * {levels}) AS BIGINT)"
+        fields["level_code"] = f"LEAST(GREATEST({cell}, 0), {levels - 1})"
+        fields["level"] = f"CAST(y.level_code AS DOUBLE) / {levels}"
+    return COUNTERS[counter].template.format(
+        **fields, score=score, n_bins=n_bins, last_bin=n_bins - 1, keep=SCORE_ROWS[score]
+    )
+
+
+def _pivot(width: int, wanted: bool) -> dict[str, str]:
+    """The per-step confidence pivot and prefix products over positions ``0..width-1``.
+
+    Only the prefix score needs them; otherwise the prefix column is NULL and unused.
+    """
+    if not wanted:
+        return {"pivot": "", "prefix": "", "prefix_score": "CAST(NULL AS DOUBLE)"}
+    pivot = "".join(
+        f",\n    MAX(CASE WHEN t.position = {i} THEN CAST(t.confidence AS DOUBLE) END) AS c{i}"
+        for i in range(width)
+    )
+    # (((c0 * c1) * c2) ...): SQL multiplies left to right, as numpy's running product
+    products = ["k.c0"]
+    for i in range(1, width):
+        products.append(f"{products[-1]} * k.c{i}")
+    prefix = "".join(f",\n    {p} AS pp{i}" for i, p in enumerate(products))
+    cases = " ".join(f"WHEN {i} THEN u.pp{i}" for i in range(width))
+    return {"pivot": pivot, "prefix": prefix, "prefix_score": f"CASE t.position {cases} END"}
