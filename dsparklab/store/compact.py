@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -203,6 +202,6 @@ def _remove_moved(run: Location, store: Location) -> None:
     """Delete a run moved out of the old layout, and the directories it leaves empty."""
     run.delete()
     parent = run.parent
-    while parent.is_local and parent != store and not any(Path(parent.path).iterdir()):
-        Path(parent.path).rmdir()
+    while parent != store and parent.is_dir() and not parent.walk_files():
+        parent.delete()
         parent = parent.parent

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.store import POSITIONS_SCHEMA, STEPS_SCHEMA, TraceWriter, new_run_json
+from dsparklab.store.location import Location
 
 TARGET = "tiny-target"
 # rate [S, n] (per-position acceptance probability), rng -> the confidence head's output [S, n]
@@ -186,9 +187,10 @@ def concat(*runs: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     return positions, steps
 
 
-def write_run(root: Path, run: Run) -> Path:
-    """Write ``run`` through the real TraceWriter; returns the run directory."""
-    run_dir = Path(root) / run.meta["run_id"]
+def write_run(root: Path | str, run: Run) -> Location:
+    """Write ``run`` through the real TraceWriter below ``root`` (a directory or s3://);
+    returns the run directory."""
+    run_dir = Location.of(root) / run.meta["run_id"]
     step_cols = [f.name for f in STEPS_SCHEMA]
     pos_cols = [f.name for f in POSITIONS_SCHEMA]
     with TraceWriter(run_dir, run.meta, flush_rows=997) as writer:
