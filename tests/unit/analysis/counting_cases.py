@@ -7,6 +7,8 @@ written here holds, through the real ``TraceWriter``:
 - DSpark at n = 3 with an informative head and some null confidences, under run ids with
   ``/`` (escaped in the table layout's partition names);
 - DSpark at n = 4 verifying adaptively (``num_verified < num_drafted``), another dataset;
+- DSpark at n = 7 accepting long prefixes (prefix products of up to 7 float32 factors,
+  whose rounding depends on the order they are multiplied in);
 - Eagle3 at n = 4 (no confidence head: every confidence null), with steps missing their
   verify time and steps whose output was cut (``emitted < accepted_len + 1``);
 - the target-only baseline (steps, no positions);
@@ -78,6 +80,15 @@ def token_runs() -> list[Run]:
         confidence=noisy_confidence(0.15),
         num_verified=lambda d, g: np.where(g.random(len(d)) < 0.4, d, g.integers(1, 4, len(d))),
     )
+    ds7 = build_run(
+        run_id="ref/mtbench/dspark-n7",
+        n=7,
+        dataset="mtbench",
+        accept=[0.95, 0.9, 0.9, 0.85, 0.85, 0.8, 0.8],
+        n_requests=6,
+        seed=18,
+        confidence=noisy_confidence(0.1),
+    )
     e4 = build_run(
         run_id="ref/gsm8k/eagle3-n4", method="eagle3", n=4, accept=0.6, n_requests=8, seed=13
     )
@@ -88,6 +99,7 @@ def token_runs() -> list[Run]:
     return [
         _null_some_confidence(ds3, 0.1, 21),
         ada,
+        ds7,
         _untimed_and_cut(e4, 22),
         base,
         base_he,

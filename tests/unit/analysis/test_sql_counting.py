@@ -1,0 +1,166 @@
+"""The SQL counting stage on DuckDB equals the in-process counters on every store shape.
+
+One store holds every shape the contract allows (counting_cases.py); it is read in the
+layout TraceWriter wrote (DuckDB scans the store's pyarrow dataset) and compacted into the
+table layout (DuckDB reads the partitions natively). Spark runs the same query texts in
+tests/spark; DuckDB over an S3 store in tests/fleet/test_counting_on_s3.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from counting_cases import CASES, Case, assert_same_counts, in_process, write_store
+
+from dsparklab.analysis import acceptance_stats, aggregate_store, compute_regression_diff
+from dsparklab.analysis.sql import COUNTERS, open_engine, render, select_runs
+from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.store import hive_table, read_trace
+from dsparklab.store.compact import compact_store
+
+IMPORTED = ["import/vllm-bench/gsm8k", "import/sglang/gsm8k"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    written = write_store(str(tmp_path_factory.mktemp("written")))
+    table = tmp_path_factory.mktemp("table")
+    compact_store(written, out=table)
+    return {"written": written, "table": str(table)}
+
+
+@pytest.fixture(scope="module")
+def expected(stores: dict[str, str]) -> dict[str, pd.DataFrame]:
+    return {case.name: in_process(stores["written"], case) for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_duckdb_counts_equal_the_in_process_counts(
+    stores: dict[str, str], expected: dict[str, pd.DataFrame], case: Case
+) -> None:
+    for layout, root in stores.items():
+        got = aggregate_store(root, **case.store_args())
+        assert_same_counts(got, expected[case.name], what=f"{layout}: {case.name}")
+
+
+def test_the_table_layout_is_read_natively(stores: dict[str, str]) -> None:
+    """DuckDB's own parquet reader over the partitions; the written layout as a dataset."""
+    for layout, native in (("table", True), ("written", False)):
+        root = stores[layout]
+        assert (hive_table(root, "positions") is not None) == native
+        runs, every = select_runs(root)
+        with open_engine("duckdb", root, runs, COUNTERS["acceptance"].tables) as engine:
+            views = engine.query("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal")
+        sql = dict(zip(views["view_name"], views["sql"], strict=True))
+        assert {"positions", "steps"} <= set(sql)
+        assert ("read_parquet" in sql["positions"]) == native, sql
+        # run ids hold '/', escaped in the partition names: read back unescaped
+        with open_engine("duckdb", root, runs, ("positions",)) as engine:
+            ids = set(engine.query("SELECT DISTINCT run_id FROM positions")["run_id"])
+        assert ids == set(read_trace(root, "positions")["run_id"]), ids
+
+
+def test_runs_selected_by_status_and_filter(stores: dict[str, str]) -> None:
+    written = stores["written"]
+    statuses = ("complete",)
+    filters = {"method": ["dspark", "eagle3"], "dataset": "gsm8k"}
+    positions = read_trace(written, "positions", statuses=statuses, filters=filters)
+    steps = read_trace(written, "steps", statuses=statuses, filters=filters)
+    assert "ref/gsm8k/dspark-n3-crashed" not in set(steps["run_id"])  # failed: left out
+    from dsparklab.analysis import count_acceptance, count_calibration
+
+    for root in stores.values():
+        got = aggregate_store(
+            root, by="run_id", statuses=statuses, filters=filters, source="positions"
+        )
+        want = count_acceptance(positions, steps=steps, by="run_id", per_request=False)
+        assert_same_counts(got, want, what=f"acceptance {root}")
+        got = aggregate_store(
+            root, metric="calibration", by="n", statuses=statuses, filters=filters, levels=None
+        )
+        want = count_calibration(positions, steps=steps, by="n", levels=None)
+        assert_same_counts(got, want, what=f"calibration {root}")
+
+
+def test_runs_without_the_rows_contribute_nothing(stores: dict[str, str]) -> None:
+    """Imported aggregate and request counters hold no steps or positions; a step-granularity
+    run counts from its steps only; baselines draft nothing."""
+    for root in stores.values():
+        for metric in ("acceptance", "calibration", "step_times"):
+            for source in ("steps", "positions"):
+                only = aggregate_store(
+                    root, metric=metric, source=source, filters={"run_id": IMPORTED}
+                )
+                assert only.empty, (root, metric, source, only)
+        stepwise = {"run_id": "import/vllm/steps"}
+        assert len(aggregate_store(root, filters=stepwise)) == 3  # positions 0..2
+        assert aggregate_store(root, filters=stepwise, source="positions").empty
+        baselines = {"method": "none"}
+        assert aggregate_store(root, filters=baselines).empty
+        assert len(aggregate_store(root, metric="step_times", filters=baselines)) == 2
+
+
+def test_per_prompt_counts_are_what_the_regression_diff_compares(stores: dict[str, str]) -> None:
+    """compute_regression_diff(level="prompt") compares each prompt's AL over its reached
+    rows: the same number as AL from the per-prompt acceptance counts."""
+    written = stores["written"]
+    sides = {"base": {"method": "eagle3", "n": 4}, "new": {"method": "dspark", "n": 3}}
+    frames = {
+        side: (read_trace(written, "positions", filters=f), read_trace(written, "steps", filters=f))
+        for side, f in sides.items()
+    }
+    diff = compute_regression_diff(
+        frames["base"][0],
+        frames["new"][0],
+        base_steps=frames["base"][1],
+        new_steps=frames["new"][1],
+        level="prompt",
+        n_boot=0,
+    ).set_index(["dataset", "prompt_id"])
+    for side, selection in sides.items():
+        counts = aggregate_store(
+            stores["table"], by=("dataset", "prompt_id"), filters=selection, source="positions"
+        )
+        for (dataset, prompt), cells in counts.groupby(["dataset", "prompt_id"]):
+            reached = np.zeros(5)
+            accepted = np.zeros(5)
+            reached[cells["position"]] = cells["n_reached"]
+            accepted[cells["position"]] = cells["n_accepted"]
+            (length,) = acceptance_stats(reached[None], accepted[None])[2]
+            assert diff.loc[(dataset, prompt), side] == pytest.approx(length), (side, prompt)
+
+
+def test_one_query_text_per_counter() -> None:
+    """The texts name only the three relations and plain SQL both engines parse."""
+    for name in COUNTERS:
+        text = render(name, keys=("method", "n", "request_id"), n_positions=4)
+        assert "FROM runs" not in text and "JOIN runs r" in text
+        assert '"' not in text and "`" not in text and "::" not in text
+    text = render("calibration", keys=(), n_positions=3, score="prefix_confidence", levels=None)
+    # the prefix product multiplied left to right, as numpy's running product
+    assert "k.c0 * k.c1 * k.c2 AS pp2" in text
+    with pytest.raises(DSparkLabError, match="step_times needs"):
+        render("step_times", keys=())
+
+
+def test_spark_needs_the_table_layout(stores: dict[str, str]) -> None:
+    """Checked before any Spark session starts: a one-line error naming the command."""
+    with pytest.raises(DSparkLabError, match=r"migrate --layout") as err:
+        aggregate_store(stores["written"], engine="spark")
+    assert "\n" not in str(err.value)
+    with pytest.raises(UnknownMethodError, match="valid engines are"):
+        aggregate_store(stores["table"], engine="polars")
+
+
+def test_an_empty_selection_is_an_empty_table(stores: dict[str, str]) -> None:
+    for root in stores.values():
+        empty = aggregate_store(root, metric="step_times", filters={"method": "medusa"})
+        assert empty.empty
+        assert list(empty.columns)[-5:] == [
+            "n_steps",
+            "sum_tokens",
+            "sum_time",
+            "sum_draft",
+            "sum_verify",
+        ]
