@@ -1,0 +1,54 @@
+"""The SQL counting stage on Spark local[2]: every counter equals the in-process path's and
+DuckDB's, on the store of every shape (counting_cases.py) in the table layout.
+
+One module, one store fixture, one Spark session: each query is a few seconds of Spark.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from counting_cases import CASES, assert_same_counts, in_process, write_store
+
+from dsparklab.analysis import aggregate_store, count_acceptance, count_calibration
+from dsparklab.store import hive_table, read_trace
+from dsparklab.store.compact import compact_store
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The store as TraceWriter wrote it, and compacted into the table layout in files of
+    at most 40 rows (several parts per partition, as a writer's flushes leave them)."""
+    written = write_store(str(tmp_path_factory.mktemp("written")))
+    table = tmp_path_factory.mktemp("table")
+    compact_store(written, out=table, file_rows=40, row_group_rows=16)
+    assert hive_table(table, "positions") is not None
+    return {"written": written, "table": str(table)}
+
+
+def test_spark_counts_equal_the_in_process_and_duckdb_counts(
+    spark: object, stores: dict[str, str]
+) -> None:
+    for case in CASES:
+        want = in_process(stores["written"], case)
+        on_spark = aggregate_store(stores["table"], engine="spark", **case.store_args())
+        assert_same_counts(on_spark, want, what=f"spark: {case.name}")
+        on_duckdb = aggregate_store(stores["table"], **case.store_args())
+        assert_same_counts(on_duckdb, want, what=f"duckdb: {case.name}")
+
+
+def test_spark_reads_only_the_selected_runs(spark: object, stores: dict[str, str]) -> None:
+    statuses = ("complete",)
+    filters = {"method": ["dspark", "eagle3"], "dataset": ["gsm8k", "humaneval"]}
+    positions = read_trace(stores["written"], "positions", statuses=statuses, filters=filters)
+    steps = read_trace(stores["written"], "steps", statuses=statuses, filters=filters)
+    options = {"statuses": statuses, "filters": filters, "engine": "spark"}
+    got = aggregate_store(stores["table"], by="run_id", source="positions", **options)
+    want = count_acceptance(positions, steps=steps, by="run_id", per_request=False)
+    assert_same_counts(got, want, what="acceptance")
+    assert "ref/gsm8k/dspark-n3-crashed" not in set(got["run_id"])
+    got = aggregate_store(stores["table"], metric="calibration", by="n", levels=None, **options)
+    want = count_calibration(positions, steps=steps, by="n", levels=None)
+    assert_same_counts(got, want, what="calibration")
+    empty = aggregate_store(stores["table"], filters={"method": "medusa"}, engine="spark")
+    assert isinstance(empty, pd.DataFrame) and empty.empty
