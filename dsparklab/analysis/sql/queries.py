@@ -35,7 +35,8 @@ from dsparklab.errors import DSparkLabError
 # Row-level grouping columns besides the run columns, and the relation each comes from in
 # the positions queries (``t``: positions; ``u``: the step, i.e. the steps table's row).
 ROW_COLUMNS = ("request_id", "prompt_id")
-_POSITION_ROW_ALIAS = {"request_id": "t", "prompt_id": "u"}
+_POSITION_ROW_ALIAS = {"request_id": "t", "prompt_id": "s"}
+_PREFIX_ROW_ALIAS = {"request_id": "u", "prompt_id": "u"}
 NAN = "CAST('NaN' AS DOUBLE)"
 
 # -- acceptance from the steps table -------------------------------------------------------
@@ -67,34 +68,52 @@ GROUP BY {h_group} g.position
 """
 
 # -- per-row quantities from the positions table -------------------------------------------
-# k: per step, the accepted rows (A) and each position's confidence c_0..c_{P-1} (NULL when
-# the row is missing or its confidence is null); u: the step's own steps row (num_verified,
-# prompt_id; NULL where there is none) and the prefix products c_0 * ... * c_j, multiplied
-# left to right in float64 as numpy does; x: one row per position row with
-# reached = position <= A and position < num_verified.
+# x: one row per position row, joined to its step's row of the steps table (accepted_len A,
+# num_verified V, prompt_id): reached = position <= A and position < V. A is the step's
+# accepted rows on any trace that passes validate (its invariant accepted_len = accepted
+# positions), so no per-step count of the positions is needed; a position row without a
+# steps row (which validate rejects, and TraceWriter never leaves) counts as drafted only.
 POSITION_ROWS = """
+WITH x AS (
+  SELECT {keys}
+    t.position AS position,
+    t.accepted AS accepted,
+    COALESCE(t.position <= s.accepted_len AND t.position < s.num_verified, FALSE) AS reached,
+    CAST(t.confidence AS DOUBLE) AS confidence
+  FROM positions t
+    LEFT JOIN steps s
+      ON s.run_id = t.run_id AND s.request_id = t.request_id AND s.step = t.step
+    JOIN runs r ON t.run_id = r.run_id
+)
+"""
+
+# The prefix score needs every earlier position of the row's step, so the rows are
+# pivoted per step rather than joined back: k holds each step's confidences c_0..c_{P-1}
+# (NULL where the row is missing or its confidence is null) and labels a_0..a_{P-1} (NULL
+# where the row is missing); u joins the step's steps row (num_verified, prompt_id; NULL
+# where there is none) and multiplies the prefix products c_0 * ... * c_j left to right in
+# float64, as numpy's running product does; x unpivots one row per position row present,
+# verified = position < num_verified (or no steps row).
+PREFIX_ROWS = """
 WITH k AS (
-  SELECT t.run_id, t.request_id, t.step,
-    SUM(CASE WHEN t.accepted THEN 1 ELSE 0 END) AS a{pivot}
-  FROM positions t JOIN runs r ON t.run_id = r.run_id
+  SELECT t.run_id, t.request_id, t.step{pivot}
+  FROM positions t
   GROUP BY t.run_id, t.request_id, t.step
 ),
 u AS (
-  SELECT k.run_id, k.request_id, k.step, k.a, s.num_verified, s.prompt_id{prefix}
+  SELECT k.run_id, k.request_id, k.step, s.num_verified, s.prompt_id{labels}{prefix}
   FROM k LEFT JOIN steps s
     ON s.run_id = k.run_id AND s.request_id = k.request_id AND s.step = k.step
 ),
 x AS (
   SELECT {keys}
-    t.position AS position,
-    t.accepted AS accepted,
-    (t.position <= u.a AND (u.num_verified IS NULL OR t.position < u.num_verified)) AS reached,
-    (u.num_verified IS NULL OR t.position < u.num_verified) AS verified,
-    CAST(t.confidence AS DOUBLE) AS confidence,
+    g.position AS position,
+    {label} = 1 AS accepted,
+    (u.num_verified IS NULL OR g.position < u.num_verified) AS verified,
     {prefix_score} AS prefix_confidence
-  FROM positions t
-    JOIN u ON t.run_id = u.run_id AND t.request_id = u.request_id AND t.step = u.step
-    JOIN runs r ON t.run_id = r.run_id
+  FROM u JOIN runs r ON u.run_id = r.run_id
+    CROSS JOIN (SELECT * FROM (VALUES {grid}) AS p(position)) g
+  WHERE {label} IS NOT NULL
 )
 """
 
@@ -115,9 +134,7 @@ GROUP BY {x_group} x.position
 # Calibration counters of one score per (keys, position, bin, level, label)
 # (count_calibration): bin = min(max(floor(s * B), 0), B - 1); level = the exact score or
 # the grid cell floor(s * L) clipped to [0, L - 1], given by its lower edge cell / L.
-CALIBRATION = (
-    POSITION_ROWS
-    + """,
+CALIBRATION_COUNTS = """,
 y AS (
   SELECT {x_keys}
     x.position AS position,
@@ -142,7 +159,8 @@ SELECT {y_keys}
 FROM y
 GROUP BY {y_group} y.position, y.bin, y.level_code, y.accepted
 """
-)
+CALIBRATION = POSITION_ROWS + CALIBRATION_COUNTS
+PREFIX_CALIBRATION = PREFIX_ROWS + CALIBRATION_COUNTS
 
 # Which rows each score is judged on (calibration.SCORES): the head's output at reached
 # positions; the prefix product at every verified position.
@@ -250,10 +268,13 @@ def render(
                 raise DSparkLabError("step_times needs at least one key column")
             group = group.rstrip(", ")
         fields["group"] = group
-        fields["grid"] = ", ".join(f"({i})" for i in range(width))
+        fields["grid"] = _grid(width)
         return COUNTERS[counter].template.format(**fields)
-    fields["keys"], _ = _key_lists(keys, _POSITION_ROW_ALIAS)
-    fields.update(_pivot(width, counter == "calibration" and score == "prefix_confidence"))
+    prefix = counter == "calibration" and score == "prefix_confidence"
+    alias = _PREFIX_ROW_ALIAS if prefix else _POSITION_ROW_ALIAS
+    fields["keys"], _ = _key_lists(keys, alias)
+    if prefix:
+        fields.update(_pivot(width))
     if counter == "acceptance":
         return COUNTERS[counter].template.format(**fields)
     if score not in SCORE_ROWS:
@@ -268,26 +289,42 @@ def render(
         cell = f"CAST(FLOOR(x.{score} * {levels}) AS BIGINT)"
         fields["level_code"] = f"LEAST(GREATEST({cell}, 0), {levels - 1})"
         fields["level"] = f"CAST(y.level_code AS DOUBLE) / {levels}"
-    return COUNTERS[counter].template.format(
+    template = PREFIX_CALIBRATION if prefix else CALIBRATION
+    return template.format(
         **fields, score=score, n_bins=n_bins, last_bin=n_bins - 1, keep=SCORE_ROWS[score]
     )
 
 
-def _pivot(width: int, wanted: bool) -> dict[str, str]:
-    """The per-step confidence pivot and prefix products over positions ``0..width-1``.
-
-    Only the prefix score needs them; otherwise the prefix column is NULL and unused.
-    """
-    if not wanted:
-        return {"pivot": "", "prefix": "", "prefix_score": "CAST(NULL AS DOUBLE)"}
+def _pivot(width: int) -> dict[str, str]:
+    """The per-step pivot of confidences and labels over positions ``0..width-1``, the
+    prefix products, and each unpivoted row's label and prefix score."""
     pivot = "".join(
         f",\n    MAX(CASE WHEN t.position = {i} THEN CAST(t.confidence AS DOUBLE) END) AS c{i}"
+        f",\n    MAX(CASE WHEN t.position = {i} THEN CASE WHEN t.accepted THEN 1 ELSE 0 END END)"
+        f" AS a{i}"
         for i in range(width)
     )
+    labels = "".join(f", k.a{i}" for i in range(width))
     # (((c0 * c1) * c2) ...): SQL multiplies left to right, as numpy's running product
     products = ["k.c0"]
     for i in range(1, width):
         products.append(f"{products[-1]} * k.c{i}")
     prefix = "".join(f",\n    {p} AS pp{i}" for i, p in enumerate(products))
-    cases = " ".join(f"WHEN {i} THEN u.pp{i}" for i in range(width))
-    return {"pivot": pivot, "prefix": prefix, "prefix_score": f"CASE t.position {cases} END"}
+
+    def at(column: str) -> str:
+        cases = " ".join(f"WHEN {i} THEN u.{column}{i}" for i in range(width))
+        return f"CASE g.position {cases} END"
+
+    return {
+        "pivot": pivot,
+        "labels": labels,
+        "prefix": prefix,
+        "label": at("a"),
+        "prefix_score": at("pp"),
+        "grid": _grid(width),
+    }
+
+
+def _grid(width: int) -> str:
+    """``(0), (1), ..., (width - 1)``: the positions a VALUES list spreads rows over."""
+    return ", ".join(f"({i})" for i in range(width))
