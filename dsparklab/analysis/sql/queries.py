@@ -257,9 +257,9 @@ def render(
     _check_keys(keys)
     width = max(int(n_positions), 1)
     fields: dict[str, object] = {}
-    for alias in ("h", "x", "y"):
-        fields[f"{alias}_keys"], fields[f"{alias}_group"] = _key_lists(
-            keys, dict.fromkeys(keys, alias)
+    for name in ("h", "x", "y"):
+        fields[f"{name}_keys"], fields[f"{name}_group"] = _key_lists(
+            keys, dict.fromkeys(keys, name)
         )
     if counter in ("acceptance_steps", "step_times"):
         fields["keys"], group = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "s"))
@@ -271,8 +271,7 @@ def render(
         fields["grid"] = _grid(width)
         return COUNTERS[counter].template.format(**fields)
     prefix = counter == "calibration" and score == "prefix_confidence"
-    alias = _PREFIX_ROW_ALIAS if prefix else _POSITION_ROW_ALIAS
-    fields["keys"], _ = _key_lists(keys, alias)
+    fields["keys"], _ = _key_lists(keys, _PREFIX_ROW_ALIAS if prefix else _POSITION_ROW_ALIAS)
     if prefix:
         fields.update(_pivot(width))
     if counter == "acceptance":
