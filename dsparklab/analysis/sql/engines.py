@@ -11,9 +11,10 @@ table layout only.
 
 - DuckDB: an in-memory connection per call (``threads`` sets its worker threads).
 - Spark: ``SparkSession.builder.getOrCreate()``, so the master and settings come from
-  Spark's own configuration (``spark-defaults.conf``, ``spark-submit``, ``SPARK_MASTER``,
-  or a session the caller built first); the relations live in a ``newSession()`` of it,
-  so concurrent calls do not see each other's views.
+  Spark's own configuration (``$SPARK_CONF_DIR/spark-defaults.conf``, ``spark-submit
+  --master``, ``PYSPARK_SUBMIT_ARGS``, the ``MASTER`` variable spark-submit reads, or a
+  session the caller built first); the relations live in a ``newSession()`` of it, so
+  concurrent calls do not see each other's views.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ RUN_TYPES: dict[str, pa.DataType] = {
     "temperature": pa.float64(),
 }
 RUNS_SCHEMA = pa.schema([pa.field(name, RUN_TYPES[name]) for name in RUN_COLUMNS])
-MIGRATE_HINT = "run `dsparklab migrate --layout <store>` to move it into the table layout"
 
 
 def table_schema(table: str) -> pa.Schema:
@@ -201,13 +201,17 @@ class SparkEngine(Engine):
         del every_run, statuses, threads  # the runs' own parts are read; Spark sizes itself
         tables = [t for t in tables if t != "runs"]
         directories = {t: _table_layout(root, runs, t) for t in tables}
-        for table, directory in directories.items():
-            if directory is None:
-                raise DSparkLabError(
-                    f"engine='spark' reads stores in the table layout only, and the {table} "
-                    f"of {Location.of(root)} are not; {MIGRATE_HINT}"
-                )
-        self.session = _spark_session().newSession()
+        if any(directory is None for directory in directories.values()):
+            store = Location.of(root)
+            raise DSparkLabError(
+                f"engine='spark' reads stores in the table layout only, and not every run "
+                f"below {store} is in it; run `dsparklab compact {store}` to move them there"
+            )
+        active = _spark_session()
+        try:
+            self.session = active.newSession()
+        except NotImplementedError:  # Spark Connect: a client's session is its own already
+            self.session = active
         self.views: list[str] = []
         self._register_runs(runs)
         for table, directory in directories.items():

@@ -148,7 +148,7 @@ def test_one_query_text_per_counter() -> None:
 
 def test_spark_needs_the_table_layout(stores: dict[str, str]) -> None:
     """Checked before any Spark session starts: a one-line error naming the command."""
-    with pytest.raises(DSparkLabError, match=r"migrate --layout") as err:
+    with pytest.raises(DSparkLabError, match=r"run `dsparklab compact ") as err:
         aggregate_store(stores["written"], engine="spark")
     assert "\n" not in str(err.value)
     with pytest.raises(UnknownMethodError, match="valid engines are"):
