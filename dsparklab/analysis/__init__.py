@@ -1,8 +1,10 @@
 """Analysis: pure functions from trace DataFrames to tidy DataFrames (no plotting, no I/O).
 
 Every metric is finished from counters (sum/total pairs) that merge by addition; the
-counters come from the in-memory tables (``count_*``) or straight from a store on disk
-(:func:`aggregate_store`, the one function here that reads files). Runs without
+counters come from the in-memory tables (``count_*``) or straight from a store on disk or
+``s3://`` (:func:`aggregate_store`, the one function here that reads files: the counting
+stage, one SQL text per counter run by DuckDB or Spark, :mod:`dsparklab.analysis.sql`,
+giving the ``count_*`` table of the same rows). Runs without
 token-level rows (imported or scraped live) are read through the ``*_any`` functions and
 :func:`compute_coverage`, which says what each run cannot show; the conversions between
 every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
