@@ -188,6 +188,7 @@ def aggregate_store(
     match: Iterable[str] = MATCH_COLUMNS,
     engine: str = "duckdb",
     threads: int | None = None,
+    memory_limit: str | None = None,
 ) -> pd.DataFrame:
     """Counters of ``metric`` over every run below ``root``, counted by an SQL engine.
 
@@ -222,8 +223,10 @@ def aggregate_store(
     engine
         ``"duckdb"`` (embedded) or ``"spark"`` (``SparkSession.builder.getOrCreate()``:
         master and settings from Spark's own configuration).
-    threads
-        DuckDB's worker threads (default: the CPU count); Spark sizes itself.
+    threads, memory_limit
+        DuckDB's worker threads (default: the CPU count) and memory limit (e.g. ``"3GB"``;
+        default: DuckDB's, 80 % of RAM), past which it spills to disk; Spark sizes itself
+        from its own configuration.
 
     Returns
     -------
@@ -267,7 +270,14 @@ def aggregate_store(
     else:
         tables = COUNTERS[metric].tables
     with open_engine(
-        engine, root, runs, tables, every_run=every_run, statuses=statuses, threads=threads
+        engine,
+        root,
+        runs,
+        tables,
+        every_run=every_run,
+        statuses=statuses,
+        threads=threads,
+        memory_limit=memory_limit,
     ) as session:
         pieces = [session.query(text) for text in texts]
     pieces = [p for p in pieces if len(p)]

@@ -9,7 +9,9 @@ the run columns taken from the partition names; otherwise DuckDB reads the store
 pyarrow dataset (``table_dataset``: either layout, local or ``s3://``). Spark reads the
 table layout only.
 
-- DuckDB: an in-memory connection per call (``threads`` sets its worker threads).
+- DuckDB: an in-memory connection per call (``threads`` sets its worker threads,
+  ``memory_limit`` the memory past which its joins and aggregates spill to a temporary
+  directory of the system's, removed at close).
 - Spark: ``SparkSession.builder.getOrCreate()``, so the master and settings come from
   Spark's own configuration (``$SPARK_CONF_DIR/spark-defaults.conf``, ``spark-submit
   --master``, ``PYSPARK_SUBMIT_ARGS``, the ``MASTER`` variable spark-submit reads, or a
@@ -19,6 +21,8 @@ table layout only.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
@@ -137,12 +141,18 @@ class DuckDBEngine(Engine):
         every_run: bool = True,
         statuses: Iterable[str] = STATUSES,
         threads: int | None = None,
+        memory_limit: str | None = None,
     ) -> None:
         import duckdb
 
         self.con = duckdb.connect()
+        # spills go below the system's temporary directory, not ./.tmp (DuckDB's default)
+        self.scratch = tempfile.mkdtemp(prefix="dsparklab-duckdb-")
+        self.con.execute(f"SET temp_directory = {_quoted(self.scratch)}")
         if threads:
             self.con.execute(f"SET threads = {int(threads)}")
+        if memory_limit:
+            self.con.execute(f"SET memory_limit = {_quoted(memory_limit)}")
         self.con.execute("SET preserve_insertion_order = false")
         self.con.register("runs", runs_table(runs))
         for table in tables:
@@ -181,6 +191,7 @@ class DuckDBEngine(Engine):
 
     def close(self) -> None:
         self.con.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class SparkEngine(Engine):
@@ -197,8 +208,10 @@ class SparkEngine(Engine):
         every_run: bool = True,
         statuses: Iterable[str] = STATUSES,
         threads: int | None = None,
+        memory_limit: str | None = None,
     ) -> None:
-        del every_run, statuses, threads  # the runs' own parts are read; Spark sizes itself
+        # the runs' own parts are read; Spark sizes itself from its configuration
+        del every_run, statuses, threads, memory_limit
         tables = [t for t in tables if t != "runs"]
         directories = {t: _table_layout(root, runs, t) for t in tables}
         if any(directory is None for directory in directories.values()):
@@ -307,6 +320,7 @@ def open_engine(
     every_run: bool = True,
     statuses: Iterable[str] = STATUSES,
     threads: int | None = None,
+    memory_limit: str | None = None,
 ) -> Engine:
     """Open engine ``name`` (:data:`ENGINES`) on ``root`` with the ``runs`` relation.
 
@@ -327,9 +341,18 @@ def open_engine(
         Run statuses whose rows a dataset-read store includes.
     threads
         DuckDB's worker threads (default: DuckDB's, the CPU count).
+    memory_limit
+        DuckDB's memory limit, e.g. ``"3GB"`` (default: DuckDB's, 80 % of RAM); past it
+        joins and aggregates spill to disk.
     """
     if name not in ENGINES:
         raise UnknownMethodError(f"unknown engine {name!r}; valid engines are {sorted(ENGINES)}")
     return ENGINES[name](
-        root, runs, tables, every_run=every_run, statuses=statuses, threads=threads
+        root,
+        runs,
+        tables,
+        every_run=every_run,
+        statuses=statuses,
+        threads=threads,
+        memory_limit=memory_limit,
     )

@@ -9,6 +9,7 @@ tests/spark; DuckDB over an S3 store in tests/fleet/test_counting_on_s3.py.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -186,3 +187,18 @@ def test_only_the_generation_run_json_names_is_counted(
                 aggregate_store(stores["table"], **case.store_args()),
                 what=case.name,
             )
+
+
+def test_duckdb_settings_change_no_count(
+    stores: dict[str, str],
+    expected: dict[str, pd.DataFrame],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One thread and a memory limit (past which DuckDB spills, below the system's temporary
+    directory rather than the working directory's .tmp) give the same counters."""
+    monkeypatch.chdir(tmp_path)
+    case = next(c for c in CASES if c.name == "calibration/exact/run")
+    got = aggregate_store(stores["table"], threads=1, memory_limit="64MB", **case.store_args())
+    assert_same_counts(got, expected[case.name], what=case.name)
+    assert not list(tmp_path.iterdir())
