@@ -20,6 +20,7 @@ written here holds, through the real ``TraceWriter``:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +107,22 @@ def token_runs() -> list[Run]:
     ]
 
 
+def _writer(root: str, meta: Mapping[str, Any], **options: Any) -> TraceWriter:
+    """A TraceWriter of ``meta``'s run into the store ``root``.
+
+    TraceWriter is moving from one directory per run (its first argument the run's
+    directory) to the table layout (its first argument the store): either way the run
+    lands below ``root``.
+    """
+    if "store" in inspect.signature(TraceWriter).parameters:
+        return TraceWriter(root, meta, **options)
+    return TraceWriter(f"{root}/{meta['run_id']}", meta, **options)
+
+
 def _write_rows(root: str, run: Run, *, status: str = "complete") -> None:
     step_cols = [f.name for f in STEPS_SCHEMA]
     pos_cols = [f.name for f in POSITIONS_SCHEMA]
-    writer = TraceWriter(f"{root}/{run.meta['run_id']}", run.meta, flush_rows=97)
+    writer = _writer(root, run.meta, flush_rows=97)
     writer.__enter__()
     # one step at a time, as an engine writes: parts hold many requests' rows
     positions = run.positions[pos_cols].to_dict("records")
@@ -139,12 +152,12 @@ def _imported_meta(run_id: str, granularity: str, n: int) -> dict[str, Any]:
 
 def _write_imported(root: str) -> None:
     meta = _imported_meta("import/vllm-bench/gsm8k", "aggregate", 3)
-    with TraceWriter(f"{root}/{meta['run_id']}", meta) as writer:
+    with _writer(root, meta) as writer:
         for i, (reached, accepted) in enumerate([(10, 7), (7, 4), (4, 1)]):
             writer.add("counters", counter_row(i, n_reached=reached, n_accepted=accepted))
         writer.add("totals", totals_row(num_drafts=10, num_accepted_tokens=12))
     meta = _imported_meta("import/sglang/gsm8k", "request", 2)
-    with TraceWriter(f"{root}/{meta['run_id']}", meta) as writer:
+    with _writer(root, meta) as writer:
         for request in ("a", "b"):
             unit = {"scope": "request", "request_id": request}
             writer.add("counters", counter_row(0, n_reached=5, n_accepted=3, **unit))
@@ -153,7 +166,7 @@ def _write_imported(root: str) -> None:
     # step granularity: per-step accepted counts, no drafted tokens
     stepwise = build_run(run_id="import/vllm/steps", method="eagle3", n=3, n_requests=4, seed=16)
     meta = {**stepwise.meta, "granularity": "step"}
-    with TraceWriter(f"{root}/{meta['run_id']}", meta) as writer:
+    with _writer(root, meta) as writer:
         for rec in stepwise.steps[[f.name for f in STEPS_SCHEMA]].to_dict("records"):
             writer.add("steps", _plain(rec))
 

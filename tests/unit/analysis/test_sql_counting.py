@@ -1,9 +1,11 @@
 """The SQL counting stage on DuckDB equals the in-process counters on every store shape.
 
-One store holds every shape the contract allows (counting_cases.py); it is read in the
-layout TraceWriter wrote (DuckDB scans the store's pyarrow dataset) and compacted into the
-table layout (DuckDB reads the partitions natively). Spark runs the same query texts in
-tests/spark; DuckDB over an S3 store in tests/fleet/test_counting_on_s3.py.
+One store holds every shape the contract allows (counting_cases.py); it is read as
+TraceWriter wrote it (many small parts per run) and compacted into the table layout (large
+sorted files), which DuckDB reads with its own parquet reader; a store it cannot read so
+(one run as the root; an object store) it scans as the store's pyarrow dataset. Spark runs
+the same query texts in tests/spark; DuckDB over an S3 store in
+tests/fleet/test_counting_on_s3.py.
 """
 
 from __future__ import annotations
@@ -47,21 +49,31 @@ def test_duckdb_counts_equal_the_in_process_counts(
         assert_same_counts(got, expected[case.name], what=f"{layout}: {case.name}")
 
 
+def _views(root: str) -> dict[str, str]:
+    runs, _ = select_runs(root)
+    with open_engine("duckdb", root, runs, COUNTERS["acceptance"].tables) as engine:
+        views = engine.query("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal")
+    return dict(zip(views["view_name"], views["sql"], strict=True))
+
+
 def test_the_table_layout_is_read_natively(stores: dict[str, str]) -> None:
-    """DuckDB's own parquet reader over the partitions; the written layout as a dataset."""
-    for layout, native in (("table", True), ("written", False)):
-        root = stores[layout]
-        assert (hive_table(root, "positions") is not None) == native
-        runs, every = select_runs(root)
-        with open_engine("duckdb", root, runs, COUNTERS["acceptance"].tables) as engine:
-            views = engine.query("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal")
-        sql = dict(zip(views["view_name"], views["sql"], strict=True))
-        assert {"positions", "steps"} <= set(sql)
-        assert ("read_parquet" in sql["positions"]) == native, sql
-        # run ids hold '/', escaped in the partition names: read back unescaped
-        with open_engine("duckdb", root, runs, ("positions",)) as engine:
-            ids = set(engine.query("SELECT DISTINCT run_id FROM positions")["run_id"])
-        assert ids == set(read_trace(root, "positions")["run_id"]), ids
+    """DuckDB's own parquet reader over a store in the table layout; a store it cannot read
+    so (here one run given as the root) through the store's pyarrow dataset."""
+    table = stores["table"]
+    assert hive_table(table, "positions") is not None
+    assert "read_parquet" in _views(table)["positions"]
+    # run ids hold '/', escaped in the partition names: read back unescaped
+    runs, _ = select_runs(table)
+    with open_engine("duckdb", table, runs, ("positions",)) as engine:
+        ids = set(engine.query("SELECT DISTINCT run_id FROM positions")["run_id"])
+    assert ids == set(read_trace(table, "positions")["run_id"]), ids
+
+    (run,) = runs.loc[runs["run_id"] == "ref/humaneval/dspark-n4-adaptive", "path"]
+    assert hive_table(run, "positions") is None
+    assert "read_parquet" not in _views(run)["positions"]
+    for case in CASES:
+        got = aggregate_store(run, **case.store_args())
+        assert_same_counts(got, in_process(run, case), what=f"one run: {case.name}")
 
 
 def test_runs_selected_by_status_and_filter(stores: dict[str, str]) -> None:
@@ -148,9 +160,11 @@ def test_one_query_text_per_counter() -> None:
 
 
 def test_spark_needs_the_table_layout(stores: dict[str, str]) -> None:
-    """Checked before any Spark session starts: a one-line error naming the command."""
+    """Checked before any Spark session starts: a one-line error naming the command (here
+    for one run given as the root, which no engine reads as a table directory)."""
+    runs, _ = select_runs(stores["table"])
     with pytest.raises(DSparkLabError, match=r"run `dsparklab compact ") as err:
-        aggregate_store(stores["written"], engine="spark")
+        aggregate_store(runs["path"].iloc[0], engine="spark")
     assert "\n" not in str(err.value)
     with pytest.raises(UnknownMethodError, match="valid engines are"):
         aggregate_store(stores["table"], engine="polars")
