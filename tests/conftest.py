@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store.layout import table_location
+from dsparklab.store.schema import ALL_TABLES, RUN_JSON
 
 TESTS = Path(__file__).parent
 # The tiers (pyproject.toml's markers say what each means). Every test below one of these
@@ -132,20 +138,42 @@ def request_row(request_id: str = "r0", *, n_output: int = 2) -> dict[str, Any]:
 
 
 def write_run(
-    run_dir: Path,
+    store: Path,
     accepted_per_step: Iterable[int] = (3, 1, 0, 2),
     *,
     meta: Mapping[str, Any] | None = None,
     flush_rows: int = 5,
 ) -> Path:
+    """One run written into ``store`` through TraceWriter; returns its run.json's directory
+    (``<store>/_runs/<partition>``; its tables' are ``table_location(run, table)``)."""
     meta = dict(meta or make_run_json())
     steps, positions = step_rows(accepted_per_step, n=meta["num_speculative_tokens"])
-    with TraceWriter(run_dir, meta, flush_rows=flush_rows) as writer:
+    with TraceWriter(store, meta, flush_rows=flush_rows) as writer:
         for step in steps:  # one step at a time, as an engine writes
             writer.add("steps", step)
             writer.add_many("positions", [p for p in positions if p["step"] == step["step"]])
         # the prefill's token, then what every step emitted
         writer.add("requests", request_row(n_output=1 + sum(s["emitted"] for s in steps)))
+    return Path(writer.run_dir.path)
+
+
+def as_old_layout(run: Path, run_dir: Path) -> Path:
+    """``run`` (table layout) rewritten at ``run_dir`` as dsparklab wrote runs before the
+    table layout: run.json and a directory per table, whose files hold ``dataset``."""
+    run_dir.mkdir(parents=True)
+    shutil.copy(run / RUN_JSON, run_dir / RUN_JSON)
+    dataset = json.loads((run / RUN_JSON).read_text())["dataset"]
+    for table, schema in ALL_TABLES.items():
+        source = Path(table_location(run, table).path)
+        if not source.is_dir():
+            continue
+        (run_dir / table).mkdir()
+        for part in source.glob("part-*.parquet"):
+            arrow = pq.read_table(part)
+            if "dataset" in schema.names:
+                column = pa.array([dataset] * arrow.num_rows, pa.string())
+                arrow = arrow.add_column(schema.get_field_index("dataset"), "dataset", column)
+            pq.write_table(arrow, run_dir / table / part.name)
     return run_dir
 
 

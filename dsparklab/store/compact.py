@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from dsparklab.store.layout import (
     PARTITION_KEYS,
+    RUNS_ROW,
     RUNS_TABLE,
     compacted_part_name,
     compaction_generation,
@@ -40,39 +41,15 @@ from dsparklab.store.layout import (
     table_location,
 )
 from dsparklab.store.location import Location, Where
-from dsparklab.store.reader import (
-    find_runs,
-    part_files,
-    read_parts,
-    read_run_json,
-    run_columns,
-    run_granularity,
-)
-from dsparklab.store.sampling import run_sample
+from dsparklab.store.reader import find_runs, part_files, read_parts, read_run_json
 from dsparklab.store.schema import ALL_TABLES, RUN_JSON
-from dsparklab.store.writer import json_bytes, part_bytes, utc_now
+from dsparklab.store.writer import json_bytes, part_bytes, runs_row, utc_now
 
 logger = logging.getLogger(__name__)
 
 SORT_KEYS = ("request_id", "step", "position")
 FILE_ROWS = 32_000_000
 ROW_GROUP_ROWS = 1_000_000
-
-# The runs table: one row per run, the partition keys in its directory.
-RUNS_SCHEMA = pa.schema(
-    [
-        pa.field("engine", pa.string()),
-        pa.field("target", pa.string()),
-        pa.field("drafter", pa.string()),
-        pa.field("tier", pa.string()),
-        pa.field("temperature", pa.float64()),
-        pa.field("status", pa.string()),
-        pa.field("granularity", pa.string()),
-        pa.field("sample", pa.float64()),
-        pa.field("created_at", pa.string()),
-        pa.field("finished_at", pa.string()),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -85,20 +62,6 @@ class Compacted:
     files: dict[str, int]
     rows: dict[str, int]
     skipped: str = ""
-
-
-def runs_row(meta: dict[str, Any]) -> pa.Table:
-    """A run's row of the ``runs`` table (its partition keys are the directory's)."""
-    columns = run_columns(meta)
-    row = {
-        **{k: columns[k] for k in ("engine", "target", "drafter", "tier", "temperature")},
-        "status": meta["status"],
-        "granularity": run_granularity(meta),
-        "sample": run_sample(meta),
-        "created_at": meta.get("created_at"),
-        "finished_at": meta.get("finished_at"),
-    }
-    return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -162,7 +125,7 @@ def _compact_run(
         rows[table] = data.num_rows
     runs_dir = table_location(target, RUNS_TABLE)
     runs_dir.mkdir()
-    (runs_dir / "part-00000.parquet").write_bytes(part_bytes(runs_row(meta), RUNS_TABLE))
+    (runs_dir / RUNS_ROW).write_bytes(part_bytes(runs_row(meta), RUNS_TABLE))
     committed = {
         **written,
         "rows": rows,

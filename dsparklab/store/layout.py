@@ -38,6 +38,7 @@ from dsparklab.store.location import Location, Where
 
 RUNS_DIR = "_runs"
 RUNS_TABLE = "runs"
+RUNS_ROW = "part-00000.parquet"  # a run's one file in the runs table
 PARTITION_KEYS = ("dataset", "method", "n", "run_id")
 # what Hive (and Spark: ExternalCatalogUtils.charToEscape) escapes in a partition value
 _ESCAPED = frozenset("\"#%'*/:=?\\\x7f{[]^ <>|")

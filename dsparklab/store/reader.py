@@ -22,6 +22,7 @@ from dsparklab.errors import TraceSchemaError
 from dsparklab.store.layout import (
     COMPACTED_PREFIX,
     PARTITION_KEYS,
+    RUNS_DIR,
     current_parts,
     is_partitioned,
     partition_values,
@@ -56,7 +57,7 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
     ``incomplete``, with ``status_reason`` saying so (its writer stopped renewing it: killed,
     or its host lost); ``derive_status=False`` returns the status as written.
     """
-    path = Location.of(run_dir) / RUN_JSON
+    path = resolve_run(run_dir) / RUN_JSON
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -107,6 +108,21 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
     return meta
 
 
+def resolve_run(where: Where) -> Location:
+    """The run at ``where``: a run's directory (either layout) as it is, or the one run of a
+    store in the table layout (a writer's store holding one run)."""
+    where = Location.of(where)
+    if is_partitioned(where) or not (where / RUNS_DIR).is_dir() or (where / RUN_JSON).is_file():
+        return where
+    runs = [p.parent for p in (where / RUNS_DIR).find(RUN_JSON)]
+    if len(runs) != 1:
+        raise TraceSchemaError(
+            f"a store of {len(runs)} runs, not one run; name one (its _runs/... directory)",
+            path=where,
+        )
+    return runs[0]
+
+
 def _lease_expired(meta: Mapping[str, Any]) -> bool:
     lease = meta.get("lease_expires_at")
     if not isinstance(lease, str):
@@ -133,7 +149,7 @@ def part_files(run_dir: Where, table: str, meta: Mapping[str, Any] | None = None
     not given and compacted parts are there."""
     if table not in ALL_TABLES:
         raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    run_dir = Location.of(run_dir)
+    run_dir = resolve_run(run_dir)
     files = table_location(run_dir, table).files(f"{PART_PREFIX}*{PART_SUFFIX}")
     if meta is None and any(f.name.startswith(COMPACTED_PREFIX) for f in files):
         meta = read_run_json(run_dir, derive_status=False)  # which generation is current
@@ -202,7 +218,7 @@ def read_parts(
     """``columns`` of every finished part of one run's ``table``, checked against the
     contract, as one arrow table (``read_dictionary`` columns come dictionary-encoded).
     In the table layout ``dataset`` comes from the partition."""
-    run_dir = Location.of(run_dir)
+    run_dir = resolve_run(run_dir)
     partitioned = is_partitioned(run_dir)
     files = part_files(run_dir, table)
     for path in files:

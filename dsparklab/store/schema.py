@@ -212,6 +212,24 @@ RUN_REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "sampling": dict,
 }
 
+# The runs table of the table layout (dsparklab/store/layout.py): one row per run, written
+# with run.json when the run opens and at each status change; its partition keys (dataset,
+# method, n, run_id) are its directory's. A running run's fate is its run.json's lease.
+RUNS_SCHEMA = pa.schema(
+    [
+        pa.field("engine", pa.string()),
+        pa.field("target", pa.string()),
+        pa.field("drafter", pa.string()),
+        pa.field("tier", pa.string()),
+        pa.field("temperature", pa.float64()),
+        pa.field("status", pa.string()),
+        pa.field("granularity", pa.string()),
+        pa.field("sample", pa.float64()),
+        pa.field("created_at", pa.string()),
+        pa.field("finished_at", pa.string()),
+    ]
+)
+
 # Run-level columns the readers join onto every row, taken from run.json.
 RUN_COLUMNS = (
     "run_id",

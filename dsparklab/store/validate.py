@@ -23,6 +23,7 @@ from dsparklab.store.reader import (
     find_runs,
     part_files,
     read_run_json,
+    resolve_run,
     run_granularity,
 )
 from dsparklab.store.schema import (
@@ -95,7 +96,7 @@ def validate_trace(root: Where) -> list[RunReport]:
 
 
 def validate_run(run_dir: Where) -> RunReport:
-    run_dir = Location.of(run_dir)
+    run_dir = resolve_run(run_dir)
     report = RunReport(path=run_dir)
     try:
         meta = read_run_json(run_dir)

@@ -25,18 +25,30 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.provenance import provenance
+from dsparklab.store.layout import (
+    PARTITION_KEYS,
+    RUNS_ROW,
+    RUNS_TABLE,
+    run_location,
+    run_tables,
+    table_location,
+)
 from dsparklab.store.location import Location, Where
 from dsparklab.store.outbox import Outbox
+from dsparklab.store.reader import run_columns, run_granularity
+from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
     ALL_TABLES,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
     RUN_REQUIRED_FIELDS,
+    RUNS_SCHEMA,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     TABLE_KEY,
@@ -101,11 +113,17 @@ def new_run_json(
 
 
 class TraceWriter:
-    """Context manager that writes one run.
+    """Context manager that writes one run into a store, in the table layout.
 
-    >>> with TraceWriter(run_dir, run_json) as w:      # doctest: +SKIP
+    >>> with TraceWriter(store, run_json) as w:      # doctest: +SKIP
     ...     w.add("steps", step_row)
     ...     w.add_many("positions", position_rows)
+
+    The run's files go to its partition of each table (:mod:`dsparklab.store.layout`):
+    ``<store>/<table>/dataset=.../method=.../n=.../run_id=.../``, its run.json to the same
+    partition below ``<store>/_runs`` (:attr:`run_dir`), and its row of the runs table to
+    ``<store>/runs``. A run is named by its run_id: writing a run_id already in the store
+    replaces it (``overwrite``) or refuses.
 
     On a clean exit the run is marked ``complete``; on an exception it is marked
     ``failed`` (the exception propagates). Rows already flushed are never rewritten.
@@ -123,7 +141,7 @@ class TraceWriter:
 
     def __init__(
         self,
-        run_dir: Where,
+        store: Where,
         run_json: Mapping[str, Any],
         *,
         flush_rows: int = 50_000,
@@ -135,14 +153,15 @@ class TraceWriter:
         outbox: Outbox | None = None,
         close_timeout_s: float = 30.0,
     ) -> None:
-        self.run_dir = Location.of(run_dir)
+        self.store = Location.of(store)
         missing = [k for k in RUN_REQUIRED_FIELDS if k not in run_json]
         if missing:
             raise TraceSchemaError(
                 "run metadata lacks required fields; build it with new_run_json()",
-                path=self.run_dir / RUN_JSON,
+                path=self.store,
                 field=missing[0],
             )
+        self.run_dir = run_location(self.store, run_json)
         if publish not in ("first", "last"):
             raise ValueError(f"publish must be 'first' or 'last', not {publish!r}")
         self.meta = dict(run_json)
@@ -162,6 +181,7 @@ class TraceWriter:
         self._flushes = 0
         self._held = 0
         self._open = False
+        self._runs_row_status: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> TraceWriter:
@@ -175,9 +195,10 @@ class TraceWriter:
             )
         if exists or (self._publish == "last" and self._outbox is None):
             # the old run, or the parts of a batch writer killed before its run.json
-            self.run_dir.delete()
+            for home in run_tables(self.run_dir, tuple(ALL_TABLES)):
+                home.delete()
         for name in TABLES if self._outbox is None else ():
-            (self.run_dir / name).mkdir()  # the aggregate tables' appear with their rows
+            table_location(self.run_dir, name).mkdir()  # aggregate tables' come with rows
         self.meta["status"] = "running"
         self._open = True
         if self._publish == "first":
@@ -298,17 +319,34 @@ class TraceWriter:
 
     def _write_part(self, table: str, rows: list[Mapping[str, Any]]) -> None:
         schema = ALL_TABLES[table]
-        path = self.run_dir / table / self.part_name(table)
+        path = table_location(self.run_dir, table) / self.part_name(table)
         try:
             arrow = pa.Table.from_pylist(list(rows), schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, TypeError) as err:
             raise TraceSchemaError(f"row does not fit the schema: {err}", path=path) from err
+        arrow = self._without_partition_keys(arrow, path)
         data = part_bytes(arrow, table)
         if self._outbox is None:
             path.write_bytes(data)
         else:
             self._outbox.put(path, data, table=table, rows=len(rows), batch=self._flushes)
         self._next_part[table] += 1
+
+    def _without_partition_keys(self, arrow: pa.Table, path: Location) -> pa.Table:
+        """The rows without their partition's columns (``dataset``): each must hold the
+        run's value, which the directory keeps."""
+        for name in PARTITION_KEYS:
+            if name in arrow.column_names:
+                wanted = str(self.meta[name])
+                bad = pc.invert(pc.fill_null(pc.equal(arrow.column(name), wanted), False))
+                if pc.any(bad).as_py():
+                    raise TraceSchemaError(
+                        f"a row's {name} is not the run's {wanted!r} (one run, one {name})",
+                        path=path,
+                        field=name,
+                    )
+                arrow = arrow.drop_columns([name])
+        return arrow
 
     @staticmethod
     def _present(counts: Mapping[str, int]) -> dict[str, int]:
@@ -330,10 +368,30 @@ class TraceWriter:
             self.meta["lease_expires_at"] = expires.isoformat(timespec="seconds")
         path = self.run_dir / RUN_JSON
         self._last_meta = time.monotonic()
-        if self._outbox is None:
-            write_json_atomic(path, self.meta)
-        else:
-            self._outbox.put(path, json_bytes(self.meta), table=None)
+        files = [(path, json_bytes(self.meta))]
+        if self.meta["status"] != self._runs_row_status:  # the runs table's row: its status
+            row = table_location(self.run_dir, RUNS_TABLE) / RUNS_ROW
+            files.insert(0, (row, part_bytes(runs_row(self.meta), RUNS_TABLE)))
+            self._runs_row_status = self.meta["status"]
+        for target, data in files:
+            if self._outbox is None:
+                target.write_bytes(data)
+            else:
+                self._outbox.put(target, data, table=None)
+
+
+def runs_row(meta: Mapping[str, Any]) -> pa.Table:
+    """A run's row of the runs table (its partition keys are the directory's)."""
+    columns = run_columns(meta)
+    row = {
+        **{k: columns[k] for k in ("engine", "target", "drafter", "tier", "temperature")},
+        "status": meta["status"],
+        "granularity": run_granularity(meta),
+        "sample": run_sample(meta),
+        "created_at": meta.get("created_at"),
+        "finished_at": meta.get("finished_at"),
+    }
+    return pa.Table.from_pylist([row], schema=RUNS_SCHEMA)
 
 
 def part_bytes(arrow: pa.Table, table: str, row_group_rows: int | None = None) -> bytes:

@@ -188,12 +188,11 @@ def concat(*runs: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def write_run(root: Path | str, run: Run) -> Location:
-    """Write ``run`` through the real TraceWriter below ``root`` (a directory or s3://);
-    returns the run directory."""
-    run_dir = Location.of(root) / run.meta["run_id"]
+    """Write ``run`` through the real TraceWriter into the store ``root`` (a directory or
+    s3://); returns the run's directory (its run.json's)."""
     step_cols = [f.name for f in STEPS_SCHEMA]
     pos_cols = [f.name for f in POSITIONS_SCHEMA]
-    with TraceWriter(run_dir, run.meta, flush_rows=997) as writer:
+    with TraceWriter(root, run.meta, flush_rows=997) as writer:
         for rec in run.steps[step_cols].to_dict("records"):
             writer.add("steps", _plain(rec))
         by_step = run.positions[pos_cols].to_dict("records")
@@ -216,7 +215,7 @@ def write_run(root: Path | str, run: Run) -> Location:
                 for r in requests.to_dict("records")
             ],
         )
-    return run_dir
+    return writer.run_dir
 
 
 def _plain(record: dict) -> dict:

@@ -21,6 +21,8 @@ import pytest
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store import read_trace, validate_trace
+from dsparklab.store.layout import store_of, table_location
+from dsparklab.store.location import Location
 from tests.conftest import make_run_json, write_run
 
 
@@ -33,8 +35,12 @@ def _rewrite(part: Path, edit: Callable[[pa.Table], pa.Table], *, keep_meta: boo
     pq.write_table(table, part)
 
 
+def _table(run: Path, table: str) -> Path:
+    return Path(table_location(run, table).path)
+
+
 def _first(run: Path, table: str) -> Path:
-    return sorted((run / table).glob("part-*.parquet"))[0]
+    return sorted(_table(run, table).glob("part-*.parquet"))[0]
 
 
 def _set_column(table: pa.Table, name: str, values: list) -> pa.Table:
@@ -87,7 +93,7 @@ def truncated_part(run: Path) -> tuple[str, str | None]:
 
 
 def leftover_temp_part(run: Path) -> tuple[str, str | None]:
-    (run / "steps" / ".part-00009.parquet.tmp").write_bytes(b"PAR1 half")
+    (_table(run, "steps") / ".part-00009.parquet.tmp").write_bytes(b"PAR1 half")
     return ".part-00009.parquet.tmp", None
 
 
@@ -159,9 +165,9 @@ def position_out_of_range(run: Path) -> tuple[str, str | None]:
 
 
 def empty_run(run: Path) -> tuple[str, str | None]:
-    for part in (run / "steps").glob("*.parquet"):
+    for part in _table(run, "steps").glob("*.parquet"):
         part.unlink()
-    for part in (run / "positions").glob("*.parquet"):
+    for part in _table(run, "positions").glob("*.parquet"):
         part.unlink()
     return "steps", None
 
@@ -173,7 +179,7 @@ def accepted_len_mismatch(run: Path) -> tuple[str, str | None]:
 
 
 def steps_not_contiguous(run: Path) -> tuple[str, str | None]:
-    for part in (run / "steps").glob("*.parquet"):
+    for part in _table(run, "steps").glob("*.parquet"):
         _rewrite(part, lambda t: _set_column(t, "step", [s * 2 for s in t["step"].to_pylist()]))
     return "part-", "step"
 
@@ -187,7 +193,7 @@ def null_in_required_column(run: Path) -> tuple[str, str | None]:
 
 
 def missing_request_row(run: Path) -> tuple[str, str | None]:
-    for part in (run / "requests").glob("*.parquet"):
+    for part in _table(run, "requests").glob("*.parquet"):
         part.unlink()
     return "part-", "request_id"
 
@@ -295,10 +301,11 @@ def test_cli_prints_one_line_and_exits_2(broken) -> None:
 
 def test_no_data_lost_by_validation(broken) -> None:
     run, *_ = broken
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    store = Path(store_of(Location.of(run)).path)  # the run's every table
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
     with contextlib.suppress(TraceSchemaError):
         validate_trace(run)
-    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    after = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
     assert before == after
 
 

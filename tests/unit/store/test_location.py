@@ -27,9 +27,9 @@ def test_hidden_run_directories_are_not_runs(tmp_path: Path) -> None:
     """An import in progress (or a killed one) writes below ``.<name>.tmp-PID/``: readers
     must not count its run a second time."""
     run = write_run(tmp_path / "runs" / "a")
-    shutil.copytree(run, tmp_path / "runs" / f".a.tmp-{os.getpid()}")
-    shutil.copytree(run, tmp_path / "runs" / ".cache" / "b")
-    assert [r.name for r in find_runs(tmp_path / "runs")] == ["a"]
+    shutil.copytree(tmp_path / "runs" / "a", tmp_path / "runs" / f".a.tmp-{os.getpid()}")
+    shutil.copytree(tmp_path / "runs" / "a", tmp_path / "runs" / ".cache" / "b")
+    assert find_runs(tmp_path / "runs") == [Location.of(run)]
     assert [d.name for d in Location.of(tmp_path / "runs").dirs()] == ["a"]
     runs = list_runs(tmp_path / "runs")
     assert len(runs) == 1
@@ -68,10 +68,11 @@ def test_a_run_whose_lease_ended_reads_incomplete(tmp_path: Path) -> None:
     writer.flush()
     assert read_run_json(tmp_path / "run")["status"] == "running"
     # the writer is gone (never closed): move its lease into the past
-    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    path = Path(writer.run_dir.path) / "run.json"
+    meta = json.loads(path.read_text())
     past = datetime.now(timezone.utc) - timedelta(seconds=1)
     meta["lease_expires_at"] = past.isoformat(timespec="seconds")
-    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    path.write_text(json.dumps(meta))
     derived = read_run_json(tmp_path / "run")
     assert derived["status"] == "incomplete"
     assert "lease ended" in derived["status_reason"]
@@ -83,7 +84,7 @@ def test_a_run_whose_lease_ended_reads_incomplete(tmp_path: Path) -> None:
 
 def test_closing_ends_the_lease(tmp_path: Path) -> None:
     with TraceWriter(tmp_path / "run", make_run_json(num_speculative_tokens=4)) as writer:
-        assert "lease_expires_at" in json.loads((tmp_path / "run" / "run.json").read_text())
+        assert "lease_expires_at" in json.loads((writer.run_dir / "run.json").read_text())
         writer.add_many("steps", step_rows([1], n=4)[0])
     meta = read_run_json(tmp_path / "run")
     assert meta["status"] == "complete" and "lease_expires_at" not in meta
@@ -95,7 +96,7 @@ def test_a_batch_writer_publishes_run_json_last(tmp_path: Path) -> None:
     writer.__enter__()
     writer.add_many("steps", step_rows([1], n=4)[0])
     writer.flush()
-    assert part_files(run, "steps") and not (run / "run.json").exists()
+    assert part_files(writer.run_dir, "steps") and not (writer.run_dir / "run.json").exists()
     with pytest.raises(Exception, match="no run.json"):
         find_runs(tmp_path)
     writer.close()

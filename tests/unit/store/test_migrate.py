@@ -17,7 +17,7 @@ from dsparklab.store import read_trace, validate_trace
 from dsparklab.store.migrate import migrate_run
 from dsparklab.store.rows import emitted_tokens
 from dsparklab.store.schema import SCHEMA_VERSION_KEY
-from tests.conftest import make_run_json, write_run
+from tests.conftest import as_old_layout, make_run_json, write_run
 
 
 def _as_schema_1(run: Path, *, cut: int = 0) -> None:
@@ -42,8 +42,14 @@ def _as_schema_1(run: Path, *, cut: int = 0) -> None:
     meta_path.write_text(json.dumps(meta))
 
 
+def _old_run(tmp_path: Path, run_dir: Path, accepted: tuple[int, ...]) -> Path:
+    """A run as dsparklab wrote it before the table layout (schema 1 ran only there)."""
+    written = write_run(tmp_path / f"scratch-{run_dir.name}", accepted, meta=make_run_json())
+    return as_old_layout(written, run_dir)
+
+
 def test_schema_1_runs_are_refused_then_migrated_exactly(tmp_path: Path):
-    run = write_run(tmp_path / "runs" / "run", (3, 1, 0, 2), meta=make_run_json())
+    run = _old_run(tmp_path, tmp_path / "runs" / "run", (3, 1, 0, 2))
     _as_schema_1(run, cut=2)
     with pytest.raises(TraceSchemaError, match="dsparklab migrate"):
         read_trace(run, "steps")
@@ -60,7 +66,7 @@ def test_schema_1_runs_are_refused_then_migrated_exactly(tmp_path: Path):
 
 
 def test_a_killed_migration_finishes_and_an_underivable_run_is_refused(tmp_path: Path):
-    run = write_run(tmp_path / "run", (2, 2), meta=make_run_json())
+    run = _old_run(tmp_path, tmp_path / "run", (2, 2))
     _as_schema_1(run)
     # killed between the two renames of the steps table
     (run / "steps").rename(run / ".steps.old")
@@ -73,7 +79,7 @@ def test_a_killed_migration_finishes_and_an_underivable_run_is_refused(tmp_path:
     assert not (run / ".steps.old").exists() and not (run / ".steps.v2").exists()
     assert read_trace(run, "steps")["emitted"].tolist() == [3, 3]
 
-    bare = write_run(tmp_path / "bare", (1,), meta=make_run_json())
+    bare = _old_run(tmp_path, tmp_path / "bare", (1,))
     _as_schema_1(bare)
     for part in (bare / "requests").glob("*.parquet"):
         part.unlink()

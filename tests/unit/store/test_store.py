@@ -18,6 +18,7 @@ from dsparklab.store import (
     read_trace,
     validate_trace,
 )
+from dsparklab.store.layout import table_location
 from dsparklab.store.schema import SCHEMA_VERSION_KEY
 from tests.conftest import make_run_json, step_rows, write_run
 
@@ -37,7 +38,7 @@ def test_round_trip_joins_run_columns(good_run: Path) -> None:
 
 
 def test_parts_are_versioned_and_split(good_run: Path) -> None:
-    parts = sorted((good_run / "positions").glob("part-*.parquet"))
+    parts = sorted(Path(table_location(good_run, "positions").path).glob("part-*.parquet"))
     assert len(parts) > 1  # flush_rows=5 forces several parts
     for part in parts:
         meta = pq.read_schema(part).metadata
@@ -77,7 +78,7 @@ def test_exception_marks_failed_and_keeps_rows(tmp_path: Path) -> None:
         with TraceWriter(run, make_run_json(), flush_rows=1000) as writer:
             writer.add("steps", step)
             raise RuntimeError("boom")
-    meta = json.loads((run / "run.json").read_text())
+    meta = json.loads((writer.run_dir / "run.json").read_text())
     assert meta["status"] == "failed"
     assert "boom" in meta["error"]
     assert len(read_trace(run, "steps")) == 1
@@ -94,9 +95,36 @@ def test_bad_row_is_a_schema_error(tmp_path: Path) -> None:
 
 
 def test_existing_run_is_not_overwritten(good_run: Path) -> None:
-    with pytest.raises(FileExistsError), TraceWriter(good_run, make_run_json()):
+    store = good_run.parents[4]  # <store>/_runs/dataset=/method=/n=/run_id=
+    with pytest.raises(FileExistsError), TraceWriter(store, make_run_json()):
         pass
     assert len(read_trace(good_run, "steps")) == 4
+    # overwrite=True replaces the run in every table
+    with TraceWriter(store, make_run_json(), overwrite=True) as writer:
+        writer.add_many("steps", step_rows([1], n=3)[0])
+    assert len(read_trace(store, "steps")) == 1 and read_trace(store, "positions").empty
+
+
+def test_a_run_writes_its_tables_partitioned_and_its_runs_row(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "store", meta=make_run_json(run_id="ref/humaneval/dspark-n3"))
+    store = tmp_path / "store"
+    partition = "dataset=humaneval/method=dspark/n=3/run_id=ref%2Fhumaneval%2Fdspark-n3"
+    assert run == store / "_runs" / partition
+    for table in ("steps", "positions", "requests"):
+        (part,) = list((store / table / partition).glob("part-*.parquet"))[:1]
+        assert "dataset" not in pq.read_schema(part).names  # the partition's
+    row = pq.read_table(store / "runs" / partition / "part-00000.parquet").to_pylist()
+    assert row[0]["status"] == "complete" and row[0]["engine"] == "test"
+    assert set(read_trace(store, "steps")["dataset"]) == {"humaneval"}
+
+
+def test_a_row_of_another_dataset_is_refused(tmp_path: Path) -> None:
+    (step,), _ = step_rows([0], n=0)
+    with pytest.raises(TraceSchemaError, match="dataset") as err:
+        with TraceWriter(tmp_path / "store", make_run_json()) as writer:
+            writer.add("steps", {**step, "dataset": "gsm8k"})
+            writer.flush()
+    assert err.value.field == "dataset"
 
 
 def test_no_pickle_in_store() -> None:

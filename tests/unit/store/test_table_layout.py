@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
@@ -31,6 +32,8 @@ from dsparklab.store.location import Location
 from dsparklab.store.reader import part_files
 from dsparklab.store.schema import POSITIONS_SCHEMA, STEPS_SCHEMA
 from dsparklab.store.writer import part_bytes
+from tests.conftest import as_old_layout, make_run_json
+from tests.conftest import write_run as write_tiny_run
 
 TABLES = ("positions", "steps", "requests")
 KEYS = {
@@ -40,22 +43,33 @@ KEYS = {
 }
 
 
+RUNS = (
+    dict(run_id="ref/gsm8k/dspark-n3", n=3, confidence=noisy_confidence(0.2), seed=1),
+    dict(
+        run_id="ref/humaneval/eagle3-n5",
+        method="eagle3",
+        n=5,
+        dataset="humaneval",
+        seed=2,
+        num_verified=lambda drafted, rng: rng.integers(1, drafted + 1),
+    ),
+    dict(run_id="ref/gsm8k/none", method="none", n=0, seed=3),
+)
+
+
 def _store(root: Path) -> Path:
-    """Three runs in the old layout: DSpark n=3, Eagle3 n=5 verifying adaptively, a baseline."""
-    runs = [
-        build_run(run_id="ref/gsm8k/dspark-n3", n=3, confidence=noisy_confidence(0.2), seed=1),
-        build_run(
-            run_id="ref/humaneval/eagle3-n5",
-            method="eagle3",
-            n=5,
-            dataset="humaneval",
-            seed=2,
-            num_verified=lambda drafted, rng: rng.integers(1, drafted + 1),
-        ),
-        build_run(run_id="ref/gsm8k/none", method="none", n=0, seed=3),
-    ]
-    for run in runs:
-        write_run(root, run)
+    """Three runs as TraceWriter writes them: DSpark n=3, Eagle3 n=5 verifying adaptively, a
+    baseline."""
+    for spec in RUNS:
+        write_run(root, build_run(**spec))
+    return root
+
+
+def _old_store(root: Path, scratch: Path) -> Path:
+    """The same runs as dsparklab wrote them before the table layout (a directory per run)."""
+    written = _store(scratch)
+    for run in find_runs(written):
+        as_old_layout(Path(run.path), root / read_run_json(run)["run_id"])
     return root
 
 
@@ -79,8 +93,10 @@ def test_partition_values_escape_as_hive_and_read_back() -> None:
 
 
 def test_compaction_moves_runs_into_the_table_layout_and_reads_back_equal(tmp_path: Path) -> None:
-    root = _store(tmp_path / "store")
+    root = _old_store(tmp_path / "store", tmp_path / "scratch")
+    assert not any(is_partitioned(r) for r in find_runs(root))
     before = _tables(root)
+    assert all(r.ok for r in validate_trace(root))  # the old layout reads and validates
     results = compact_store(root, file_rows=500, row_group_rows=200)
     assert [r.generation for r in results] == [1, 1, 1]
     runs = find_runs(root)
@@ -132,9 +148,24 @@ def test_parts_a_compaction_did_not_commit_are_not_read(tmp_path: Path) -> None:
     assert len(read_trace(root, "positions")) == len(before)
 
 
-def test_engines_read_the_run_columns_with_no_glob(tmp_path: Path) -> None:
+def test_a_writers_store_compacts_its_small_parts_in_place(tmp_path: Path) -> None:
     root = _store(tmp_path / "store")
-    compact_store(root)
+    small = Location.of(write_tiny_run(root, meta=make_run_json(run_id="tiny")))  # 5-row flushes
+    before = _tables(root)
+    assert len(part_files(small, "positions")) == 3
+    assert [r.generation for r in compact_store(root)] == [1, 1, 1, 1]
+    assert small in find_runs(root)
+    assert [p.name for p in part_files(small, "positions")] == ["part-c001-00000.parquet"]
+    after = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[table], before[table], check_dtype=False)
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["as-written", "compacted"])
+def test_engines_read_the_run_columns_with_no_glob(tmp_path: Path, compacted: bool) -> None:
+    root = _store(tmp_path / "store")  # as TraceWriter leaves it
+    if compacted:
+        compact_store(root)
     positions = duckdb.sql(
         f"SELECT run_id, dataset, method, n, count(*) AS rows FROM read_parquet("
         f"'{root}/positions', hive_partitioning = true) GROUP BY ALL ORDER BY run_id"
@@ -165,7 +196,7 @@ def test_engines_read_the_run_columns_with_no_glob(tmp_path: Path) -> None:
 
 
 def test_table_dataset_gives_every_layout_the_run_columns(tmp_path: Path) -> None:
-    old = _store(tmp_path / "old")
+    old = _old_store(tmp_path / "old", tmp_path / "scratch")
     new = tmp_path / "new"
     compact_store(old, out=new)
     assert (old / "ref").exists()  # --out leaves the source as it was
