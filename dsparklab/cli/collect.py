@@ -31,6 +31,7 @@ from dsparklab.errors import ConfigError, UnknownMethodError
 
 if TYPE_CHECKING:
     from dsparklab.engines.layout import CollectOptions
+    from dsparklab.store.location import Location
 
 ENGINES: dict[str, str] = {
     "reference": "dsparklab.engines.reference.collect:collect",
@@ -161,7 +162,7 @@ def collect(
         root = collector(options)
     typer.echo(str(root))
     for spec in options.runs():
-        typer.echo(run_summary(root / spec.name, spec.name))
+        typer.echo(run_summary(spec.location(root), spec.name))
 
 
 def _collect_served(
@@ -187,7 +188,7 @@ def _collect_served(
     return root, options
 
 
-def run_summary(run_dir: Path, name: str) -> str:
+def run_summary(run_dir: Location, name: str) -> str:
     """One line: requests, steps, AL, and whether vLLM's per-request totals agree."""
     from dsparklab.engines.stats import acceptance_length
     from dsparklab.errors import DSparkLabError

@@ -2,9 +2,10 @@
 
 ``dsparklab collect --method dspark,eagle3,none --n 3..7 --dataset humaneval,prose``
 makes one run per (dataset, method, n) -- one ``none`` run per dataset, since the
-target-only baseline drafts nothing -- in ``<out>/<dataset>/<method>-n<k>``
-(``<out>/<dataset>/none``; ``-t<T>`` appended when sampling). Every engine's ``collect``
-takes one :class:`CollectOptions` (plus the few settings only that engine has).
+target-only baseline drafts nothing -- named ``<dataset>/<method>-n<k>``
+(``<dataset>/none``; ``-t<T>`` appended when sampling): its run_id, by which the store
+``<out>`` (in the table layout, :mod:`dsparklab.store.layout`) holds it. Every engine's
+``collect`` takes one :class:`CollectOptions` (plus the few settings only that engine has).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
 from dsparklab.store import read_run_json
+from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location, Where
 from dsparklab.store.schema import METHODS
 
@@ -48,6 +50,19 @@ class RunSpec:
         if self.temperature:
             leaf += f"-t{self.temperature:g}"
         return f"{self.dataset_dir}/{leaf}"
+
+    def location(self, out: Where) -> Location:
+        """Where the run of this spec lives in the store ``out`` (its run.json's directory);
+        the run_id is :attr:`name`."""
+        return run_location(
+            out,
+            {
+                "dataset": self.dataset_dir,
+                "method": self.method,
+                "num_speculative_tokens": self.n,
+                "run_id": self.name,
+            },
+        )
 
 
 def parse_ns(text: str) -> list[int]:
@@ -123,8 +138,8 @@ class CollectOptions:
     methods, ns, datasets
         The runs to make (see :func:`plan_runs`).
     out
-        Root directory or ``s3://bucket/prefix``; each run goes to
-        ``<out>/<dataset>/<method>-n<k>``.
+        The store: a directory or ``s3://bucket/prefix``; each run goes to its partition
+        (:meth:`RunSpec.location`).
     limit
         First ``limit`` prompts of each dataset (None: all).
     max_new_tokens, temperature, seed
@@ -173,8 +188,8 @@ class CollectOptions:
         Location.of(self.out).check_bucket()  # before any model loads
         todo = []
         for spec in self.runs():
-            if self.overwrite or not is_complete(Location.of(self.out) / spec.name):
+            if self.overwrite or not is_complete(spec.location(self.out)):
                 todo.append(spec)
             else:
-                logger.info("skipping %s: already complete", Location.of(self.out) / spec.name)
+                logger.info("skipping %s: already complete", spec.location(self.out))
         return todo

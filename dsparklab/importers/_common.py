@@ -24,6 +24,7 @@ from dsparklab.analysis.definitions import Check, check
 from dsparklab.errors import DSparkLabError, TraceSchemaError
 from dsparklab.provenance import hash_path
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import counter_row
 from dsparklab.store.schema import RUN_JSON
@@ -448,7 +449,8 @@ def write_runs(runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = Fal
             f"two inputs would make the same run {dup!r}; import them separately"
         )
     for run in runs:
-        final = out / run.name
+        meta = run.run_json()
+        final = run_location(out, meta)
         if (final / RUN_JSON).is_file() and not overwrite:
             try:
                 if read_run_json(final)["status"] == "complete":
@@ -457,7 +459,7 @@ def write_runs(runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = Fal
             except TraceSchemaError:
                 pass
         # run.json last: the run appears whole or not at all, on a disk or an object store
-        with TraceWriter(final, run.run_json(), overwrite=True, publish="last") as writer:
+        with TraceWriter(out, meta, overwrite=True, publish="last") as writer:
             for table, rows in run.tables.items():
                 if rows:
                     writer.add_many(table, rows)

@@ -114,7 +114,7 @@ def _run_json(
             },
         },
         dsparklab_version=dsparklab.__version__,
-    ) | {"_stamp": stamp}
+    )
 
 
 def watch(
@@ -165,12 +165,10 @@ def watch(
     dataset = dataset or DEFAULT_DATASET
     method = method or DEFAULT_METHOD
     meta = _run_json(metrics_url, before.n, dataset, method, interval_s, before)
-    stamp = meta.pop("_stamp")
-    run_dir = Path(out) / dataset / f"{method}-n{before.n}-watch-{stamp}"
     t_prev = clock()
     intervals = 0
     reason = ""
-    with _stop_on_signals(stop), TraceWriter(run_dir, meta, flush_seconds=1e9) as writer:
+    with _stop_on_signals(stop), TraceWriter(out, meta, flush_seconds=1e9) as writer:
         writer.update_meta(intervals=0, stop_reason=None)
         writer.checkpoint()
         while True:
@@ -209,4 +207,4 @@ def watch(
         if intervals == 0:
             writer.update_meta(error=f"no interval finished ({reason})")
             writer.close(status="failed")
-    return WatchResult(run_dir=run_dir, intervals=intervals, stop_reason=reason)
+    return WatchResult(run_dir=Path(writer.run_dir.path), intervals=intervals, stop_reason=reason)

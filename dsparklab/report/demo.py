@@ -151,7 +151,7 @@ def run_demo(
     for line in stale:
         logger.info("recollecting %s", line)
     plan = plan_runs(list(DEMO_METHODS), list(ns), list(datasets))
-    todo = bool(stale) or not all(is_complete(runs / spec.name) for spec in plan)
+    todo = bool(stale) or not all(is_complete(spec.location(runs)) for spec in plan)
     collect(
         CollectOptions(
             methods=list(DEMO_METHODS),

@@ -31,8 +31,6 @@ import pyarrow as pa
 
 from dsparklab.store.layout import (
     PARTITION_KEYS,
-    RUNS_ROW,
-    RUNS_TABLE,
     compacted_part_name,
     compaction_generation,
     is_partitioned,
@@ -43,7 +41,7 @@ from dsparklab.store.layout import (
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import find_runs, part_files, read_parts, read_run_json
 from dsparklab.store.schema import ALL_TABLES, RUN_JSON
-from dsparklab.store.writer import json_bytes, part_bytes, runs_row, utc_now
+from dsparklab.store.writer import part_bytes, utc_now, write_run_json
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +121,6 @@ def _compact_run(
             (directory / compacted_part_name(generation, seq)).write_bytes(chunk)
         files[table] = len(starts)
         rows[table] = data.num_rows
-    runs_dir = table_location(target, RUNS_TABLE)
-    runs_dir.mkdir()
-    (runs_dir / RUNS_ROW).write_bytes(part_bytes(runs_row(meta), RUNS_TABLE))
     committed = {
         **written,
         "rows": rows,
@@ -138,7 +133,7 @@ def _compact_run(
             **({} if in_place else {"moved_from": str(run)}),
         },
     }
-    (target / RUN_JSON).write_bytes(json_bytes(committed))  # the commit
+    write_run_json(target, committed)  # the commit: run.json, its runs row first
     _delete_old(target, generation)
     logger.info("compacted %s -> %s (generation %d)", run, target, generation)
     return Compacted(run, target, generation, files, rows)

@@ -234,16 +234,6 @@ class Location:
         ]
         return sorted(found, key=lambda loc: loc.name)
 
-    def dirs(self) -> list[Location]:
-        """The visible directories directly in this one (on an object store, its common
-        prefixes), sorted by name: one listing, however much lies below them."""
-        found = [
-            Location(self.fs, info.path, self.scheme)
-            for info in self._walk(recursive=False)
-            if info.type == pafs.FileType.Directory and not info.base_name.startswith(".")
-        ]
-        return sorted(found, key=lambda loc: loc.name)
-
     def find(self, name: str) -> Iterator[Location]:
         """Every visible file called ``name`` below this directory, in path order; hidden
         directories (``.<name>``) are not entered."""

@@ -484,3 +484,12 @@ def hive_table(root: Where, table: str) -> Location | None:
     if all(is_partitioned(r) and store_of(r) == root for r in runs):
         return root / table
     return None
+
+
+def store_runs(store: Where) -> list[Location]:
+    """The runs of ``store`` in the table layout, listed below its ``_runs`` only (none of
+    its tables' parts): what a poller of a live store lists."""
+    runs_dir = Location.of(store) / RUNS_DIR
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p.parent for p in runs_dir.find(RUN_JSON))

@@ -34,6 +34,7 @@ from dsparklab.store.layout import (
     PARTITION_KEYS,
     RUNS_ROW,
     RUNS_TABLE,
+    is_partitioned,
     run_location,
     run_tables,
     table_location,
@@ -378,6 +379,16 @@ class TraceWriter:
                 target.write_bytes(data)
             else:
                 self._outbox.put(target, data, table=None)
+
+
+def write_run_json(run: Where, meta: Mapping[str, Any]) -> None:
+    """Rewrite a closed run's run.json (and, in the table layout, its runs-table row first):
+    what a dead writer's closer or a compaction commits."""
+    run = Location.of(run)
+    if is_partitioned(run):
+        row = part_bytes(runs_row(meta), RUNS_TABLE)
+        (table_location(run, RUNS_TABLE) / RUNS_ROW).write_bytes(row)
+    (run / RUN_JSON).write_bytes(json_bytes(meta))
 
 
 def runs_row(meta: Mapping[str, Any]) -> pa.Table:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, cast
@@ -100,7 +99,7 @@ class RunRecorder:
 
     def __init__(
         self,
-        run_dir: Location,
+        out: Location,
         spec: RunSpec,
         models: ModelSet,
         *,
@@ -113,7 +112,7 @@ class RunRecorder:
         self.engine = ReferenceEngine(models.target, models.drafter(spec.method), config=config)
         drafter_ref = models.drafter_ref(spec.method)
         meta = new_run_json(
-            run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
+            run_id=spec.name,
             engine={"name": ENGINE_NAME, "version": dsparklab.__version__},
             method=spec.method,
             num_speculative_tokens=spec.n,
@@ -133,7 +132,7 @@ class RunRecorder:
         )
         self.stats = DraftStats.new(spec.n)
         self.requests = 0
-        self.writer = TraceWriter(run_dir, meta, overwrite=overwrite)
+        self.writer = TraceWriter(out, meta, overwrite=overwrite)
 
     def record(self, prompt: Prompt) -> None:
         """Decode one prompt and buffer its rows."""
@@ -191,7 +190,7 @@ def collect(options: CollectOptions) -> Location:
             recorders = [
                 stack.enter_context(
                     RunRecorder(
-                        out / spec.name,
+                        out,
                         spec,
                         models,
                         config=ReferenceConfig(

@@ -253,7 +253,7 @@ def write_run(
     Parameters
     ----------
     out, spec
-        The output root and the run (written to ``out / spec.name``; ``spec.n`` is 0 for
+        The store and the run (written to ``spec.location(out)``; ``spec.n`` is 0 for
         target-only).
     run_json
         The run's metadata (``new_run_json``).
@@ -270,7 +270,7 @@ def write_run(
         The fraction of requests the taps recorded: a request they left out on purpose is
         not one "without taps" (it keeps vLLM's per-step counts, no positions).
     """
-    run_dir, n, dataset = out / spec.name, spec.n, spec.dataset_dir
+    run_dir, n, dataset = spec.location(out), spec.n, spec.dataset_dir
     report = RunReport(run_dir=run_dir, num_requests=len(requests), stats=DraftStats.new(n))
     id_map: dict[str, str] = {}
     by_prompt: dict[str, pd.DataFrame] = {}
@@ -283,7 +283,7 @@ def write_run(
                 k: g.sort_values(["step", "position"])
                 for k, g in taps.positions.groupby("request_id")
             }
-    with TraceWriter(run_dir, run_json, overwrite=overwrite) as writer:
+    with TraceWriter(out, run_json, overwrite=overwrite) as writer:
         for req in requests:
             rid = req.request_id
             # like the reference engine: the request is named by its prompt's id
@@ -588,7 +588,7 @@ def _run_json(
             "device_name": torch.cuda.get_device_name() if cuda else "cpu",
         }
     return new_run_json(
-        run_id=f"{ENGINE_NAME}/{spec.name}/{uuid.uuid4().hex[:8]}",
+        run_id=spec.name,
         engine={"name": ENGINE_NAME, **dict(engine)},
         method=spec.method,
         num_speculative_tokens=spec.n,

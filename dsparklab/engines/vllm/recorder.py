@@ -74,8 +74,8 @@ from dsparklab.store import TraceWriter, read_run_json
 from dsparklab.store.location import Location
 from dsparklab.store.reader import part_files
 from dsparklab.store.sampling import request_sampled
-from dsparklab.store.schema import RUN_JSON, TABLES
-from dsparklab.store.writer import utc_now, write_json_atomic
+from dsparklab.store.schema import TABLES
+from dsparklab.store.writer import utc_now, write_run_json
 
 logger = logging.getLogger(__name__)
 
@@ -763,7 +763,7 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
             else "the writer ended with requests in flight or rows not yet written",
         },
     )
-    write_json_atomic(run_dir / RUN_JSON, meta)
+    write_run_json(run_dir, meta)
     marker.unlink(missing_ok=True)
     return status
 

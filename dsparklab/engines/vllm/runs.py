@@ -45,8 +45,10 @@ from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_wri
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
+from dsparklab.store.reader import store_runs
 from dsparklab.store.sampling import SAMPLE_KEY
 from dsparklab.store.schema import RUN_JSON
 from dsparklab.store.writer import writer_id
@@ -158,9 +160,7 @@ def close_runs_of_dead_descendants(
     trace_dir = Location.of(trace_dir)
     if not trace_dir.is_local:  # pids mean nothing across hosts: the runs' leases end
         return {}
-    for run_dir in trace_dir.dirs():  # the taps' runs sit directly below the trace dir
-        if not (run_dir / RUN_JSON).is_file():
-            continue
+    for run_dir in store_runs(trace_dir):  # the taps' runs, listed below _runs only
         try:
             meta = read_run_json(run_dir, derive_status=False)
         except DSparkLabError:
@@ -288,20 +288,26 @@ def new_recorder(
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
     name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
+
+    def where(run_id: str) -> Location:
+        partition = {"dataset": config.dataset, "method": method, "num_speculative_tokens": n}
+        return run_location(config.trace_dir, {**partition, "run_id": run_id})
+
     if config.trace_dir.is_local:
-        run_dir = config.trace_dir / name
+        run_dir = where(name)
         if (run_dir / RUN_JSON).is_file() or counter > 1 and run_dir.exists():
-            run_dir = config.trace_dir / f"{name}-{os.getpid()}-{counter}"
+            name = f"{name}-{os.getpid()}-{counter}"
     else:
         # many servers share a bucket, and an object store must not be asked (it may be
         # down): a name no other process can take
-        run_dir = config.trace_dir / f"{name}-{writer_id()}-{counter}"
+        name = f"{name}-{writer_id()}-{counter}"
+    run_dir = where(name)
     spec_cfg = getattr(vllm_config, "speculative_config", None)
     model_cfg = getattr(vllm_config, "model_config", None)
     parallel = getattr(vllm_config, "parallel_config", None)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     run_json = new_run_json(
-        run_id=run_dir.name,
+        run_id=name,
         engine={
             "name": "vllm",
             "version": getattr(vllm, "__version__", "unknown"),
@@ -335,7 +341,7 @@ def new_recorder(
         else Outbox(max_bytes=int(config.buffer_mb * 2**20), name=str(config.trace_dir))
     )
     writer = TraceWriter(
-        run_dir,
+        config.trace_dir,
         run_json,
         flush_seconds=config.flush_seconds,
         outbox=outbox,

@@ -38,8 +38,8 @@ from typing import Any
 
 from dsparklab.errors import ConfigError, DSparkLabError
 from dsparklab.store.location import Location
+from dsparklab.store.reader import store_runs
 from dsparklab.store.sampling import ALWAYS_RECORDED
-from dsparklab.store.schema import RUN_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +155,7 @@ def tap_run_of(tap_dir: Location, request_id: str) -> Location | None:
     """The tap run below ``tap_dir`` that recorded ``request_id`` (None: none yet)."""
     from dsparklab.store import read_trace
 
-    for run_dir in tap_dir.dirs():  # each writing process's run, directly below
-        if not (run_dir / RUN_JSON).is_file():
-            continue
+    for run_dir in store_runs(tap_dir):  # each writing process's run, below _runs only
         try:
             ids = read_trace(run_dir, "requests", columns=["prompt_id"])
         except DSparkLabError:  # a run being created

@@ -17,7 +17,7 @@ import pytest
 from dsparklab.store import find_runs, list_runs, read_run_json, read_trace, validate_trace
 from dsparklab.store.location import Location, StoreAccessError, redact
 from dsparklab.store.outbox import Outbox
-from dsparklab.store.reader import part_files
+from dsparklab.store.reader import part_files, store_runs
 from dsparklab.store.sampling import request_sampled, request_unit
 from dsparklab.store.writer import TraceWriter
 from tests.conftest import make_run_json, step_rows, write_run
@@ -30,7 +30,7 @@ def test_hidden_run_directories_are_not_runs(tmp_path: Path) -> None:
     shutil.copytree(tmp_path / "runs" / "a", tmp_path / "runs" / f".a.tmp-{os.getpid()}")
     shutil.copytree(tmp_path / "runs" / "a", tmp_path / "runs" / ".cache" / "b")
     assert find_runs(tmp_path / "runs") == [Location.of(run)]
-    assert [d.name for d in Location.of(tmp_path / "runs").dirs()] == ["a"]
+    assert store_runs(tmp_path / "runs" / "a") == [Location.of(run)]
     runs = list_runs(tmp_path / "runs")
     assert len(runs) == 1
     steps = read_trace(tmp_path / "runs", "steps")
