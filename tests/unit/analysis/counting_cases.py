@@ -20,7 +20,6 @@ written here holds, through the real ``TraceWriter``:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,15 +107,8 @@ def token_runs() -> list[Run]:
 
 
 def _writer(root: str, meta: Mapping[str, Any], **options: Any) -> TraceWriter:
-    """A TraceWriter of ``meta``'s run into the store ``root``.
-
-    TraceWriter is moving from one directory per run (its first argument the run's
-    directory) to the table layout (its first argument the store): either way the run
-    lands below ``root``.
-    """
-    if "store" in inspect.signature(TraceWriter).parameters:
-        return TraceWriter(root, meta, **options)
-    return TraceWriter(f"{root}/{meta['run_id']}", meta, **options)
+    """A TraceWriter of ``meta``'s run into the store ``root`` (its table layout)."""
+    return TraceWriter(root, meta, **options)
 
 
 def _write_rows(root: str, run: Run, *, status: str = "complete") -> None:

@@ -18,7 +18,7 @@ from dsparklab.analysis import (
     count_calibration,
 )
 from dsparklab.errors import DSparkLabError, UnknownMethodError
-from dsparklab.store import read_trace, validate_trace
+from dsparklab.store import read_run_json, read_trace, validate_trace
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_metrics_agree_with_what_validate_counts(store):
     steps = read_trace(store, "steps")
     counts = count_acceptance(positions, steps=steps, by="run_id", per_request=False)
     for report in reports:
-        run_id = report.path.name
+        run_id = read_run_json(report.path)["run_id"]  # in the table layout: run_id=<id>
         mine = counts[counts["run_id"] == run_id]
         run_steps = steps[steps["run_id"] == run_id]
         # validate counted the rows; validate checked accepted_len == accepted rows per step
