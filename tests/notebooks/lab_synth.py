@@ -45,11 +45,10 @@ def write_synthetic_run(
     seed: int = 0,
     tier: str = "synthetic",
 ) -> Path:
-    """One run; returns its directory."""
+    """One run written into the store ``root``; returns its run.json's directory."""
     key = f"{method}/{n}/{dataset}/{seed}".encode()
     rng = np.random.default_rng(zlib.crc32(key))
     leaf = "none" if method == "none" else f"{method}-n{n}"
-    run_dir = Path(root) / dataset / leaf
     meta = new_run_json(
         run_id=f"synthetic-{dataset}-{leaf}",
         engine={"name": "synthetic", "version": "0"},
@@ -65,7 +64,7 @@ def write_synthetic_run(
         synthetic=True,
     )
     probs = _accept_probs(method, dataset, n) if method != "none" else np.zeros(0)
-    with TraceWriter(run_dir, meta) as writer:
+    with TraceWriter(root, meta) as writer:
         for r in range(n_requests):
             request_id = f"req{r:03d}"
             prompt_id = f"{dataset}/{r:03d}"
@@ -165,7 +164,7 @@ def write_synthetic_run(
                     wall_time_s=0.5,
                 ),
             )
-    return run_dir
+    return Path(writer.run_dir.path)
 
 
 def write_synthetic_runs(

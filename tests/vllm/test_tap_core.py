@@ -31,6 +31,7 @@ from dsparklab.engines.vllm import (
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
+from dsparklab.store.reader import store_runs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -589,16 +590,17 @@ from test_tap_core import N, _ring, _slot
 from dsparklab.engines.vllm import runs
 from dsparklab.engines.vllm.recorder import SETTLED_MARKER, TraceRecorder
 from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store.layout import table_location
 
-run, mode = Path(sys.argv[1]), sys.argv[2]
+store, mode = Path(sys.argv[1]), sys.argv[2]
 meta = new_run_json(
     run_id="t", engine={"name": "vllm"}, method="eagle3", num_speculative_tokens=N,
     target={"name": "t"}, drafter=None, dataset="d", sampling={},
     config={"pid": os.getpid(), "ancestor_pids": runs.ancestor_pids()},
 )
-rec = TraceRecorder(
-    N, dataset="d", writer=TraceWriter(run, meta, flush_seconds=0.2), flush_seconds=0.2
-)
+writer = TraceWriter(store, meta, flush_seconds=0.2)
+run = Path(writer.run_dir.path)
+rec = TraceRecorder(N, dataset="d", writer=writer, flush_seconds=0.2)
 ring = _ring()
 rec.start_requests(["a"])
 rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
@@ -614,7 +616,7 @@ def wait_for(done):
 
 
 if mode == "inflight":
-    wait_for(lambda: any((run / "steps").glob("part-*.parquet")))
+    wait_for(lambda: any(Path(table_location(run, "steps").path).glob("part-*.parquet")))
 else:
     rec.finish_requests(["a"])
     wait_for((run / SETTLED_MARKER).is_file)
@@ -639,14 +641,16 @@ def test_killed_writer_is_closed_from_its_settled_state(
     from dsparklab.engines.vllm.recorder import SETTLED_MARKER
     from dsparklab.store import read_run_json
 
-    run = tmp_path / "taps" / "run"
+    store = tmp_path / "taps"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(run), mode, str(Path(__file__).parent)],
+        [sys.executable, "-c", _KILLED_WRITER, str(store), mode, str(Path(__file__).parent)],
         stderr=subprocess.PIPE,
         text=True,
     )
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == -9, stderr[-3000:]
+    (found,) = store_runs(store)
+    run = Path(found.path)
     assert read_run_json(run)["status"] == "running"
     closed = runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0)
     assert closed == {str(run): status}

@@ -359,8 +359,8 @@ def test_specdec_bench_runs_and_profile(tmp_path: Path) -> None:
     windows = runs[runs["dataset"] == "speed"].sort_values("n")
     assert windows["n"].tolist() == [1, 2, 3]
     by_n = A.compute_acceptance_length_any(
-        counters=read_trace(tmp_path / "speed", "counters"),
-        totals=read_trace(tmp_path / "speed", "totals"),
+        counters=read_trace(tmp_path, "counters", filters={"dataset": "speed"}),
+        totals=read_trace(tmp_path, "totals", filters={"dataset": "speed"}),
         by=("n",),
         n_boot=0,
     ).set_index("n")

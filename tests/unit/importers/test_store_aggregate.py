@@ -23,14 +23,13 @@ from tests.conftest import make_run_json, write_run
 def _counts_run(
     root: Path, counters: list[dict[str, Any]], totals: list[dict[str, Any]], **meta: Any
 ) -> Path:
-    run = root / "r"
     fields = dict(run_id="agg", granularity="aggregate") | meta
-    with TraceWriter(run, make_run_json(**fields)) as writer:
+    with TraceWriter(root / "r", make_run_json(**fields)) as writer:
         if counters:
             writer.add_many("counters", counters)
         if totals:
             writer.add_many("totals", totals)
-    return run
+    return Path(writer.run_dir.path)
 
 
 def _good_counters(scope: str = "run", **unit: Any) -> list[dict[str, Any]]:
@@ -43,7 +42,12 @@ def _good_counters(scope: str = "run", **unit: Any) -> list[dict[str, Any]]:
 
 def test_token_runs_are_unchanged(tmp_path: Path) -> None:
     run = write_run(tmp_path / "tok")
-    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["positions", "requests", "steps"]
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir() if p.name[0] != "_") == [
+        "positions",
+        "requests",
+        "runs",
+        "steps",
+    ]
     meta = read_run_json(run)
     assert set(meta["rows"]) == {"steps", "positions", "requests"}
     assert "granularity" not in meta
@@ -113,7 +117,7 @@ def test_broken_counters_are_reported(tmp_path: Path, case: str, edit: Any, fiel
     assert any(
         v.field == field and "counters" in v.file or v.field == field for v in report.violations
     ), [str(v) for v in report.violations]
-    assert all(v.file.startswith(str(run)) for v in report.violations)
+    assert all(v.file.startswith(str(tmp_path / "r")) for v in report.violations)  # its store
 
 
 def test_granularity_must_match_the_tables(tmp_path: Path) -> None:
