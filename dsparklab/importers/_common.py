@@ -396,7 +396,8 @@ class ImportedRun:
 
     @property
     def name(self) -> str:
-        """``<dataset>/<method>-n<n>-<format>-<digest>``: the run's directory below ``--out``."""
+        """``<dataset>/<method>-n<n>-<format>-<digest>``: the run's name (its run_id is
+        ``import/<format>/<name>``)."""
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.dataset) or "imported"
         method = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.method)
         return f"{safe}/{method}-n{self.n}-{self.fmt}-{self.digest}"

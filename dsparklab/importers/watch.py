@@ -138,7 +138,7 @@ def watch(
     metrics_url
         The server's Prometheus endpoint, e.g. ``http://127.0.0.1:8000/metrics``.
     out
-        The run goes to ``<out>/<dataset>/<method>-n<n>-watch-<UTC time>``.
+        The store the run goes to, as ``watch/<dataset>/<method>-n<n>/<UTC time>``.
     dataset, method, n
         Labels (the counters carry none); ``n`` must match the server's window.
     max_intervals

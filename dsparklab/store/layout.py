@@ -23,10 +23,11 @@ hive_partitioning = true)`` both give the table with ``dataset``, ``method``, ``
 ``_runs`` starts with an underscore so engines listing the store skip it, and holds
 run.json (rewritten at every flush) apart from the ``runs`` table's parquet files.
 
-Stores written before this layout (one directory per run holding ``run.json`` and a
-directory per table) are still read; ``dsparklab migrate --layout`` moves them here.
-A run is addressed by the directory holding its run.json in either layout, and
-:func:`table_location` says where that run's table is.
+Every writer writes this layout (:class:`~dsparklab.store.writer.TraceWriter`). Stores
+written before it (one directory per run holding ``run.json`` and a directory per table)
+are still read, and ``dsparklab compact`` moves them here. A run is addressed by the
+directory holding its run.json in either layout, and :func:`table_location` says where
+that run's table is.
 """
 
 from __future__ import annotations
