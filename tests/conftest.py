@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dsparklab.store import TraceWriter, new_run_json
-from dsparklab.store.layout import table_location
+from dsparklab.store.layout import run_tables, store_of, table_location
+from dsparklab.store.location import Location
 from dsparklab.store.schema import ALL_TABLES, RUN_JSON
 
 TESTS = Path(__file__).parent
@@ -155,6 +156,17 @@ def write_run(
         # the prefill's token, then what every step emitted
         writer.add("requests", request_row(n_output=1 + sum(s["emitted"] for s in steps)))
     return Path(writer.run_dir.path)
+
+
+def copy_run(run: Path | str, store: Path) -> Path:
+    """Copy one run of a store in the table layout (its run.json and every table's partition)
+    into ``store``; returns the copy's run directory."""
+    source = Location.of(run)
+    home = store_of(source)
+    for directory in run_tables(source, tuple(ALL_TABLES)):
+        if directory.is_dir():
+            shutil.copytree(directory.path, store / directory.relative_to(home))
+    return store / source.relative_to(home)
 
 
 def as_old_layout(run: Path, run_dir: Path) -> Path:

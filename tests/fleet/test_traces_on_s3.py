@@ -16,25 +16,26 @@ import pytest
 from seaweed_store import SeaweedS3, free_ports
 
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
-from dsparklab.store.location import Location
+from dsparklab.store.layout import partition_values
+from dsparklab.store.reader import store_runs
 from tests.conftest import numbered_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4
 BATCH = 25  # requests per flush
 WRITERS = 4
-# Each writer records into its own run of one bucket: BATCH requests per part, LEASE s lease.
-# argv: run URI, requests (0: until killed), lease seconds.
+# Each writer records its own run into one store of a bucket: BATCH requests per part,
+# LEASE s lease. argv: store URI, run_id, requests (0: until killed), lease seconds.
 WRITER = textwrap.dedent(
     f"""
     import sys
     from dsparklab.store import TraceWriter
     from tests.conftest import make_run_json, numbered_request, request_row
-    total = int(sys.argv[2])
-    meta = make_run_json(num_speculative_tokens={N}, run_id=sys.argv[1].rsplit("/", 1)[-1])
+    total = int(sys.argv[3])
+    meta = make_run_json(num_speculative_tokens={N}, run_id=sys.argv[2])
     with TraceWriter(sys.argv[1], meta,
                      flush_rows=10**9, flush_seconds=10**9,
-                     lease_seconds=float(sys.argv[3])) as w:
+                     lease_seconds=float(sys.argv[4])) as w:
         i = 0
         while total == 0 or i < total:
             steps, positions = numbered_request(i, n={N})
@@ -73,7 +74,7 @@ def test_four_writers_and_a_killed_one(
         total = 0 if index == 0 else finishing
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", WRITER, f"{root}/w{index}", str(total), "3"],
+                [sys.executable, "-c", WRITER, root, f"w{index}", str(total), "3"],
                 cwd=ROOT,
                 env=_env(seaweed),
                 stdout=subprocess.PIPE,
@@ -91,23 +92,23 @@ def test_four_writers_and_a_killed_one(
         assert proc.returncode == 0, err
     time.sleep(3.5)  # the killed writer's lease (3 s) runs out
 
-    runs = find_runs(root)
-    assert sorted(r.name for r in runs) == [f"w{i}" for i in range(WRITERS)]
-    assert [d.name for d in Location.of(root).dirs()] == [f"w{i}" for i in range(WRITERS)]
-    reports = {r.path.name: r for r in validate_trace(root)}
+    runs = {partition_values(r)["run_id"]: r for r in find_runs(root)}
+    assert sorted(runs) == [f"w{i}" for i in range(WRITERS)]
+    assert store_runs(root) == sorted(runs.values())  # one listing, below _runs only
+    reports = {partition_values(r.path)["run_id"]: r for r in validate_trace(root)}
     assert all(r.ok for r in reports.values()), {k: r.violations for k, r in reports.items()}
     assert reports["w0"].status == "incomplete"
-    assert "lease" in read_run_json(f"{root}/w0")["status_reason"]
+    assert "lease" in read_run_json(runs["w0"])["status_reason"]
     for index in range(1, WRITERS):
         assert reports[f"w{index}"].status == "complete"
-        steps = read_trace(f"{root}/w{index}", "steps")
-        positions = read_trace(f"{root}/w{index}", "positions")
+        steps = read_trace(runs[f"w{index}"], "steps")
+        positions = read_trace(runs[f"w{index}"], "positions")
         want_steps, want_positions = numbered_requests(finishing, n=N)
         _same_rows(steps, want_steps, ["request_id", "step"])
         _same_rows(positions, want_positions, ["request_id", "step", "position"])
     # the killed writer: every finished part reads back, whole, with nothing twice
-    steps = read_trace(f"{root}/w0", "steps", statuses=["incomplete"])
-    positions = read_trace(f"{root}/w0", "positions", statuses=["incomplete"])
+    steps = read_trace(runs["w0"], "steps", statuses=["incomplete"])
+    positions = read_trace(runs["w0"], "positions", statuses=["incomplete"])
     requests = steps["request_id"].nunique()
     assert requests % BATCH == 0 and requests >= flushed[-1]
     want_steps, want_positions = numbered_requests(requests, n=N)

@@ -13,7 +13,7 @@ from dsparklab.cli.app import app
 from dsparklab.engines.layout import CollectOptions
 from dsparklab.engines.reference import ContextUpdate, DSparkDrafter, ReferenceEngine
 from dsparklab.engines.reference.collect import collect
-from dsparklab.store import read_run_json, read_trace, validate_trace
+from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
 from tests.integration.conftest import GEN_LEN, Zoo
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, zoo: Zoo) -> Path:
 
 def test_collect_writes_valid_runs(runs: Path) -> None:
     reports = validate_trace(runs)
-    names = sorted(str(r.path.relative_to(runs)) for r in reports)
+    names = sorted(read_run_json(r.path)["run_id"] for r in reports)
     assert names == [
         "humaneval/dspark-n3",
         "humaneval/dspark-n7",
@@ -130,7 +130,7 @@ def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
 
 
 def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
-    before = {p: read_run_json(p)["created_at"] for p in (runs / "humaneval").iterdir()}
+    before = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
     args = [
         "collect", "--engine", "reference", "--method", "dspark,eagle3,none", "--n", "3,7",
         "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "24", "--out", str(runs),
@@ -144,7 +144,7 @@ def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
     leaves = ["none", "dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"]
     assert lines[-6] == str(runs), result.output
     assert [line.split(":")[0] for line in lines[-5:]] == [f"humaneval/{k}" for k in leaves]
-    after = {p: read_run_json(p)["created_at"] for p in (runs / "humaneval").iterdir()}
+    after = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
     assert after == before  # every run was complete: nothing redone
 
 

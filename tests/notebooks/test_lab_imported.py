@@ -22,6 +22,7 @@ from lab_synth import write_synthetic_runs
 import dsparklab.analysis as A
 from dsparklab.importers import import_files
 from dsparklab.lab.notebook import HEADLESS_ENV, load_any_runs, read_records
+from dsparklab.store.layout import table_location
 from dsparklab.widgets import LiveView, latest_live_run
 
 FIXTURES = Path(__file__).parents[1] / "unit" / "importers" / "fixtures"
@@ -132,13 +133,13 @@ def test_live_view_follows_a_growing_run(mixed: Path, tmp_path: Path) -> None:
 
     run = latest_live_run(mixed)
     assert run is not None
-    copy = tmp_path / "live"
-    shutil.copytree(run, copy)
+    shutil.copytree(mixed, tmp_path / "live")  # the run's store: its tables lie beside _runs
+    copy = tmp_path / "live" / run.relative_to(mixed)
     meta = json.loads((copy / "run.json").read_text())
     meta["status"] = "running"
     (copy / "run.json").write_text(json.dumps(meta))
-    counters_parts = sorted((copy / "counters").glob("part-*.parquet"))
-    totals_parts = sorted((copy / "totals").glob("part-*.parquet"))
+    counters_parts = sorted(Path(table_location(copy, "counters").path).glob("part-*.parquet"))
+    totals_parts = sorted(Path(table_location(copy, "totals").path).glob("part-*.parquet"))
     # hide the second interval's rows, as if the watch had not written them yet
     import pyarrow.parquet as pq
 

@@ -19,6 +19,7 @@ from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
 from dsparklab.lab.resources import notebooks_dir
 from dsparklab.lab.server import LOOPBACK, lab_command
 from dsparklab.store import list_runs, read_run_json
+from tests.conftest import copy_run
 
 pytestmark = pytest.mark.notebooks
 
@@ -222,14 +223,10 @@ def test_report_on_imported_runs_only(tmp_path: Path):
 def test_report_on_a_mixed_store_without_baselines(runs_dir: Path, tmp_path: Path):
     """Imported runs beside Eagle3 token runs with no baseline, no confidence and no
     Markov fields: the report exits clean; what cannot be computed says why."""
-    import shutil
-
-    from dsparklab.store import list_runs
-
     runs = tmp_path / "runs"
     for path in list_runs(runs_dir)["path"]:
         if "eagle3" in Path(path).name:
-            shutil.copytree(path, runs / Path(path).relative_to(runs_dir))
+            copy_run(path, runs)
     _import_fixture_runs(runs)
     result = CliRunner().invoke(
         app,

@@ -72,10 +72,12 @@ def tap_steps_in_order(taps: Path) -> Any:
     import pandas as pd
     import pyarrow.parquet as pq
 
+    from dsparklab.store.reader import part_files, store_runs
+
     frames = [
-        pq.read_table(part).to_pandas()
-        for run_json in sorted(taps.glob("*/run.json"))
-        for part in sorted((run_json.parent / "steps").glob("part-*.parquet"))
+        pq.read_table(part.path).to_pandas()
+        for run in store_runs(taps)
+        for part in part_files(run, "steps")
     ]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -101,9 +103,10 @@ def settled(taps: Path, timeout: float = 60.0) -> None:
     """Wait until every tap run below ``taps`` has written all it recorded (its settled
     marker: every request finished, every row and run.json on disk)."""
     from dsparklab.engines.vllm.recorder import SETTLED_MARKER
+    from dsparklab.store.reader import store_runs
 
     deadline = time.monotonic() + timeout
-    while not all((r.parent / SETTLED_MARKER).is_file() for r in taps.glob("*/run.json")):
+    while not all((r / SETTLED_MARKER).is_file() for r in store_runs(taps)):
         if time.monotonic() > deadline:
             pytest.fail(f"the tap runs below {taps} did not settle within {timeout:.0f} s")
         time.sleep(0.2)

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsparklab.engines.checkpoints import resolve_model  # noqa: E402
+from dsparklab.engines.layout import RunSpec
 from dsparklab.engines.vllm.launch import vllm_distribution  # noqa: E402
 from dsparklab.prompts import PROMPT_FILE_PREFIXES, prompt_set_names  # noqa: E402
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402
@@ -90,7 +91,7 @@ def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_pat
     out = tmp_path / "runs"
     proc = collect_served(eagle3_server, out, *SMALL)  # no --method, no --n
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = out / "humaneval" / f"eagle3-n{N}"
+    run_dir = Path(RunSpec("humaneval", "eagle3", N).location(out).path)
     meta = read_run_json(run_dir)
     (report,) = validate_trace(run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
@@ -158,7 +159,7 @@ def test_served_steps_carry_their_share_of_each_engine_step(
     out = tmp_path / "runs"
     proc = collect_served(server, out, *SMALL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = out / "humaneval" / f"eagle3-n{N}"
+    run_dir = Path(RunSpec("humaneval", "eagle3", N).location(out).path)
     steps = read_trace(run_dir, "steps")
     requests = read_trace(run_dir, "requests")
     assert len(requests) == PROMPTS and len(steps) > 0
@@ -269,7 +270,7 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     assert "runs no speculative decoding" in refused.stderr, refused.stderr
     assert not (tmp_path / "refused").exists()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "humaneval" / "none"
+    run_dir = Path(RunSpec("humaneval", "none", 0).location(tmp_path / "runs").path)
     meta = read_run_json(run_dir)
     assert (meta["method"], meta["num_speculative_tokens"], meta["drafter"]) == ("none", 0, None)
     assert meta["tier"] == "tiny"

@@ -35,7 +35,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsparklab.engines.layout import CollectOptions  # noqa: E402
+from dsparklab.engines.layout import (
+    CollectOptions,  # noqa: E402
+    RunSpec,
+)
 from dsparklab.engines.vllm.collect import collect  # noqa: E402
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
@@ -86,11 +89,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     return {
         "sampled_taps": root / "sampled-taps",
-        "sampled": root / "sampled" / "humaneval" / f"eagle3-n{N}",
-        "vllm": root / "vllm" / "humaneval" / f"eagle3-n{N}",
-        "reference": root / "reference" / "humaneval" / f"eagle3-n{N}",
+        "sampled": Path(RunSpec("humaneval", "eagle3", N).location(root / "sampled").path),
+        "vllm": Path(RunSpec("humaneval", "eagle3", N).location(root / "vllm").path),
+        "reference": Path(RunSpec("humaneval", "eagle3", N).location(root / "reference").path),
         "taps": root / "taps",
-        "baseline": root / "vllm" / "humaneval" / "none",
+        "baseline": Path(RunSpec("humaneval", "none", 0).location(root / "vllm").path),
         "baseline_taps": root / "baseline-taps",
     }
 

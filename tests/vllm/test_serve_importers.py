@@ -47,7 +47,7 @@ from dsparklab.engines.vllm.recorder import SETTLED_MARKER  # noqa: E402
 from dsparklab.importers import import_files  # noqa: E402
 from dsparklab.prompts import load_prompts  # noqa: E402
 from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402
-from dsparklab.store.schema import RUN_JSON  # noqa: E402
+from dsparklab.store.reader import store_runs  # noqa: E402
 from dsparklab.zoo import zoo_path  # noqa: E402
 from tests.vllm.serving import (  # noqa: E402
     ENV,
@@ -248,7 +248,7 @@ def test_importers_agree_with_each_other_and_the_plugin(
 
 
 def _tap_run_dirs(taps: Path) -> list[Path]:
-    return sorted(p.parent for p in taps.glob(f"*/{RUN_JSON}"))
+    return [Path(run.path) for run in store_runs(taps)]
 
 
 def _wait(done: Any, what: str, server: Server, timeout: float = 120.0) -> None:
@@ -271,7 +271,7 @@ def test_collect_serve_joins_the_taps_with_the_server_metrics(
         "--target", str(eagle3_server.target), "--eagle3", str(zoo_path("tiny-eagle3")),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    (run_dir,) = _tap_run_dirs(out / "humaneval")
+    (run_dir,) = _tap_run_dirs(out)
     meta = read_run_json(run_dir)
     assert meta["status"] == "complete" and meta["engine"]["mode"] == "serve", meta
     checks = meta["checks"]
