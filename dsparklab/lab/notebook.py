@@ -31,7 +31,13 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from dsparklab.errors import DSparkLabError, MissingInputError, ProvenanceError, TraceSchemaError
+from dsparklab.errors import (
+    ConfigError,
+    DSparkLabError,
+    MissingInputError,
+    ProvenanceError,
+    TraceSchemaError,
+)
 from dsparklab.lab.resources import (
     PUBLISHED_CURVES,
     PUBLISHED_SPEEDUPS,
@@ -426,9 +432,10 @@ def load_runs(
         logger.warning(message)
         chosen &= token
     selected = table.loc[chosen | (keep & is_base & baseline & token)]
-    positions = _read_runs("positions", table.loc[chosen])
-    steps = _read_runs("steps", selected)
-    selected = selected.reset_index(drop=True)
+    fraction = _read_fraction(selected)
+    positions = _read_runs("positions", table.loc[chosen], fraction)
+    steps = _read_runs("steps", selected, fraction)
+    selected = _sampled(selected, fraction).reset_index(drop=True)
     frames = [positions, steps, selected]
     for frame in frames:
         frame["raw_dataset"] = frame["dataset"]
@@ -589,9 +596,10 @@ def load_any_runs(
     if not keep.any():
         raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
     selected = table.loc[keep].reset_index(drop=True)
-
+    fraction = _read_fraction(selected)
     names = ("positions", "steps", "counters", "totals", "calibration")
-    return AnyRuns(roots[0], selected, *(_read_runs(name, selected) for name in names))
+    tables = (_read_runs(name, selected, fraction) for name in names)
+    return AnyRuns(roots[0], _sampled(selected, fraction), *tables)
 
 
 def _run_table(roots: Sequence[Location]) -> pd.DataFrame:
@@ -639,14 +647,55 @@ def _nothing_matches(
     )
 
 
-def _read_runs(name: str, rows: pd.DataFrame) -> pd.DataFrame:
-    """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined)."""
-    from dsparklab.store import read_trace
+# Position rows a notebook (or the report's findings) reads at most; past it, a sample of
+# whole requests (the store's own request-id hash), which the run table's ``sample`` says.
+MAX_ROWS_ENV = "DSPARKLAB_MAX_ROWS"
+DEFAULT_MAX_ROWS = 8_000_000
 
-    frames = [
-        read_trace(root, name, filters={"run_id": group["run_id"].tolist()})
-        for root, group in rows.groupby("root", sort=False)
-    ]
+
+def max_rows() -> int:
+    """The row budget: ``$DSPARKLAB_MAX_ROWS``, else :data:`DEFAULT_MAX_ROWS`."""
+    text = os.environ.get(MAX_ROWS_ENV, "")
+    try:
+        value = int(text) if text else DEFAULT_MAX_ROWS
+    except ValueError:
+        raise ConfigError(f"{MAX_ROWS_ENV}={text!r} is not a number of rows") from None
+    if value < 1:
+        raise ConfigError(f"{MAX_ROWS_ENV}={text!r}: expected a positive number of rows")
+    return value
+
+
+def _read_fraction(rows: pd.DataFrame) -> float:
+    """The fraction of requests to read so the position rows of ``rows``' runs (their
+    run.json's counts) fit :func:`max_rows`."""
+    from dsparklab.store import read_run_json
+
+    total = sum(int((read_run_json(p).get("rows") or {}).get("positions", 0)) for p in rows["path"])
+    return 1.0 if total <= max_rows() else max_rows() / total
+
+
+def _sampled(rows: pd.DataFrame, fraction: float) -> pd.DataFrame:
+    """``rows`` with ``sample`` (the fraction of each run's requests the tables hold)
+    scaled by the fraction read."""
+    return rows if fraction >= 1.0 else rows.assign(sample=rows["sample"] * fraction)
+
+
+def _read_runs(name: str, rows: pd.DataFrame, fraction: float = 1.0) -> pd.DataFrame:
+    """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined);
+    ``fraction`` < 1 reads only the requests :func:`~dsparklab.store.sampling.request_sampled`
+    keeps at that fraction (each whole: its steps and positions)."""
+    from dsparklab.store import read_trace
+    from dsparklab.store.sampling import request_sampled
+
+    frames = []
+    for root, group in rows.groupby("root", sort=False):
+        filters: dict[str, Any] = {"run_id": group["run_id"].tolist()}
+        if fraction < 1.0 and name in ("positions", "steps", "requests"):
+            ids = read_trace(root, "requests", columns=["request_id"], filters=filters)
+            filters["request_id"] = [
+                r for r in ids["request_id"].unique() if request_sampled(r, fraction)
+            ]
+        frames.append(read_trace(root, name, filters=filters))
     return pd.concat(frames, ignore_index=True)
 
 

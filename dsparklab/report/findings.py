@@ -77,7 +77,8 @@ def _label(frame: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 
 
 def sampled_notes(runs: pd.DataFrame, labels: pd.Series) -> list[str]:
-    """One note per run set holding runs that recorded a sample of their requests."""
+    """One note per run set holding runs read as a sample of their requests: recorded so
+    (``DSPARKLAB_SAMPLE``) or read so (past the row budget, ``DSPARKLAB_MAX_ROWS``)."""
     if "sample" not in runs.columns:
         return []
     sampled = runs[runs["sample"] < 1.0]
@@ -85,8 +86,9 @@ def sampled_notes(runs: pd.DataFrame, labels: pd.Series) -> list[str]:
     for run_set, group in sampled.groupby(sampled["run_id"].astype(str).map(labels)):
         fractions = ", ".join(f"{f:g}" for f in sorted(set(group["sample"])))
         notes.append(
-            f"{run_set}: {len(group)} runs recorded a sample of their requests (fraction "
-            f"{fractions}, by request-id hash): intervals are over the sampled requests"
+            f"{run_set}: {len(group)} runs hold a sample of their requests (fraction "
+            f"{fractions}, by request-id hash, recorded or read within DSPARKLAB_MAX_ROWS): "
+            "intervals are over the sampled requests"
         )
     return notes
 

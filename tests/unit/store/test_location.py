@@ -216,5 +216,5 @@ def test_a_sampled_run_says_so_in_its_listing_and_the_findings(tmp_path: Path) -
     runs = list_runs(tmp_path)
     assert runs.set_index("run_id")["sample"].to_dict() == {"run-test": 1.0, "sampled": 0.1}
     (note,) = sampled_notes(runs, run_set_labels(runs))
-    assert "1 runs recorded a sample" in note and "fraction 0.1" in note
+    assert "1 runs hold a sample" in note and "fraction 0.1" in note
     assert "intervals are over the sampled requests" in note

@@ -1,0 +1,56 @@
+"""A store past the row budget: notebooks read a sample of whole requests, and say so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsparklab.errors import ConfigError
+from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
+from dsparklab.report.findings import sampled_notes
+from dsparklab.store import read_trace
+from dsparklab.store.sampling import request_sampled
+from tests.notebooks.lab_synth import write_synthetic_run
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    for method, n in (("dspark", 3), ("eagle3", 3), ("none", 0)):
+        write_synthetic_run(tmp_path, method=method, n=n, dataset="prose", n_requests=40)
+    return tmp_path
+
+
+def test_past_the_budget_whole_requests_are_read_and_the_fraction_said(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = load_runs(store)
+    total = len(full.positions)
+    assert (full.runs["sample"] == 1.0).all()
+    monkeypatch.setenv(MAX_ROWS_ENV, str(total // 4))
+    runs = load_runs(store)
+    fraction = (total // 4) / total
+    assert runs.runs["sample"].tolist() == pytest.approx([fraction] * len(runs.runs))
+    kept = {r for r in full.steps["request_id"].unique() if request_sampled(r, fraction)}
+    assert 0 < len(kept) < full.steps["request_id"].nunique()
+    assert set(runs.positions["request_id"]) | set(runs.steps["request_id"]) == kept
+    for table, keys in ((runs.positions, ["run_id", "request_id", "step", "position"]),
+                        (runs.steps, ["run_id", "request_id", "step"])):  # fmt: skip
+        whole = getattr(full, "positions" if "position" in keys else "steps")
+        want = whole[whole["request_id"].isin(kept)].sort_values(keys).reset_index(drop=True)
+        got = table.sort_values(keys).reset_index(drop=True)
+        assert got[keys].equals(want[keys])  # each kept request whole, in every run
+    assert set(runs.steps["method"]) == {"dspark", "eagle3", "none"}  # baselines sampled alike
+    any_runs = load_any_runs(store)
+    assert set(any_runs.positions["request_id"]) == set(runs.positions["request_id"])
+    labels = pd.Series("store", index=any_runs.runs["run_id"])  # run_id -> run set
+    (note,) = sampled_notes(any_runs.runs, labels)
+    assert "hold a sample" in note and "DSPARKLAB_MAX_ROWS" in note
+    assert len(read_trace(store, "positions")) == total  # the store itself is untouched
+
+
+def test_a_bad_budget_is_one_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MAX_ROWS_ENV, "lots")
+    with pytest.raises(ConfigError, match="DSPARKLAB_MAX_ROWS='lots'"):
+        load_runs(store)
