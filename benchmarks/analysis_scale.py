@@ -21,7 +21,9 @@
    notebooks use (``read_trace`` + ``count_acceptance``) up to ``--inproc-max-rows``; and
    hand-written DuckDB queries for the same counters over the same files ("reached" from a
    window over each step, from a join with the steps table, or counted from the steps
-   table). The fastest hand-written query is the reference of each ratio. DuckDB runs
+   table), and ``dsparklab report`` over the store (from ``--report-min-rows``: it reads a
+   sample of whole requests within ``DSPARKLAB_MAX_ROWS``). The fastest hand-written query
+   is the reference of each ratio. DuckDB runs
    with a 3 GB memory limit (``BENCH_DUCKDB_MEMORY``), past which it spills to disk, in
    the library's queries and the hand-written ones alike.
 3. Every path's counters are checked equal to every hand-written query's before printing.
@@ -295,6 +297,21 @@ def measure(name: str, root: Path, out: Path) -> None:
         )
         counts = count_acceptance(positions, steps=steps, by=("method", "n"), per_request=False)
         result = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
+    elif name == "report":
+        report_dir = out.with_suffix(".report")
+        shutil.rmtree(report_dir, ignore_errors=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "dsparklab", "report", "--runs", str(root), "--out"]
+            + [str(report_dir), "--no-png"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"report failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        import pandas as pd
+
+        result = pd.DataFrame({"files": [sum(1 for _ in report_dir.rglob("*"))]})
     elif name.startswith("duckdb_heatmap"):
         variant = name.rsplit("_", 1)[1]
         if variant == "steps":
@@ -424,6 +441,7 @@ LABELS = [
     ("calibration: dsparklab on Spark local[2]", "spark_calibration", CAL_REFS),
     ("calibration: hand-written DuckDB, reached by window", "duckdb_calibration_window", CAL_REFS),
     ("calibration: hand-written DuckDB, reached by join", "duckdb_calibration_join", CAL_REFS),
+    ("dsparklab report (7 notebooks + findings; --no-png)", "report", HEAT_REFS),
 ]
 
 
@@ -447,6 +465,8 @@ def _bench(store: Path, rows_wanted: int, args: argparse.Namespace) -> tuple[int
     names = [name for _, name, _ in LABELS]
     if args.no_spark:
         names = [n for n in names if not n.startswith("spark")]
+    if rows < args.report_min_rows:
+        names.remove("report")
     if rows > args.inproc_max_rows:
         names.remove("inproc_heatmap")
         print(f"in-process path not run above {args.inproc_max_rows:,} rows (--inproc-max-rows)")
@@ -490,6 +510,9 @@ def main() -> None:
     parser.add_argument("--no-spark", action="store_true", help="leave Spark out")
     parser.add_argument("--inproc-max-rows", type=int, default=60_000_000)
     parser.add_argument("--spark-calibration-max-rows", type=int, default=60_000_000)
+    parser.add_argument(
+        "--report-min-rows", type=int, default=100_000_000, help="time the report from here"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
