@@ -647,8 +647,9 @@ def _nothing_matches(
     )
 
 
-# Position rows a notebook (or the report's findings) reads at most; past it, a sample of
-# whole requests (the store's own request-id hash), which the run table's ``sample`` says.
+# Position rows a notebook (or the report's findings) reads at most; past it, the requests
+# of a sample of prompts (the store's hash, of the prompt id: the same prompts in every run,
+# so comparisons stay paired), which the run table's ``sample`` says.
 MAX_ROWS_ENV = "DSPARKLAB_MAX_ROWS"
 DEFAULT_MAX_ROWS = 8_000_000
 
@@ -682,8 +683,9 @@ def _sampled(rows: pd.DataFrame, fraction: float) -> pd.DataFrame:
 
 def _read_runs(name: str, rows: pd.DataFrame, fraction: float = 1.0) -> pd.DataFrame:
     """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined);
-    ``fraction`` < 1 reads only the requests :func:`~dsparklab.store.sampling.request_sampled`
-    keeps at that fraction (each whole: its steps and positions)."""
+    ``fraction`` < 1 reads only the requests whose prompt id
+    :func:`~dsparklab.store.sampling.request_sampled` keeps at that fraction (each whole:
+    its steps and positions; the same prompts in every run)."""
     from dsparklab.store import read_trace
     from dsparklab.store.sampling import request_sampled
 
@@ -691,10 +693,9 @@ def _read_runs(name: str, rows: pd.DataFrame, fraction: float = 1.0) -> pd.DataF
     for root, group in rows.groupby("root", sort=False):
         filters: dict[str, Any] = {"run_id": group["run_id"].tolist()}
         if fraction < 1.0 and name in ("positions", "steps", "requests"):
-            ids = read_trace(root, "requests", columns=["request_id"], filters=filters)
-            filters["request_id"] = [
-                r for r in ids["request_id"].unique() if request_sampled(r, fraction)
-            ]
+            ids = read_trace(root, "requests", columns=["request_id", "prompt_id"], filters=filters)
+            kept = ids["prompt_id"].map(lambda p: request_sampled(str(p), fraction))
+            filters["request_id"] = ids.loc[kept, "request_id"].unique().tolist()
         frames.append(read_trace(root, name, filters=filters))
     return pd.concat(frames, ignore_index=True)
 

@@ -87,7 +87,7 @@ def sampled_notes(runs: pd.DataFrame, labels: pd.Series) -> list[str]:
         fractions = ", ".join(f"{f:g}" for f in sorted(set(group["sample"])))
         notes.append(
             f"{run_set}: {len(group)} runs hold a sample of their requests (fraction "
-            f"{fractions}, by request-id hash, recorded or read within DSPARKLAB_MAX_ROWS): "
+            f"{fractions}, by id hash: recorded so, or read within DSPARKLAB_MAX_ROWS): "
             "intervals are over the sampled requests"
         )
     return notes

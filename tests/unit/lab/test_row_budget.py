@@ -1,4 +1,5 @@
-"""A store past the row budget: notebooks read a sample of whole requests, and say so."""
+"""A store past the row budget: notebooks read the whole requests of a sample of prompts (the
+same in every run), and say so."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ def test_past_the_budget_whole_requests_are_read_and_the_fraction_said(
     runs = load_runs(store)
     fraction = (total // 4) / total
     assert runs.runs["sample"].tolist() == pytest.approx([fraction] * len(runs.runs))
-    kept = {r for r in full.steps["request_id"].unique() if request_sampled(r, fraction)}
+    prompts = full.steps.drop_duplicates("request_id")
+    kept = set(
+        prompts.loc[prompts["prompt_id"].map(lambda p: request_sampled(p, fraction)), "request_id"]
+    )
     assert 0 < len(kept) < full.steps["request_id"].nunique()
     assert set(runs.positions["request_id"]) | set(runs.steps["request_id"]) == kept
     for table, keys in ((runs.positions, ["run_id", "request_id", "step", "position"]),
