@@ -199,6 +199,8 @@ def bootstrap_sums(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.n
     drawn in blocks so memory stays bounded for many units.
     """
     n_units = x.shape[0]
+    if n_units == 0:  # a group no unit reached: every resample sums nothing
+        return np.zeros((n_boot, *x.shape[1:]))
     flat = x.reshape(n_units, -1)  # [U, K]
     out = np.empty((n_boot, flat.shape[1]))
     block = max(1, MAX_WEIGHTS // max(n_units, 1))

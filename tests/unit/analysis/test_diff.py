@@ -151,3 +151,15 @@ def test_token_class_acceptance_and_diff():
     others = diff.drop(index="punctuation")
     assert (others["delta_lo"] < 0.1).all()
     assert (others["delta"].abs() < 0.15).all()
+
+
+def test_a_dataset_one_side_lacks_gives_nan_not_an_error() -> None:
+    """A sample (or a partial run set) can leave a dataset with no units on one side."""
+    base = [build_run(run_id=f"b-{d}", n=3, dataset=d, seed=i) for i, d in enumerate(("a", "b"))]
+    new = build_run(run_id="n-a", n=3, dataset="a", seed=7)
+    positions = pd.concat([r.positions for r in base], ignore_index=True)
+    steps = pd.concat([r.steps for r in base], ignore_index=True)
+    prompts = compute_regression_diff(
+        positions, new.positions, base_steps=steps, new_steps=new.steps, level="prompt", n_boot=20
+    )
+    assert set(prompts["dataset"]) <= {"a", "b"} and len(prompts)
