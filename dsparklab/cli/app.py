@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dsparklab.cli import collect, demo, importers, lab, report, serve, validate, zoo
+from dsparklab.cli import collect, count, demo, importers, lab, report, serve, validate, zoo
 from dsparklab.errors import DSparkLabError
 
 app = typer.Typer(
@@ -33,6 +33,7 @@ def _group() -> None:
 app.command()(validate.validate)
 app.command()(validate.migrate)
 app.command()(validate.compact)
+app.command()(count.count)
 app.command()(collect.collect)
 app.command(context_settings=serve.SERVE_CONTEXT)(serve.serve)
 app.command(name="import")(importers.import_command)
