@@ -63,6 +63,7 @@ from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
+from dsparklab.store.layout import is_partitioned, partition_values, store_of
 from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import emitted_tokens, totals_row
 from dsparklab.store.sampling import request_sampled
@@ -784,9 +785,10 @@ def _collect_engine(
             # process still lists that engine's (closed) recorders
             tap_dirs = [
                 d
-                for d in _close_taps(llm)
-                if Path(d).parent == Path(tap_config.trace_dir)
-                and Path(d).name.startswith(tap_config.run_name)
+                for d in map(Location.of, _close_taps(llm))
+                if is_partitioned(d)
+                and store_of(d) == tap_config.trace_dir
+                and partition_values(d)["run_id"].startswith(tap_config.run_name)
             ]
         finally:
             del llm
