@@ -651,7 +651,7 @@ def _nothing_matches(
 # of a sample of prompts (the store's hash, of the prompt id: the same prompts in every run,
 # so comparisons stay paired), which the run table's ``sample`` says.
 MAX_ROWS_ENV = "DSPARKLAB_MAX_ROWS"
-DEFAULT_MAX_ROWS = 8_000_000
+DEFAULT_MAX_ROWS = 2_000_000
 
 
 def max_rows() -> int:
