@@ -91,15 +91,13 @@ def compact_store(
         # in place: a run of the table layout stays in its store; one of the old layout
         # moves into the table layout of the store compacted
         home = dest_store or (store_of(run) if is_partitioned(run) else store)
-        results.append(_compact_run(run, meta, home, file_rows, row_group_rows))
+        results.append(_compact_run(run, home, file_rows, row_group_rows))
         if dest_store is None and not is_partitioned(run):
             _remove_moved(run, store)
     return results
 
 
-def _compact_run(
-    run: Location, meta: dict[str, Any], home: Location, file_rows: int, row_group_rows: int
-) -> Compacted:
+def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: int) -> Compacted:
     written = read_run_json(run, derive_status=False)
     target = run_location(home, written)
     in_place = target == run

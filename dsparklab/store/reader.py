@@ -8,7 +8,7 @@ memory to answer a narrow question.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -234,10 +234,17 @@ def read_parts(
             part = pq.ParquetFile(fh, read_dictionary=list(read_dictionary))
             tables.append(part.read(columns=own))
     arrow = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="none")
-    for name in columns:
-        if name in constants:
-            column = pa.array([constants[name]] * arrow.num_rows, schema.field(name).type)
-            arrow = arrow.add_column(list(columns).index(name), schema.field(name), column)
+    return with_partition_columns(arrow, table, constants).select(list(columns))
+
+
+def with_partition_columns(arrow: pa.Table, table: str, constants: Mapping[str, str]) -> pa.Table:
+    """``arrow`` with the columns of ``table`` its partition holds (``constants``, from
+    :func:`~dsparklab.store.layout.partition_values`) added, typed as the contract says."""
+    schema = ALL_TABLES[table]
+    for name in schema.names:
+        if name in constants and name not in arrow.column_names:
+            value = pa.array([constants[name]] * arrow.num_rows, schema.field(name).type)
+            arrow = arrow.append_column(schema.field(name), value)
     return arrow
 
 
@@ -255,6 +262,17 @@ def find_runs(root: Where) -> list[Location]:
             raise TraceSchemaError("no such file or directory", path=root)
         raise TraceSchemaError("no run.json found below this directory", path=root)
     return sorted(runs)
+
+
+def runs_with_status(
+    root: Where, statuses: Iterable[str]
+) -> Iterator[tuple[Location, dict[str, Any]]]:
+    """(run directory, run.json) of every run below ``root`` whose status is in ``statuses``."""
+    wanted = set(statuses)
+    for run_dir in find_runs(root):
+        meta = read_run_json(run_dir)
+        if meta["status"] in wanted:
+            yield run_dir, meta
 
 
 def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -383,13 +401,9 @@ def read_trace(
                 field=name,
             )
     wanted_columns = list(columns) if columns is not None else list(schema.names)
-    statuses = set(statuses)
 
     frames: list[pd.DataFrame] = []
-    for run_dir in find_runs(root):
-        meta = read_run_json(run_dir)
-        if meta["status"] not in statuses:
-            continue
+    for run_dir, meta in runs_with_status(root, statuses):
         constants = run_columns(meta)
         partitioned = is_partitioned(run_dir)
         # the table's own column decides, unless the partition holds it (table layout)
@@ -454,11 +468,7 @@ def table_dataset(root: Where, table: str, *, statuses: Iterable[str] = STATUSES
     root = Location.of(root)
     paths: list[str] = []
     partitions: list[ds.Expression] = []
-    wanted = set(statuses)
-    for run_dir in find_runs(root):
-        meta = read_run_json(run_dir)
-        if meta["status"] not in wanted:
-            continue
+    for run_dir, meta in runs_with_status(root, statuses):
         partitioned = is_partitioned(run_dir)
         columns = run_columns(meta)
         expr = ds.scalar(True)

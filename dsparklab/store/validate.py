@@ -25,6 +25,7 @@ from dsparklab.store.reader import (
     read_run_json,
     resolve_run,
     run_granularity,
+    with_partition_columns,
 )
 from dsparklab.store.schema import (
     AGGREGATE_TABLES,
@@ -435,10 +436,7 @@ def _load_table(run_dir: Location, meta: dict, table: str, report: RunReport) ->
             report.violations.append(Violation(str(path), None, f"unreadable parquet: {err}"))
             continue
         schema = ALL_TABLES[table]
-        for name in schema.names:
-            if name in constants:  # the table layout's partition holds it
-                value = pa.array([constants[name]] * arrow.num_rows, schema.field(name).type)
-                arrow = arrow.append_column(schema.field(name), value)
+        arrow = with_partition_columns(arrow, table, constants)  # the partition's, if any
         for spec in schema:
             if not spec.nullable and arrow.column(spec.name).null_count:
                 first = arrow.column(spec.name).is_null().to_pylist().index(True)
