@@ -23,6 +23,7 @@ import pandas as pd
 
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
 from dsparklab.analysis.acceptance import (
+    ACCEPTANCE_COUNTERS,
     _empty_by_position,
     compute_acceptance_by_position,
     compute_acceptance_length,
@@ -186,9 +187,15 @@ def _count_pieces(
     counters: pd.DataFrame | None,
     by: tuple[str, ...],
     per_request: bool,
+    counts: pd.DataFrame | None = None,
 ) -> list[pd.DataFrame]:
-    """One counter table per source of counts (positions, bare steps, counters)."""
+    """One counter table per source of counts (counted already, positions, bare steps,
+    counters)."""
     pieces: list[pd.DataFrame] = []
+    if counts is not None and len(counts):
+        require_columns(counts, [*by, "position", *ACCEPTANCE_COUNTERS], what="acceptance counts")
+        counted = counts[counts["n_drafted"] > 0]
+        pieces.append(counted if per_request else _flatten(counted, by))
     token_runs: set[str] = set()
     if positions is not None and len(positions):
         pieces.append(count_acceptance(positions, steps=steps, by=by, per_request=per_request))
@@ -261,6 +268,7 @@ def count_acceptance_any(
     *,
     steps: pd.DataFrame | None = None,
     counters: pd.DataFrame | None = None,
+    counts: pd.DataFrame | None = None,
     by: str | Iterable[str] = ("run_id",),
     per_request: bool = True,
 ) -> pd.DataFrame:
@@ -272,9 +280,12 @@ def count_acceptance_any(
     ``counters`` (:func:`count_acceptance_from_counters`). The sources are disjoint by
     run, so their counts add: :math:`R_i = \\sum_{\\text{runs}} R_i`, likewise
     :math:`A_i`. Per-request rows are kept only when every run of the selection has them.
+    ``counts`` adds runs counted already (per-request acceptance counters, e.g.
+    :func:`dsparklab.analysis.aggregate_store` with ``per_request=True``), disjoint by run
+    from the other tables.
     """
     by = as_columns(by)
-    pieces = _count_pieces(positions, steps, counters, by, per_request)
+    pieces = _count_pieces(positions, steps, counters, by, per_request, counts)
     if not pieces:
         return count_acceptance_from_counters(
             pd.DataFrame({c: pd.Series(dtype=object) for c in (*COUNTER_COLUMNS, "n_drafted")}),
@@ -316,6 +327,7 @@ def compute_acceptance_by_position_any(
     *,
     steps: pd.DataFrame | None = None,
     counters: pd.DataFrame | None = None,
+    counts: pd.DataFrame | None = None,
     by: str | Iterable[str] = ("run_id",),
     n_boot: int = 1000,
     ci: float = 0.95,
@@ -331,10 +343,11 @@ def compute_acceptance_by_position_any(
     with bootstrap intervals over requests only for groups whose runs all have
     per-request counts (others: NaN bounds). Runs that reported only rates are appended
     as reported (:func:`compute_rate_acceptance`). A ``source`` column says which:
-    ``"counts"`` or ``"reported rates"``.
+    ``"counts"`` or ``"reported rates"``. ``counts``: runs counted already, as in
+    :func:`count_acceptance_any`.
     """
     by = as_columns(by)
-    pieces = _count_pieces(positions, steps, counters, by, True)
+    pieces = _count_pieces(positions, steps, counters, by, True, counts)
     counted = _finish_any(
         pieces, by, compute_acceptance_by_position, n_boot=n_boot, ci=ci, seed=seed
     ).assign(source="counts")
@@ -352,6 +365,7 @@ def compute_acceptance_length_any(
     steps: pd.DataFrame | None = None,
     counters: pd.DataFrame | None = None,
     totals: pd.DataFrame | None = None,
+    counts: pd.DataFrame | None = None,
     by: str | Iterable[str] = ("run_id",),
     n_boot: int = 1000,
     ci: float = 0.95,
@@ -366,7 +380,7 @@ def compute_acceptance_length_any(
         ``definition``: ``per_step`` (:math:`1 + \\sum_i s_i` from counts or reported
         rates) or, for runs that hold only a reported number (e.g. specdec_bench's
         ``accept_length_by_k``), ``reported: <its definition>``. One ``per_step`` row
-        per group.
+        per group. ``counts``: runs counted already, as in :func:`count_acceptance_any`.
 
     Notes
     -----
@@ -377,7 +391,7 @@ def compute_acceptance_length_any(
     no counts or interval (they would be the counted runs' alone).
     """
     by = as_columns(by)
-    counted = _count_pieces(positions, steps, counters, by, True)
+    counted = _count_pieces(positions, steps, counters, by, True, counts)
     length = _finish_any(counted, by, compute_acceptance_length, n_boot=n_boot, ci=ci, seed=seed)
     pieces = []
     if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
@@ -386,7 +400,7 @@ def compute_acceptance_length_any(
         if mixed:
             in_length = np.array([k in mixed for k in _key_tuples(length, by)], dtype=bool)
             in_rated = np.array([k in mixed for k in _key_tuples(rated, by)], dtype=bool)
-            runs = _run_lengths(positions, steps, counters, by, ci=ci, seed=seed)
+            runs = _run_lengths(positions, steps, counters, counts, by, ci=ci, seed=seed)
             runs = runs[np.array([k in mixed for k in _key_tuples(runs, by)], dtype=bool)]
             pieces.append(_mean_over_runs(runs, by))
             length, rated = length[~in_length], rated[~in_rated]
@@ -398,12 +412,9 @@ def compute_acceptance_length_any(
         for piece in pieces:
             if "run_id" in piece.columns:
                 have |= set(piece["run_id"])
-        if counters is not None and "run_id" in counters:
-            have |= set(counters["run_id"])
-        if positions is not None and "run_id" in positions:
-            have |= set(positions["run_id"])
-        if steps is not None and "run_id" in steps:
-            have |= set(steps["run_id"])
+        for table in (counters, positions, steps, counts):
+            if table is not None and "run_id" in table:
+                have |= set(table["run_id"])
         only = totals[(totals["scope"] == "run") & totals["reported_accept_len"].notna()]
         if "run_id" in only.columns:
             only = only[~only["run_id"].isin(have)]
@@ -443,6 +454,7 @@ def _run_lengths(
     positions: pd.DataFrame | None,
     steps: pd.DataFrame | None,
     counters: pd.DataFrame,
+    counts: pd.DataFrame | None,
     by: tuple[str, ...],
     *,
     ci: float,
@@ -450,7 +462,7 @@ def _run_lengths(
 ) -> pd.DataFrame:
     """``by`` + ``run_id`` + ``accept_len`` of every run, counted or rate-only, on its own."""
     per_run = by if "run_id" in by else (*by, "run_id")
-    pieces = _count_pieces(positions, steps, counters, per_run, False)
+    pieces = _count_pieces(positions, steps, counters, per_run, False, counts)
     counted = _finish_any(pieces, per_run, compute_acceptance_length, n_boot=0, ci=ci, seed=seed)
     rated = _rate_lengths(compute_rate_acceptance(counters, by=per_run), per_run)
     columns = [*per_run, "accept_len"]

@@ -29,9 +29,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from dsparklab.analysis._frames import as_columns, require_columns
+from dsparklab.analysis._frames import as_columns
 from dsparklab.analysis._kernels import bootstrap_sums, group_rng, percentile_interval
-from dsparklab.analysis.window import BASELINE_METHOD, MATCH_COLUMNS, require_step_costs
+from dsparklab.analysis.window import (
+    BASELINE_METHOD,
+    MATCH_COLUMNS,
+    require_step_costs,
+    step_time_counts,
+)
 from dsparklab.errors import DSparkLabError, MissingInputError
 
 COMPONENTS = ("tokens", "draft", "verify", "other")
@@ -45,26 +50,21 @@ LEVELS = ("dataset", "prompt")
 def _prompt_sums(steps: pd.DataFrame, by: list[str], match: list[str]) -> pd.DataFrame:
     """One row per (by, prompt_id): the five sums of :data:`_SUMS`, times divided by
     ``t_b``, the matched baseline's time per emitted token (the side is the baseline
-    itself when it holds only target-only steps)."""
+    itself when it holds only target-only steps). ``steps``: rows, or per-request
+    step-time counters with ``prompt_id`` among their keys."""
     require_step_costs(steps)
-    require_columns(
-        steps,
-        [*by, *match, "prompt_id", "method", "emitted", "draft_time_s", "verify_time_s"],
-        what="speedup attribution",
-    )
-    frame = steps.assign(
-        draft=steps["draft_time_s"].fillna(0.0).astype(float),
-        verify=steps["verify_time_s"].astype(float),
-        other=(steps["other_time_s"].fillna(0.0).astype(float) if "other_time_s" in steps else 0.0),
-        emitted=steps["emitted"].astype(float),
-        n_steps=1.0,
+    counts = step_time_counts(steps, by=[*by, "prompt_id"], match=match)
+    frame = counts.assign(
+        n_steps=counts["n_steps"].astype(float),
+        emitted=counts["sum_tokens"],
+        draft=counts["sum_draft"],
+        verify=counts["sum_verify"],
+        other=counts["sum_time"] - counts["sum_draft"] - counts["sum_verify"],
     )
     is_base = frame["method"] == BASELINE_METHOD
-    base = frame.loc[is_base]
-    base_time = base.assign(time=base["draft"] + base["verify"] + base["other"])
-    totals = base_time.groupby(match)[["time", "emitted"]].sum()
-    per_token = (totals["time"] / totals["emitted"]).rename("t_b").reset_index()
-    side = frame.loc[~is_base] if (~is_base).any() else base
+    totals = frame.loc[is_base].groupby(match)[["sum_time", "emitted"]].sum()
+    per_token = (totals["sum_time"] / totals["emitted"]).rename("t_b").reset_index()
+    side = frame.loc[~is_base] if (~is_base).any() else frame.loc[is_base]
     keys = list(dict.fromkeys([*by, *match, "prompt_id"]))
     sums = side.groupby(keys, sort=True)[list(_SUMS)].sum().reset_index()
     sums = sums.merge(per_token, on=match, how="left")
@@ -123,7 +123,9 @@ def compute_speedup_attribution(
     ----------
     base_steps, new_steps
         The steps of each side's runs *and* of their target-only baseline runs (the
-        baseline gives :math:`t_b`). A side holding only baseline steps is the baseline
+        baseline gives :math:`t_b`), or their per-request step-time counters with
+        ``prompt_id`` among the keys (``aggregate_store(metric="step_times",
+        by="prompt_id", per_request=True)``). A side holding only baseline steps is the baseline
         itself: ``compute_speedup_attribution(baseline_steps, method_steps)`` splits
         the method's own log S.
     by

@@ -114,7 +114,8 @@ def fit_speedup_model(
     Parameters
     ----------
     steps
-        The steps table of method runs and their target-only baseline runs.
+        The steps table of method runs and their target-only baseline runs, or their
+        per-request step-time counters (as in ``compute_window_scaling``).
     fit_by
         One fit per group; must include ``method`` (the drafter kind depends on it).
     baseline_method, match
@@ -173,7 +174,8 @@ def compute_speedup_model(
     Parameters
     ----------
     steps
-        The steps table of method runs and their target-only baseline runs.
+        The steps table of method runs and their target-only baseline runs, or their
+        per-request step-time counters (as in ``compute_window_scaling``).
     by
         Grouping columns of the comparison (``n`` is always added).
     fit_by

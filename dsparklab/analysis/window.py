@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 BASELINE_METHOD = "none"
 # Run columns a baseline run must share with the method run it is compared with.
 MATCH_COLUMNS = ("engine", "target", "dataset", "temperature")
+# The counters of a step-time table (count_step_times; aggregate_store's "step_times").
+STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
 
 
 def count_step_times(
@@ -106,6 +108,24 @@ def count_step_times(
     return tidy(keys, cells, uniques, {"n_steps": count.astype(np.int64), **s})
 
 
+def is_step_time_counts(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` is a step-time counter table rather than steps."""
+    return all(c in frame.columns for c in STEP_TIME_COUNTERS)
+
+
+def step_time_counts(
+    steps: pd.DataFrame, *, by: Iterable[str], match: Iterable[str] = MATCH_COLUMNS
+) -> pd.DataFrame:
+    """Per-request step-time counters of ``steps``: the table itself when it is one
+    (:func:`count_step_times`, or ``aggregate_store(metric="step_times",
+    per_request=True)``), else :func:`count_step_times` of its rows."""
+    if not is_step_time_counts(steps):
+        return count_step_times(steps, by=by, match=match, per_request=True)
+    keys = list(dict.fromkeys([*as_columns(by), "method", "n", *as_columns(match)]))
+    require_columns(steps, keys, what="step-time counts")
+    return steps
+
+
 def _baseline_rates(
     counts: pd.DataFrame, match: list[str], n_boot: int, seed: int
 ) -> tuple[pd.DataFrame, dict[int, np.ndarray]]:
@@ -132,7 +152,8 @@ def require_step_costs(steps: pd.DataFrame, *, baseline_method: str = BASELINE_M
     """Raise :class:`~dsparklab.errors.MissingInputError` unless ``steps`` can give a
     measured speedup: target-only baseline steps, and a verify time on every step of both
     (decided from which columns are filled, whatever engine wrote them)."""
-    require_columns(steps, ["method", "verify_time_s"], what="require_step_costs")
+    verify_column = "sum_verify" if is_step_time_counts(steps) else "verify_time_s"
+    require_columns(steps, ["method", verify_column], what="require_step_costs")
     is_base = steps["method"] == baseline_method
     if not is_base.any():
         raise MissingInputError(
@@ -140,7 +161,7 @@ def require_step_costs(steps: pd.DataFrame, *, baseline_method: str = BASELINE_M
             "against one; collect --method none on the same datasets"
         )
     for name, part in (("speculative", steps.loc[~is_base]), ("baseline", steps.loc[is_base])):
-        untimed = part["verify_time_s"].isna()
+        untimed = part[verify_column].isna()
         if len(part) and untimed.all():
             engines = sorted(map(str, part["engine"].unique())) if "engine" in part else []
             raise MissingInputError(
@@ -166,10 +187,11 @@ def compute_window_scaling(
     Parameters
     ----------
     steps
-        The steps table of the method runs and of their target-only baseline runs.
+        The steps table of the method runs and of their target-only baseline runs, or
+        their per-request step-time counters (:func:`step_time_counts`).
     positions
-        The positions table of the method runs; adds ``accept_len`` (1 + sum of
-        survivals) with its interval.
+        The positions table of the method runs, or their per-request acceptance counts;
+        adds ``accept_len`` (1 + sum of survivals) with its interval.
     by
         Grouping columns (``n`` is always added).
     baseline_method
@@ -214,7 +236,7 @@ def compute_window_scaling(
     match = list(as_columns(match))
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
-    counts = count_step_times(steps, by=by, match=match, per_request=True)
+    counts = step_time_counts(steps, by=by, match=match)
     is_base = counts["method"] == baseline_method
     base_keys, base_boot = _baseline_rates(counts.loc[is_base], match, n_boot, seed)
     method = counts.loc[~is_base].reset_index(drop=True)
@@ -295,8 +317,9 @@ def compute_window_scaling(
     result = keys.assign(**out)
     result["n_steps"] = result["n_steps"].astype(np.int64)
     if positions is not None:
+        step_rows = None if is_step_time_counts(steps) else steps
         length = compute_acceptance_length(
-            positions, steps=steps, by=group_cols, n_boot=n_boot, ci=ci, seed=seed
+            positions, steps=step_rows, by=group_cols, n_boot=n_boot, ci=ci, seed=seed
         )[[*group_cols, "accept_len", "accept_len_lo", "accept_len_hi"]]
         result = result.merge(length, on=group_cols, how="left")
     return _with_marginals(result, [c for c in group_cols if c != "n"])

@@ -335,6 +335,17 @@ class Runs:
             runs=self.runs[self.runs["dataset"].isin(wanted)].reset_index(drop=True),
         )
 
+    def acceptance_counts(self) -> pd.DataFrame:
+        """Per-request acceptance counters of the method runs over every request they
+        hold, sampled or not (:func:`count_runs`): what the acceptance functions take in
+        place of ``positions``."""
+        return count_runs(self.runs[self.runs["method"] != BASELINE_METHOD], "acceptance")
+
+    def step_time_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
+        """Per-request step-time counters of every run, baselines included
+        (:func:`count_runs`): what the speedup functions take in place of ``steps``."""
+        return count_runs(self.runs, "step_times", by=by)
+
     @property
     def largest_n(self) -> int:
         """The largest window among the method runs."""
@@ -407,6 +418,47 @@ def load_runs(
         No token-level run matches the selection (the message lists what there is).
     """
     roots = _roots(runs, shipped)
+    selected = _token_runs(
+        roots,
+        datasets=datasets,
+        methods=methods,
+        n_values=n_values,
+        baseline=baseline,
+        tiers=tiers,
+        single_tier=single_tier,
+        selection=selection,
+    )
+    fraction = _read_fraction(selected)
+    positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], fraction)
+    steps = _read_runs("steps", selected, fraction)
+    selected = _sampled(selected, fraction).reset_index(drop=True)
+    frames = [positions, steps, selected]
+    for frame in frames:
+        frame["raw_dataset"] = frame["dataset"]
+    if selected["tier"].nunique() > 1:
+        for frame in frames:
+            frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
+    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
+
+
+def token_runs(runs: str | Path | Location, *, shipped: bool = False) -> pd.DataFrame:
+    """The run table (``list_runs`` columns and ``root``) of every token-level run
+    :func:`load_runs` reads with no selection, baselines included, without reading them."""
+    return _token_runs(_roots(runs, shipped))
+
+
+def _token_runs(
+    roots: Sequence[Location],
+    *,
+    datasets: Sequence[str] = (),
+    methods: Sequence[str] = (),
+    n_values: Sequence[int] = (),
+    baseline: bool = True,
+    tiers: Sequence[str] = (),
+    single_tier: bool = False,
+    selection: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """The runs :func:`load_runs` reads, with its parameters."""
     table = _run_table(roots)
     if single_tier and not tiers:
         token_tiers = table.loc[table["granularity"] == "token", "tier"].astype(str)
@@ -431,18 +483,7 @@ def load_runs(
             raise MissingInputError(message)
         logger.warning(message)
         chosen &= token
-    selected = table.loc[chosen | (keep & is_base & baseline & token)]
-    fraction = _read_fraction(selected)
-    positions = _read_runs("positions", table.loc[chosen], fraction)
-    steps = _read_runs("steps", selected, fraction)
-    selected = _sampled(selected, fraction).reset_index(drop=True)
-    frames = [positions, steps, selected]
-    for frame in frames:
-        frame["raw_dataset"] = frame["dataset"]
-    if selected["tier"].nunique() > 1:
-        for frame in frames:
-            frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
-    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
+    return table.loc[chosen | (keep & is_base & baseline & token)]
 
 
 # the comparison a notebook makes when BASE and NEW are not given: the seeds' regression
@@ -557,6 +598,9 @@ def load_comparison(
     return Comparison(both[0], both[1], base, new)
 
 
+ANY_TABLES = ("positions", "steps", "counters", "totals", "calibration")
+
+
 @dataclass(frozen=True)
 class AnyRuns:
     """Every table of the selected runs, whatever each run holds (see ``granularity``).
@@ -583,11 +627,15 @@ def load_any_runs(
     n_values: Sequence[int] = (),
     shipped: bool = False,
     tiers: Sequence[str] = (),
+    tables: Collection[str] = ANY_TABLES,
 ) -> AnyRuns:
-    """Read every table of the selected runs (empty selection = everything).
+    """Read the tables of the selected runs (empty selection = everything).
 
     Unlike :func:`load_runs` it keeps runs without token-level rows (imported with
     ``dsparklab import`` or recorded by ``dsparklab watch``) and never adds baselines.
+    ``tables``: those of :data:`ANY_TABLES` to read (the others are left empty, and
+    without positions or steps the row budget does not apply: what is counted is counted
+    by :func:`count_runs`).
     """
     roots = _roots(runs, shipped)
     table = _run_table(roots)
@@ -596,10 +644,12 @@ def load_any_runs(
     if not keep.any():
         raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
     selected = table.loc[keep].reset_index(drop=True)
-    fraction = _read_fraction(selected)
-    names = ("positions", "steps", "counters", "totals", "calibration")
-    tables = (_read_runs(name, selected, fraction) for name in names)
-    return AnyRuns(roots[0], _sampled(selected, fraction), *tables)
+    fraction = _read_fraction(selected) if {"positions", "steps"} & set(tables) else 1.0
+    frames = (
+        _read_runs(name, selected, fraction) if name in tables else pd.DataFrame()
+        for name in ANY_TABLES
+    )
+    return AnyRuns(roots[0], _sampled(selected, fraction), *frames)
 
 
 def _run_table(roots: Sequence[Location]) -> pd.DataFrame:
@@ -697,6 +747,50 @@ def _read_runs(name: str, rows: pd.DataFrame, fraction: float = 1.0) -> pd.DataF
             kept = ids["prompt_id"].map(lambda p: request_sampled(str(p), fraction))
             filters["request_id"] = ids.loc[kept, "request_id"].unique().tolist()
         frames.append(read_trace(root, name, filters=filters))
+    return pd.concat(frames, ignore_index=True)
+
+
+# Columns a count takes from its run's row of the run table (whose ``dataset`` is the label
+# load_runs gave it, ``<tier>/<dataset>`` across tiers).
+COUNTED_RUN_COLUMNS = (
+    "method",
+    "n",
+    "dataset",
+    "raw_dataset",
+    "tier",
+    "engine",
+    "target",
+    "drafter",
+    "temperature",
+)
+
+
+def count_runs(rows: pd.DataFrame, metric: str, *, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per-request counters of ``metric`` over every request of the runs in ``rows`` (a
+    run table: ``root``, ``run_id`` and run columns), counted by DuckDB root by root
+    (:func:`dsparklab.analysis.aggregate_store`), with the rows' run columns.
+
+    Counting reads only the columns it counts, out of memory, so it takes every request
+    whatever the row budget left in the notebook's tables: the headline numbers (heatmaps,
+    AL, speedup) are over the whole store even where the token-level views hold a sample.
+    ``by``: row columns (``prompt_id``) kept among the keys besides run_id and request_id.
+    """
+    from dsparklab.analysis.sql import aggregate_store, empty_counts
+
+    frames = []
+    for root, group in rows.groupby("root", sort=False):
+        counts = aggregate_store(
+            root,
+            metric=metric,
+            by=by,
+            filters={"run_id": group["run_id"].tolist()},
+            per_request=True,
+        )
+        run_columns = [c for c in COUNTED_RUN_COLUMNS if c in group.columns]
+        counts = counts.drop(columns=[c for c in run_columns if c in counts.columns])
+        frames.append(counts.merge(group[["run_id", *run_columns]], on="run_id", how="left"))
+    if not frames:
+        return empty_counts(metric, by, per_request=True)
     return pd.concat(frames, ignore_index=True)
 
 

@@ -103,12 +103,21 @@ def compute_findings(
     every run; AL(n) where a run set holds two windows of one method; speedup where it
     also holds target-only baselines and step timings. A part the runs cannot give
     leaves its table empty and adds one note saying why.
+
+    Acceptance and step times are counted by DuckDB over every request the runs hold
+    (:func:`dsparklab.lab.notebook.count_runs`); only the small tables of imported and
+    live runs (counters, totals) are read into memory.
     """
     from dsparklab.analysis import (
         compute_acceptance_by_position_any,
         compute_acceptance_length_any,
     )
-    from dsparklab.lab.notebook import load_any_runs, load_published_curves, save_figure
+    from dsparklab.lab.notebook import (
+        count_runs,
+        load_any_runs,
+        load_published_curves,
+        save_figure,
+    )
     from dsparklab.plots import plot_survival_curves
     from dsparklab.plots.training import plot_learning_curve
     from dsparklab.zoo import ZOO_DIR
@@ -117,7 +126,7 @@ def compute_findings(
     tables = []
     for root in roots:
         try:
-            tables.append(load_any_runs(root))
+            tables.append(load_any_runs(root, tables=("counters", "totals")))
         except DSparkLabError as err:
             findings.notes.append(f"{root}: {err}")
     if not tables:
@@ -126,25 +135,21 @@ def compute_findings(
     labels = run_set_labels(runs)
     frames = {
         name: _label(pd.concat([getattr(t, name) for t in tables], ignore_index=True), labels)
-        for name in ("positions", "steps", "counters", "totals")
+        for name in ("counters", "totals")
     }
+    counts = _label(count_runs(runs, "acceptance"), labels)
     findings.run_sets = sorted(set(labels))
     findings.notes += sampled_notes(runs, labels)
     by = ("run_set", "dataset", "method", "n")
     lengths = compute_acceptance_length_any(
-        frames["positions"],
-        steps=frames["steps"],
         counters=frames["counters"],
         totals=frames["totals"],
+        counts=counts,
         by=by,
         n_boot=n_boot,
     )
     by_position = compute_acceptance_by_position_any(
-        frames["positions"],
-        steps=frames["steps"],
-        counters=frames["counters"],
-        by=by,
-        n_boot=0,
+        counters=frames["counters"], counts=counts, by=by, n_boot=0
     )
     findings.acceptance = _acceptance_rows(lengths, by_position)
     _window_findings(findings, lengths, roots, n_boot)
@@ -235,7 +240,7 @@ def _window_findings(
     from dsparklab.analysis import compute_best_n, compute_speedup_model, compute_window_scaling
     from dsparklab.analysis.findings import seeds_answer, speedup_trend
     from dsparklab.errors import MissingInputError
-    from dsparklab.lab.notebook import load_runs
+    from dsparklab.lab.notebook import count_runs, token_runs
 
     keys = ["run_set", "dataset", "method"]
     windows = lengths.groupby(keys)["n"].transform("nunique")
@@ -257,12 +262,11 @@ def _window_findings(
     scalings, models = [], []
     for root in roots:
         try:
-            token = load_runs(root)
+            token = token_runs(root)
         except MissingInputError:
             continue
-        steps = _label(
-            token.steps.assign(dataset=token.steps["raw_dataset"]), run_set_labels(token.runs)
-        )
+        # per prompt: the attribution pairs prompts
+        steps = _label(count_runs(token, "step_times", by=("prompt_id",)), run_set_labels(token))
         for run_set, part in steps.groupby("run_set", sort=True):
             if (part["method"] != "none").sum() == 0:
                 continue

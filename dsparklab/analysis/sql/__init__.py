@@ -10,7 +10,13 @@
   the in-memory path's.
 """
 
-from dsparklab.analysis.sql.counting import METRICS, aggregate_store, metric_keys, select_runs
+from dsparklab.analysis.sql.counting import (
+    METRICS,
+    aggregate_store,
+    empty_counts,
+    metric_keys,
+    select_runs,
+)
 from dsparklab.analysis.sql.engines import ENGINES, DuckDBEngine, Engine, SparkEngine, open_engine
 from dsparklab.analysis.sql.queries import COUNTERS, render
 
@@ -22,6 +28,7 @@ __all__ = [
     "Engine",
     "SparkEngine",
     "aggregate_store",
+    "empty_counts",
     "metric_keys",
     "open_engine",
     "render",

@@ -29,7 +29,7 @@ from dsparklab.analysis.acceptance import ACCEPTANCE_COUNTERS
 from dsparklab.analysis.calibration import CALIBRATION_COUNTERS
 from dsparklab.analysis.sql.engines import ENGINES, open_engine
 from dsparklab.analysis.sql.queries import COUNTERS, ROW_COLUMNS, SCORE_ROWS, render
-from dsparklab.analysis.window import MATCH_COLUMNS
+from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 from dsparklab.store.location import Location
 from dsparklab.store.reader import list_runs
@@ -37,7 +37,6 @@ from dsparklab.store.schema import RUN_COLUMNS, STATUSES
 
 METRICS = ("acceptance", "calibration", "step_times")
 SOURCES = ("steps", "positions")
-STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
 # Key columns of a calibration table after the group keys.
 CALIBRATION_KEYS = ("score", "position", "bin", "bin_lo", "bin_hi", "level", "accepted")
 
@@ -143,6 +142,19 @@ def metric_queries(
         )
         for name in scores
     ]
+
+
+def empty_counts(
+    metric: str,
+    by: str | Iterable[str] = ("run_id",),
+    *,
+    per_request: bool = False,
+    match: Iterable[str] = MATCH_COLUMNS,
+) -> pd.DataFrame:
+    """``metric``'s counter table with no rows: what :func:`aggregate_store` returns for
+    a selection without runs."""
+    keys, counters = _layout(metric, metric_keys(metric, by, per_request=per_request, match=match))
+    return pd.DataFrame(columns=[*keys, *counters])
 
 
 def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
@@ -254,7 +266,7 @@ def aggregate_store(
     sort_keys, counters = _layout(metric, keys)
     runs, every_run = select_runs(root, filters=filters, statuses=statuses)
     if runs.empty:
-        return pd.DataFrame(columns=[*sort_keys, *counters])
+        return empty_counts(metric, by, per_request=per_request, match=match)
     n_positions = int(max(runs["n"].max(), 1))
     texts = metric_queries(
         metric,
@@ -282,7 +294,7 @@ def aggregate_store(
         pieces = [session.query(text) for text in texts]
     pieces = [p for p in pieces if len(p)]
     if not pieces:
-        return pd.DataFrame(columns=[*sort_keys, *counters])
+        return empty_counts(metric, by, per_request=per_request, match=match)
     table = _typed(pd.concat(pieces, ignore_index=True), metric)
     table = table[[*sort_keys, *counters]]
     return table.sort_values(sort_keys, kind="stable", na_position="last").reset_index(drop=True)

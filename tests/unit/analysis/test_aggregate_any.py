@@ -82,3 +82,27 @@ def test_groups_by_run_are_unchanged(counters: pd.DataFrame) -> None:
     assert lengths["accept_len"].to_dict() == pytest.approx(
         {"a": 2.2, "b": 2.8, "c": 1.75, "d": 1.75}
     )
+
+
+def test_runs_counted_already_join_the_stored_counters(counters: pd.DataFrame) -> None:
+    """Run "a" given as per-request counts (aggregate_store's table) instead of counters:
+    every group's length is unchanged, and positions never drafted count nothing."""
+    counts = pd.DataFrame(
+        {
+            "run_id": "a",
+            "request_id": ["r0", "r0", "r0", "r0"],
+            "dataset": "mixed",
+            "position": [0, 1, 2, 3],
+            "n_drafted": [10, 10, 10, 0],
+            "n_reached": [10, 7, 4, 0],
+            "n_accepted": [7, 4, 1, 0],
+        }
+    )
+    rest = counters[counters["run_id"] != "a"]
+    want = compute_acceptance_length_any(counters=counters, by="dataset", n_boot=0)
+    got = compute_acceptance_length_any(counters=rest, counts=counts, by="dataset", n_boot=0)
+    assert got.set_index("dataset")["accept_len"].to_dict() == pytest.approx(
+        want.set_index("dataset")["accept_len"].to_dict()
+    )
+    by_run = compute_acceptance_length_any(counts=counts, n_boot=0)
+    assert by_run["accept_len"].tolist() == pytest.approx([2.2])

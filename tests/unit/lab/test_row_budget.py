@@ -8,10 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from dsparklab.analysis import compute_acceptance_by_position, compute_window_scaling
 from dsparklab.errors import ConfigError
 from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
-from dsparklab.report.findings import sampled_notes
+from dsparklab.report.findings import compute_findings, sampled_notes
 from dsparklab.store import read_trace
+from dsparklab.store.location import Location
 from dsparklab.store.sampling import request_sampled
 from tests.notebooks.lab_synth import write_synthetic_run
 
@@ -58,3 +60,30 @@ def test_a_bad_budget_is_one_line(store: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(MAX_ROWS_ENV, "lots")
     with pytest.raises(ConfigError, match="DSPARKLAB_MAX_ROWS='lots'"):
         load_runs(store)
+
+
+def test_headline_counts_cover_every_request_past_the_budget(
+    store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past the budget the frames hold a sample, but the counts DuckDB makes (the
+    notebooks' heatmaps, AL and speedup; the report's findings) are over every request."""
+    full = load_runs(store)
+    by = ("method", "n", "dataset")
+    want = compute_acceptance_by_position(full.positions, steps=full.steps, by=by, n_boot=0)
+    scaling = compute_window_scaling(full.steps, by=("method", "dataset"), n_boot=0)
+    findings = compute_findings([Location.of(store)], tmp_path / "all", n_boot=0)
+    monkeypatch.setenv(MAX_ROWS_ENV, str(len(full.positions) // 4))
+    runs = load_runs(store)
+    assert len(runs.positions) < len(full.positions)
+    got = compute_acceptance_by_position(runs.acceptance_counts(), by=by, n_boot=0)
+    keys = [*by, "position"]
+    pd.testing.assert_frame_equal(
+        got.sort_values(keys).reset_index(drop=True), want.sort_values(keys).reset_index(drop=True)
+    )
+    assert (got["n_requests"] == 40).all()
+    counted = compute_window_scaling(runs.step_time_counts(), by=("method", "dataset"), n_boot=0)
+    assert counted["n_steps"].tolist() == scaling["n_steps"].tolist()
+    assert counted["speedup"].to_numpy() == pytest.approx(scaling["speedup"].to_numpy(), rel=1e-12)
+    sampled = compute_findings([Location.of(store)], tmp_path / "sampled", n_boot=0)
+    assert sampled.acceptance == findings.acceptance and sampled.acceptance
+    assert not any("hold a sample" in note for note in sampled.notes)
