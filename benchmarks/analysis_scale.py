@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/analysis_scale.py                      # 20 M and 200 M rows
     .venv/bin/python benchmarks/analysis_scale.py --rows 2000000 --store /tmp/small
+    .venv/bin/python benchmarks/analysis_scale.py --rows 200000000 --no-spark \
+        --only report,lib_heatmap,duckdb_heatmap_steps                  # the report alone
 
 1. A SYNTHETIC generator (used only by this benchmark; random numbers, not a
    measurement of any drafter) writes a store in the table layout, as ``dsparklab compact``
@@ -21,8 +23,10 @@
    notebooks use (``read_trace`` + ``count_acceptance``) up to ``--inproc-max-rows``; and
    hand-written DuckDB queries for the same counters over the same files ("reached" from a
    window over each step, from a join with the steps table, or counted from the steps
-   table), and ``dsparklab report`` over the store (from ``--report-min-rows``: it reads a
-   sample of whole requests within ``DSPARKLAB_MAX_ROWS``). The fastest hand-written query
+   table), and ``dsparklab report`` over the store (from ``--report-min-rows``: its findings
+   and the notebooks' heatmaps, AL and speedup are counted by DuckDB over every request; the
+   token-level views read a sample of whole requests within ``DSPARKLAB_MAX_ROWS``).
+   ``--only`` runs some measurements alone. The fastest hand-written query
    is the reference of each ratio. DuckDB runs
    with a 3 GB memory limit (``BENCH_DUCKDB_MEMORY``), past which it spills to disk, in
    the library's queries and the hand-written ones alike.
@@ -403,6 +407,8 @@ def _check_equal(work: Path, names: list[str]) -> list[str]:
     for mine in heatmaps:
         lib = pd.read_parquet(work / f"{mine}.parquet")
         for variant in ("window", "join", "steps"):
+            if f"duckdb_heatmap_{variant}" not in names:
+                continue
             duck = pd.read_parquet(work / f"duckdb_heatmap_{variant}.parquet")
             merged = lib.merge(duck, on=["method", "n", "position"], suffixes=("", "_duck"))
             if len(merged) != len(lib) or len(duck) != len(lib):
@@ -414,6 +420,8 @@ def _check_equal(work: Path, names: list[str]) -> list[str]:
         counts = pd.read_parquet(work / f"{mine}.counts.parquet")
         counts["level_code"] = np.round(counts["level"] * LEVELS).astype(np.int64)
         for variant in ("window", "join"):
+            if f"duckdb_calibration_{variant}" not in names:
+                continue
             duck = pd.read_parquet(work / f"duckdb_calibration_{variant}.parquet")
             key = ["n", "position", "bin", "level_code", "accepted"]
             merged = counts.merge(duck, on=key, suffixes=("", "_duck"), how="outer")
@@ -465,9 +473,14 @@ def _bench(store: Path, rows_wanted: int, args: argparse.Namespace) -> tuple[int
     names = [name for _, name, _ in LABELS]
     if args.no_spark:
         names = [n for n in names if not n.startswith("spark")]
-    if rows < args.report_min_rows:
+    if args.only:
+        wanted = set(args.only.split(","))
+        if wanted - set(names):
+            raise SystemExit(f"--only: unknown measurements {sorted(wanted - set(names))}")
+        names = [n for n in names if n in wanted]
+    if rows < args.report_min_rows and "report" in names:
         names.remove("report")
-    if rows > args.inproc_max_rows:
+    if rows > args.inproc_max_rows and "inproc_heatmap" in names:
         names.remove("inproc_heatmap")
         print(f"in-process path not run above {args.inproc_max_rows:,} rows (--inproc-max-rows)")
     if rows > args.spark_calibration_max_rows and "spark_calibration" in names:
@@ -513,6 +526,10 @@ def main() -> None:
     parser.add_argument(
         "--report-min-rows", type=int, default=100_000_000, help="time the report from here"
     )
+    parser.add_argument(
+        "--only",
+        help="measurements to run, separated by commas (default: all), e.g. report,lib_heatmap",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -542,9 +559,10 @@ def main() -> None:
             if name not in results:
                 cells.append("not run")
                 continue
-            ref = min(results[k]["seconds"] for k in refs)
+            ref = min((results[k]["seconds"] for k in refs if k in results), default=None)
             r = results[name]
-            cells.append(f"{r['seconds']:.1f} s / {r['peak_mib']:,.0f} / {r['seconds'] / ref:.2f}x")
+            ratio = f"{r['seconds'] / ref:.2f}x" if ref else "no reference run"
+            cells.append(f"{r['seconds']:.1f} s / {r['peak_mib']:,.0f} / {ratio}")
         line = f"| {label} | " + " | ".join(cells) + " |"
         if growth:
             first, last = tables[0][1].get(name), tables[-1][1].get(name)
