@@ -236,6 +236,12 @@ def test_regression_diagnosis_records(report: ReportResult, runs_dir: Path):
     assert_frame_matches(
         records["position_delta"], by_position, ["dataset", "position", "metric"], "delta"
     )
+    # the attribution is counted by DuckDB; in memory, from the steps with their baselines
+    with_baselines = [load_runs(runs_dir, methods=["eagle3"], n_values=[n]) for n in (3, 7)]
+    attribution = A.compute_speedup_attribution(*(r.steps for r in with_baselines), n_boot=0)
+    assert_frame_matches(
+        records["speedup_attribution"], attribution, ["dataset", "component"], "delta_log_speedup"
+    )
 
 
 @pytest.mark.parametrize("name", EXPECTED_NOTEBOOKS)

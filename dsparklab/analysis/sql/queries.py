@@ -42,20 +42,28 @@ NAN = "CAST('NaN' AS DOUBLE)"
 # -- acceptance from the steps table -------------------------------------------------------
 # Per step D = num_drafted, L = min(num_verified, D), A = min(accepted_len, L); position i
 # (< D) is drafted, reached iff A >= i and L > i, accepted iff A > i. Steps are first
-# histogrammed by (keys, D, L, A), then the few histogram cells are spread over positions.
+# histogrammed by (run, row keys, D, L, A), so the run columns join the few histogram cells
+# rather than every step; then the cells are spread over positions.
 ACCEPTANCE_STEPS = """
-WITH h AS (
-  SELECT {keys}
+WITH h0 AS (
+  SELECT s.run_id AS run_id, {row_keys}
     s.num_drafted AS d,
     LEAST(s.num_verified, s.num_drafted) AS l,
     LEAST(s.accepted_len, s.num_verified, s.num_drafted) AS a,
     COUNT(*) AS c
-  FROM steps s JOIN runs r ON s.run_id = r.run_id
+  FROM steps s
   WHERE s.num_drafted > 0
-  GROUP BY {group}
+  GROUP BY s.run_id, {row_group}
     s.num_drafted,
     LEAST(s.num_verified, s.num_drafted),
     LEAST(s.accepted_len, s.num_verified, s.num_drafted)
+),
+h AS (
+  SELECT {keys}
+    h0.d AS d, h0.l AS l, h0.a AS a, SUM(h0.c) AS c
+  FROM h0 JOIN runs r ON h0.run_id = r.run_id
+  GROUP BY {group}
+    h0.d, h0.l, h0.a
 )
 SELECT {h_keys}
   g.position AS position,
@@ -261,14 +269,17 @@ def render(
         fields[f"{name}_keys"], fields[f"{name}_group"] = _key_lists(
             keys, dict.fromkeys(keys, name)
         )
-    if counter in ("acceptance_steps", "step_times"):
-        fields["keys"], group = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "s"))
-        if counter == "step_times":
-            if not keys:
-                raise DSparkLabError("step_times needs at least one key column")
-            group = group.rstrip(", ")
-        fields["group"] = group
+    if counter == "acceptance_steps":
+        rows = [k for k in keys if k in ROW_COLUMNS]
+        fields["row_keys"], fields["row_group"] = _key_lists(rows, dict.fromkeys(rows, "s"))
+        fields["keys"], fields["group"] = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "h0"))
         fields["grid"] = _grid(width)
+        return COUNTERS[counter].template.format(**fields)
+    if counter == "step_times":
+        if not keys:
+            raise DSparkLabError("step_times needs at least one key column")
+        fields["keys"], group = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "s"))
+        fields["group"] = group.rstrip(", ")
         return COUNTERS[counter].template.format(**fields)
     prefix = counter == "calibration" and score == "prefix_confidence"
     fields["keys"], _ = _key_lists(keys, _PREFIX_ROW_ALIAS if prefix else _POSITION_ROW_ALIAS)
