@@ -14,6 +14,9 @@
   ``dsparklab lab`` and ``dsparklab report``), else ``runs/demo``; the shipped traces are
   ``$DSPARKLAB_SHIPPED``, else ``data/traces``. Relative paths are taken from the working
   directory, never from where the package is installed.
+- :func:`count_runs` (``Runs.acceptance_counts``, ``Runs.step_time_counts``) counts the
+  selected runs with DuckDB over every request they hold, for the headline numbers; the
+  frames ``load_runs`` returns hold a sample of prompts past :func:`max_rows`.
 """
 
 from __future__ import annotations
