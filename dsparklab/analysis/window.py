@@ -118,11 +118,12 @@ def step_time_counts(
 ) -> pd.DataFrame:
     """Per-request step-time counters of ``steps``: the table itself when it is one
     (:func:`count_step_times`, or ``aggregate_store(metric="step_times",
-    per_request=True)``), else :func:`count_step_times` of its rows."""
+    per_request=True)``), else :func:`count_step_times` of its rows. A counter table
+    summed over requests is refused: the bootstraps resample its rows as requests."""
     if not is_step_time_counts(steps):
         return count_step_times(steps, by=by, match=match, per_request=True)
     keys = list(dict.fromkeys([*as_columns(by), "method", "n", *as_columns(match)]))
-    require_columns(steps, keys, what="step-time counts")
+    require_columns(steps, [*keys, *UNIT_COLUMNS], what="per-request step-time counts")
     return steps
 
 

@@ -12,9 +12,10 @@ from analysis_synth import build_run, concat
 from dsparklab.analysis import (
     compute_speedup_model,
     compute_window_scaling,
+    count_step_times,
     fit_speedup_model,
 )
-from dsparklab.errors import UnknownMethodError
+from dsparklab.errors import TraceSchemaError, UnknownMethodError
 
 RUN = {"engine": "synthetic", "target": "t", "temperature": 0.0}
 
@@ -77,6 +78,19 @@ def test_measured_speedup_costs_and_marginals_on_known_timings():
     assert e4["draft_cost"] == pytest.approx(0.4)
     assert e4["tokens_per_step"] == pytest.approx(3.0)
     assert np.isnan(e4["marginal_tokens_per_step"])  # n=3 was not run
+
+
+def test_step_time_counters_give_what_the_steps_give():
+    """Per-request counters (what aggregate_store counts) stand in for the steps, intervals
+    included; counters summed over requests are refused, not resampled as requests."""
+    steps = timed_steps()
+    counts = count_step_times(steps, by="method")
+    want = compute_window_scaling(steps, by="method", n_boot=50)
+    got = compute_window_scaling(counts, by="method", n_boot=50)
+    pd.testing.assert_frame_equal(got, want)
+    summed = count_step_times(steps, by="method", per_request=False)
+    with pytest.raises(TraceSchemaError, match="per-request step-time counts"):
+        compute_window_scaling(summed, by="method", n_boot=50)
 
 
 def test_marginal_value_of_one_more_position():
