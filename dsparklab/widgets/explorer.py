@@ -19,6 +19,8 @@ drafted tokens to strip: pass ``annotated=None`` and the strip says so. A live v
 
 from __future__ import annotations
 
+import functools
+import html
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -125,6 +127,23 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
     return in_place
 
 
+def _shows_errors(callback: Callable[..., None]) -> Callable[..., None]:
+    """A control's handler whose error goes to the status line (and the log), never only
+    to JupyterLab's hidden log console."""
+
+    @functools.wraps(callback)
+    def handler(self: Any, *args: Any) -> None:
+        self.error = None
+        try:
+            callback(self, *args)
+        except Exception as err:
+            logger.exception("dsparklab explorer: %s failed", callback.__name__)
+            self.error = f"{callback.__name__}: {type(err).__name__}: {err}"
+            self.status.value = self.status_text()
+
+    return handler
+
+
 class Explorer(Dashboard):
     """The explorer dashboard over one run set: controls + linked figures.
 
@@ -185,13 +204,25 @@ class Explorer(Dashboard):
             n=int(self._pick("n", n, self.ns)),
             view=view,
         )
+        self.state.n = self._nearest_window(self.state.n)
         self.state.request = self._default_request()
         self.updates: dict[str, int] = dict.fromkeys(FIGURES, 0)
+        self.error: str | None = None  # the last control handler's error, shown in status
 
     def _set_options(self, by_position: pd.DataFrame) -> None:
         self.datasets = sorted(by_position["dataset"].unique().tolist())
         self.methods = sorted(by_position["method"].unique().tolist())
         self.ns = sorted(int(v) for v in by_position["n"].unique())
+
+    def windows(self) -> list[int]:
+        """The windows n the selected dataset and method have runs for (the n control's
+        options: a window no run has would show an empty panel)."""
+        a, s = self.by_position, self.state
+        rows = a.loc[(a["dataset"] == s.dataset) & (a["method"] == s.method), "n"]
+        return sorted(int(v) for v in rows.unique()) or self.ns
+
+    def _nearest_window(self, n: int) -> int:
+        return min(self.windows(), key=lambda w: (abs(w - n), w))
 
     @staticmethod
     def _pick(name: str, value: Any, options: Sequence[Any]) -> Any:
@@ -236,9 +267,14 @@ class Explorer(Dashboard):
         s = self.state
         rows = self._run_rows()
         if rows.empty:
+            why = (
+                "the run holds counters only (imported or live); token strips need a "
+                "token-level trace"
+                if s.n in self.windows()
+                else f"no {s.method} run at n = {s.n} on {s.dataset}"
+            )
             return empty_figure(
-                "no drafted tokens for this selection: the run holds counters only "
-                "(imported or live); token strips need a token-level trace",
+                f"no drafted tokens for this selection: {why}",
                 title=f"{s.method} · n={s.n} · token strip",
                 name="request_strip",
             )
@@ -259,7 +295,10 @@ class Explorer(Dashboard):
     def status_text(self) -> str:
         s = self.state
         text = f"<b>{s.method}</b> · n = {s.n} · {s.dataset} · {s.view} · request {s.request}"
-        return text + (f" · position {s.position}" if s.position is not None else "")
+        text += f" · position {s.position}" if s.position is not None else ""
+        if self.error:
+            text += f"<br><span style='color:#b00020'>{html.escape(self.error)}</span>"
+        return text
 
     def refresh(self, by_position: pd.DataFrame, annotated: pd.DataFrame | None = None) -> None:
         """New acceptance (and token rows) for the same dashboard: options, then figures.
@@ -276,24 +315,11 @@ class Explorer(Dashboard):
         s = self.state
         s.dataset = s.dataset if s.dataset in self.datasets else self.datasets[0]
         s.method = s.method if s.method in self.methods else self.methods[0]
-        s.n = s.n if s.n in self.ns else self.ns[0]
+        s.n = self._nearest_window(s.n)
         s.request = self._default_request()
         if self._widget is None:
             return
-        controls = (self.dataset, self.method, self.n)
-        for control in controls:
-            control.unobserve(self._on_run_change, names="value")
-        try:
-            self.dataset.options, self.dataset.value = self.datasets, s.dataset
-            self.method.options, self.method.value = self.methods, s.method
-            self.n.min, self.n.max, self.n.value = self.ns[0], max(self.ns[-1], self.ns[0]), s.n
-            self.request.unobserve(self._on_request_change, names="value")
-            self.request.options = self.requests()
-            self.request.value = s.request
-            self.request.observe(self._on_request_change, names="value")
-        finally:
-            for control in controls:
-                control.observe(self._on_run_change, names="value")
+        self._sync_controls()
         self.redraw()
 
     # -- the interactive dashboard -------------------------------------------------
@@ -303,13 +329,8 @@ class Explorer(Dashboard):
         s = self.state
         self.dataset = W.Dropdown(options=self.datasets, value=s.dataset, description="dataset")
         self.method = W.Dropdown(options=self.methods, value=s.method, description="method")
-        self.n = W.IntSlider(
-            value=s.n,
-            min=self.ns[0],
-            max=self.ns[-1],
-            step=1,
-            description="n",
-            continuous_update=False,
+        self.n = W.SelectionSlider(
+            options=self.windows(), value=s.n, description="n", continuous_update=False
         )
         self.view = W.ToggleButtons(options=list(VIEWS), value=s.view, description="show")
         self.request = W.Dropdown(options=self.requests(), value=s.request, description="request")
@@ -354,33 +375,59 @@ class Explorer(Dashboard):
             self.updates[name] += 1
         self.status.value = self.status_text()
 
+    def _sync_controls(self) -> None:
+        """Put the state into the controls without calling their handlers back.
+
+        Each control's options are replaced before its value (a value outside the old
+        options would be refused), with its handler detached: the state is already
+        settled and one redraw follows.
+        """
+        s = self.state
+        settings = (
+            (self.dataset, self._on_run_change, self.datasets, s.dataset),
+            (self.method, self._on_run_change, self.methods, s.method),
+            (self.n, self._on_run_change, self.windows(), s.n),
+            (self.request, self._on_request_change, self.requests(), s.request),
+        )
+        for control, handler, options, value in settings:
+            control.unobserve(handler, names="value")
+            try:
+                if tuple(control.options) != tuple(options):
+                    control.options = options
+                if value is not None and control.value != value:
+                    control.value = value
+            finally:
+                control.observe(handler, names="value")
+
+    @_shows_errors
     def _on_run_change(self, change: Mapping[str, Any]) -> None:
-        self.state.dataset = self.dataset.value
-        self.state.method = self.method.value
-        self.state.n = int(self.n.value)
-        self.state.request = self._default_request()
-        with self.request.hold_trait_notifications():
-            self.request.unobserve(self._on_request_change, names="value")
-            self.request.options = self.requests()
-            self.request.value = self.state.request
-            self.request.observe(self._on_request_change, names="value")
+        s = self.state
+        s.dataset, s.method = self.dataset.value, self.method.value
+        if change.get("owner") is self.n:
+            s.n = int(self.n.value)
+        s.n = self._nearest_window(s.n)  # the new dataset or method may lack the window
+        s.request = self._default_request()
+        self._sync_controls()
         self.redraw()
 
+    @_shows_errors
     def _on_view_change(self, change: Mapping[str, Any]) -> None:
         self.state.view = self.view.value
         self.redraw(("heatmap", "survival"))
 
+    @_shows_errors
     def _on_request_change(self, change: Mapping[str, Any]) -> None:
         self.state.request = self.request.value
         self.redraw(("strip",))
 
+    @_shows_errors
     def _on_heatmap_click(self, trace: Any, points: Any, selector: Any) -> None:
         """A heatmap cell: its row's n goes to the slider, its position to the strip."""
         if not points.point_inds:
             return
         n, position = int(points.ys[0]), int(points.xs[0])
         self.state.position = position
-        if n != self.n.value:
+        if n != self.n.value and n in self.windows():
             self.n.value = n  # -> _on_run_change redraws everything
         else:
             self.redraw(("strip",))

@@ -3,8 +3,10 @@
 1. The exported report, opened from file:// with every network request refused: each
    plotly figure renders (a ``.js-plotly-plot`` with its SVG), screenshots taken.
 2. JupyterLab on 127.0.0.1 with a token: open 00_explorer, run all cells; the three
-   figures are plotly FigureWidgets (anywidget views); move the n slider with the
-   keyboard, and the heatmap widget (outline, title), the curves and the strip follow.
+   figures are plotly FigureWidgets (anywidget views); change the dataset (the request
+   list, the status line and the figures follow), move the n slider with the keyboard
+   (the heatmap widget's outline and title, the curves and the strip follow), click a
+   heatmap cell.
 """
 
 from __future__ import annotations
@@ -167,6 +169,28 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             raise
         kernels = _kernel_ids(server)
         heatmap = f"document.querySelector('{figures[0]}')"
+        strip = f"document.querySelector('{figures[2]}')"
+        page.screenshot(path=str(screenshots / "lab_explorer_start.png"))
+
+        # the dataset first (it used to leave every figure behind): the request list is the
+        # new dataset's, and the status line and the three figures agree with it
+        selects = page.locator(".dsparklab-explorer select")
+        requests_before = selects.nth(2).locator("option").all_inner_texts()
+        assert page.evaluate(f"{heatmap}.data[0].name") == "dspark · humaneval"
+        selects.first.select_option("prose")
+        page.wait_for_function(f"{heatmap}.data[0].name === 'dspark · prose'", timeout=60_000)
+        page.wait_for_function(
+            f"{strip}.layout.title.text.includes(document.querySelectorAll("
+            "'.dsparklab-explorer select')[2].value)",
+            timeout=60_000,
+        )
+        requests_after = selects.nth(2).locator("option").all_inner_texts()
+        assert requests_after and not set(requests_after) & set(requests_before)
+        status = page.locator(".dsparklab-explorer .widget-html-content").first.inner_text()
+        assert "prose" in status and requests_after[0] in status, status
+        assert "Error" not in status, status
+        page.evaluate("document.querySelector('.dsparklab-explorer').scrollIntoView()")
+        page.screenshot(path=str(screenshots / "lab_explorer_dataset_prose.png"))
         state = f"""({{title: {heatmap}.layout.title.text, y0: {heatmap}.layout.shapes[0].y0,
             svg: {heatmap}.querySelector('.shapelayer path').getAttribute('d'),
             plots: document.querySelectorAll('.dsparklab-explorer .js-plotly-plot').length}})"""

@@ -152,3 +152,65 @@ def test_static_display_saves_the_three_figures(explorer: Explorer, tmp_path: Pa
         "explorer_survival",
     ]
     assert explorer._widget is None
+
+
+@pytest.fixture
+def explorer_distinct_ids(frames) -> Explorer:
+    """Request ids that differ between datasets, as in real runs (the synthetic ones repeat)."""
+    by_position, annotated = frames
+    annotated = annotated.assign(
+        request_id=annotated["dataset"].astype(str) + "-" + annotated["request_id"].astype(str)
+    )
+    return Explorer(by_position, annotated)
+
+
+def test_a_dataset_change_from_the_front_end_redraws_everything(explorer_distinct_ids):
+    """The front end sends the dropdown's new index (``set_state``), as a browser does; the
+    request list is replaced by the new dataset's, and status and figures follow."""
+    explorer = explorer_distinct_ids
+    explorer.widget  # noqa: B018
+    assert explorer.request.options == ("humaneval-req000", "humaneval-req001")
+    explorer.dataset.set_state({"index": explorer.datasets.index("prose")})
+    assert explorer.error is None
+    assert explorer.request.options == ("prose-req000", "prose-req001")
+    assert explorer.request.value == explorer.state.request == "prose-req000"
+    assert explorer.figure_widgets["heatmap"].data[0].name == "dspark · prose"
+    assert "prose-req000" in explorer.figure_widgets["strip"].layout.title.text
+    assert "prose" in explorer.status.value and "prose-req000" in explorer.status.value
+    # then method and n, in that order: each is shown
+    explorer.method.set_state({"index": explorer.methods.index("eagle3")})
+    explorer.n.set_state({"index": explorer.windows().index(5)})
+    assert explorer.figure_widgets["heatmap"].data[0].name == "eagle3 · prose"
+    assert "n=5" in explorer.figure_widgets["strip"].layout.title.text
+    assert "n = 5" in explorer.status.value and "eagle3" in explorer.status.value
+
+
+def test_the_n_control_offers_only_windows_that_exist(frames):
+    by_position, annotated = frames
+    # dspark ran at 3 and 7 only, eagle3 at 4 and 6
+    keep = ((by_position["method"] == "dspark") & by_position["n"].isin([3, 7])) | (
+        (by_position["method"] == "eagle3") & by_position["n"].isin([4, 6])
+    )
+    explorer = Explorer(by_position[keep], annotated)
+    explorer.widget  # noqa: B018
+    assert explorer.n.options == (3, 7)
+    explorer.n.value = 7
+    explorer.method.value = "eagle3"
+    assert explorer.n.options == (4, 6)
+    assert explorer.state.n == explorer.n.value == 6, "the nearest window the method has"
+    assert "n=6" in explorer.figure_widgets["strip"].layout.title.text
+
+
+def test_a_handler_error_shows_in_the_status_line(explorer: Explorer, monkeypatch):
+    explorer.widget  # noqa: B018
+
+    def broken() -> go.Figure:
+        raise ValueError("no such column 'survival'")
+
+    monkeypatch.setattr(explorer, "survival", broken)
+    explorer.view.value = "survival"  # the handler raises inside redraw
+    assert explorer.error is not None and "no such column" in explorer.error
+    assert "no such column" in explorer.status.value
+    monkeypatch.undo()
+    explorer.view.value = "conditional"
+    assert explorer.error is None and "no such column" not in explorer.status.value
