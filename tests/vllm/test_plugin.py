@@ -10,11 +10,26 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsparklab.engines.vllm import patching, plugin, runs, steps  # noqa: E402
+from dsparklab.engines.vllm import patch_table, patching, plugin, runs, steps  # noqa: E402
 from dsparklab.engines.vllm.config import TapConfig  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 PATCH_LOG = "dsparklab.engines.vllm.patching"
+
+
+def _line() -> str:
+    import vllm
+
+    line = patch_table.vllm_line(vllm.__version__)
+    assert line is not None, vllm.__version__
+    return line
+
+
+# Model Runner V1's points exist on 0.32 and 0.33 only (this module also runs on 0.34's
+# sources, from test_vllm_lines.py)
+needs_v1 = pytest.mark.skipif(
+    _line() not in patch_table.V1_LINES, reason="Model Runner V1 is gone in this vLLM line"
+)
 
 
 @pytest.fixture
@@ -40,8 +55,9 @@ def test_entry_point_is_declared() -> None:
 def test_register_is_idempotent(
     fresh_plugin: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from vllm.v1.worker.gpu.async_utils import StepTimingCollector
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
 
     original = DSparkSpeculator.__dict__["_sample_sequential"]
@@ -53,18 +69,27 @@ def test_register_is_idempotent(
     plugin.register()
     patching.install(runs.STATE.config)  # type: ignore[arg-type]
     assert DSparkSpeculator.__dict__["_sample_sequential"] is patched
-    assert GPUModelRunner.propose_draft_token_ids.__wrapped__.__name__ == "propose_draft_token_ids"
-    # the engine step's clock: execute_model starts it, sample_tokens stops it
+    assert patching.STATE.line == _line()
+    # Model Runner V2's engine step: execute_model starts the clock, sample_tokens stops
+    # it, the forward and the sampler are marked
     assert steps._sample_tokens_wrapped(GPUModelRunner.__new__(GPUModelRunner))
     assert GPUModelRunner.execute_model.__wrapped__.__wrapped__.__name__ == "execute_model"
+    for name in ("sample", "sample_tokens"):
+        assert getattr(GPUModelRunner.__dict__[name], "__dsparklab_tap__", False), name
+    assert getattr(StepTimingCollector.__dict__["forward_start"], "__dsparklab_tap__", False)
+    if _line() in patch_table.V1_LINES:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1Runner
+
+        assert V1Runner.propose_draft_token_ids.__wrapped__.__name__ == "propose_draft_token_ids"
+        assert steps._sample_tokens_wrapped(V1Runner.__new__(V1Runner))
     assert WorkerBase.dsparklab_flush is runs.flush_worker
     patching.uninstall()
     assert DSparkSpeculator.__dict__["_sample_sequential"] is original
     assert not hasattr(WorkerBase, "dsparklab_flush")
 
 
-def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_missing_topk_point_disables_only_the_topk_taps(
@@ -77,10 +102,10 @@ def test_missing_topk_point_disables_only_the_topk_taps(
 
     monkeypatch.delattr(DSparkSpeculator, "_sample_sequential_topk")
     monkeypatch.setenv("DSPARKLAB_TRACE_DIR", str(tmp_path))
-    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
+    with caplog.at_level(logging.WARNING, logger=PATCH_LOG):
         plugin.register()
         plugin.register()
-    errors = _errors(caplog)
+    errors = _warnings(caplog)
     assert len(errors) == 1, errors
     assert "DSparkSpeculator._sample_sequential_topk is missing" in errors[0]
     assert "with a draft top-k" in errors[0]
@@ -91,6 +116,30 @@ def test_missing_topk_point_disables_only_the_topk_taps(
         patching.check_vllm_compat()
 
 
+def test_missing_v2_sample_leaves_verify_and_other_untimed(
+    fresh_plugin: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without V2's ``sample`` the forward mark has nothing to pair with: that patch is off
+    too, one warning says what is lost, and the step itself is still timed."""
+    from vllm.v1.worker.gpu.async_utils import StepTimingCollector
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    monkeypatch.delattr(GPUModelRunner, "sample")
+    with caplog.at_level(logging.WARNING, logger=PATCH_LOG):
+        missing = patching.install(TapConfig(trace_dir=tmp_path))
+    warnings = _warnings(caplog)
+    assert missing == [patch_table.V2_SAMPLE.name]
+    assert len(warnings) == 1 and "GPUModelRunner.sample is missing" in warnings[0], warnings
+    assert "verify and other times" in warnings[0] and "target-only steps" in warnings[0]
+    for name in ("execute_model", "sample_tokens"):
+        assert getattr(GPUModelRunner.__dict__[name], "__dsparklab_tap__", False), name
+    assert getattr(StepTimingCollector.__dict__["forward_start"], "__dsparklab_tap__", False)
+
+
+@needs_v1
 def test_missing_sample_tokens_leaves_the_steps_untimed(
     fresh_plugin: None,
     monkeypatch: pytest.MonkeyPatch,
@@ -103,10 +152,10 @@ def test_missing_sample_tokens_leaves_the_steps_untimed(
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     monkeypatch.delattr(GPUModelRunner, "sample_tokens")
-    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
+    with caplog.at_level(logging.WARNING, logger=PATCH_LOG):
         missing = patching.install(TapConfig(trace_dir=tmp_path))
-    errors = _errors(caplog)
-    assert missing == [patching.V1_SAMPLE.name]
+    errors = _warnings(caplog)
+    assert missing == [patch_table.V1_SAMPLE_TOKENS.name]
     assert len(errors) == 1 and "sample_tokens is missing" in errors[0], errors
     assert "verify_time_s" in errors[0] and "target-only steps" in errors[0]
     assert getattr(GPUModelRunner.__dict__["execute_model"], "__dsparklab_tap__", False)
@@ -127,12 +176,12 @@ def test_missing_sampler_point_disables_the_dspark_group_only(
     )
 
     monkeypatch.delattr(DSparkSpeculator, "_sample_logits")
-    with caplog.at_level(logging.ERROR, logger=PATCH_LOG):
+    with caplog.at_level(logging.WARNING, logger=PATCH_LOG):
         missing = patching.install(TapConfig(trace_dir=tmp_path))
-    errors = _errors(caplog)
+    errors = _warnings(caplog)
     assert len(errors) == 1 and "_sample_logits is missing" in errors[0], errors
     assert "DSpark position fields" in errors[0]
-    assert missing == [f"{patching.DSPARK_LOGITS.name}"]
+    assert missing == [patch_table.DSPARK_LOGITS.name]
     for name in ("load_draft_model", "_sample_sequential", "_sample_sequential_topk"):
         assert not getattr(DSparkSpeculator.__dict__[name], "__dsparklab_tap__", False), name
     # drafts and acceptance of DSpark (through DFlash's propose) and Eagle3 still recorded

@@ -302,9 +302,16 @@ def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:
     assert run["error"] == "boom"
 
 
-def _timed(slot, *, draft: float, step: float):
-    """``slot`` as the step clock hands it on: its draft pass and whole-step host times."""
-    slot.meta.update(draft_time_s=draft, step_time_s=step)
+def _timed(slot, *, draft: float | None, step: float, forward=None, sample=None):
+    """``slot`` as the step clock hands it on: host-clock marks of its draft pass, of the
+    whole step and (Model Runner V2) of the target's forward and the sampler."""
+    marks = {"step_start": 10.0, "step_end": 10.0 + step}
+    if draft is not None:
+        marks |= {"draft_start": 10.0 + step - draft, "draft_end": 10.0 + step}
+    if forward is not None and sample is not None:
+        marks |= {"forward_start": 10.0, "forward_end": 10.0 + forward}
+        marks |= {"sample_start": 10.0 + forward, "sample_end": 10.0 + forward + sample}
+    slot.clock.marks.update(marks)
     return slot
 
 
@@ -365,12 +372,12 @@ def test_recorder_without_step_time_keeps_the_draft_share() -> None:
     first = _slot(
         ring, ["a", "b"], [[1, 2, 3]] * 2, sampled=[1, 1], rejected=[0, 0], seq=[4, 4], last=[0, 0]
     )
-    first.meta["draft_time_s"] = 0.4
+    first.clock.marks.update(draft_start=1.0, draft_end=1.4)
     rec.stage(first)
     second = _slot(
         ring, ["a", "b"], [[1, 2, 3]] * 2, sampled=[2, 2], rejected=[2, 2], seq=[8, 8], last=[5, 5]
     )
-    second.meta["draft_time_s"] = 0.6
+    second.clock.marks.update(draft_start=2.0, draft_end=2.6)
     rec.stage(second)
     rec.process_ready()
     assert [(s["batch_size"], s["draft_time_s"], s["verify_time_s"]) for s in rec.rows.steps] == [
@@ -379,14 +386,66 @@ def test_recorder_without_step_time_keeps_the_draft_share() -> None:
     assert rec.costs.engine_steps == 0 and rec.costs.untimed_engine_steps == 2
 
 
+def test_recorder_times_verify_and_other_apart_on_model_runner_v2() -> None:
+    """V2 marks the target's forward and the sampler: verify = V / B, other = (T - V - D) / B,
+    and the three shares add up to the step over its batch."""
+    ring, rec = _ring(), TraceRecorder(N)
+    ids = ["a", "b"]
+    first = _slot(
+        ring, ids, [[1, 2, 3]] * 2, sampled=[1, 1], rejected=[0, 0], seq=[4, 4], last=[0] * 2
+    )
+    rec.stage(_timed(first, draft=0.2, step=1.0, forward=0.5, sample=0.1))
+    second = _slot(
+        ring, ids, [[1, 2, 3]] * 2, sampled=[2, 4], rejected=[2, 0], seq=[8, 8], last=[5] * 2
+    )
+    rec.stage(_timed(second, draft=0.3, step=2.0, forward=1.0, sample=0.2))
+    rec.process_ready()
+    rows = [
+        (s["batch_size"], s["draft_time_s"], s["verify_time_s"], s["other_time_s"])
+        for s in rec.rows.steps
+    ]
+    assert rows == [(2, pytest.approx(0.15), pytest.approx(0.6), pytest.approx(0.25))] * 2
+    assert rec.costs.verify_timed_steps == 2
+    assert rec.costs.verify_time_s == pytest.approx(0.6 + 1.2)
+    assert rec.costs.step_time_s == pytest.approx(3.0)
+
+
+def test_recorder_target_only_on_model_runner_v2_reads_the_staged_counts() -> None:
+    """V2's target-only slot has num_sampled in its tensor (copied from the device), and
+    the step's forward and sampler marks: verify V / B, other (T - V) / B, no draft."""
+    ring, rec = _ring(), TraceRecorder(0)
+    for sampled, seq in (([1, 0], [4, 2]), ([1, 1], [5, 3]), ([1, 1], [6, 4])):
+        slot = ring.acquire()
+        assert slot is not None
+        slot.meta.update(target_only=True, req_ids=["a", "b"], seq_base=seq)
+        slot.tensors["num_sampled"][:2] = torch.tensor(sampled, dtype=torch.int32)
+        rec.stage(_timed(slot, draft=None, step=1.0, forward=0.6, sample=0.2), ring.release)
+    rec.process_ready()
+    got = [
+        (
+            s["request_id"],
+            s["context_len"],
+            s["draft_time_s"],
+            s["verify_time_s"],
+            s["other_time_s"],
+        )
+        for s in rec.rows.steps
+    ]
+    # a: first token at step 1 (no row), then 2 rows; b: prefill chunk, first token, 1 row
+    assert got == [
+        ("a", 5, None, pytest.approx(0.4), pytest.approx(0.1)),
+        ("a", 6, None, pytest.approx(0.4), pytest.approx(0.1)),
+        ("b", 4, None, pytest.approx(0.4), pytest.approx(0.1)),
+    ]
+
+
 def _target_only(
     ring: StagingRing, req_ids: list[str], sampled: list[int], seq: list[int], step: float
 ):
     slot = ring.acquire()
     assert slot is not None
-    slot.meta.update(
-        target_only=True, req_ids=req_ids, num_sampled=sampled, seq_base=seq, step_time_s=step
-    )
+    slot.meta.update(target_only=True, req_ids=req_ids, num_sampled=sampled, seq_base=seq)
+    slot.clock.marks.update(step_start=0.0, step_end=step)
     return slot, ring.release
 
 

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from dsparklab.engines.vllm.clock import StepClock
+
 # Position fields the DSpark taps fill; NaN (floats) or -1 (flip) means "not computed".
 FLOAT_FIELDS: tuple[str, ...] = (
     "draft_logprob",
@@ -261,22 +263,20 @@ class HostSlot:
 
     tensors: dict[str, torch.Tensor]  # host (pinned on CUDA) [max_num_reqs, ...]
     event: Any = None  # torch.cuda.Event recorded after the copies, None on CPU
-    start_event: Any = None  # timing events around the draft step (CUDA)
-    end_event: Any = None
-    # timing events around the whole engine step the slot belongs to (CUDA; on CPU the
-    # step's host time is in meta["step_time_s"])
-    step_start_event: Any = None
-    step_end_event: Any = None
+    # the marks of the draft pass and, once its engine step ended, of the whole step
+    clock: StepClock | None = None
     busy: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # req_ids, num_reqs, ... (host)
 
     def ready(self) -> bool:
-        return all(e is None or bool(e.query()) for e in (self.event, self.step_end_event))
+        copied = self.event is None or bool(self.event.query())
+        return copied and (self.clock is None or self.clock.ready())
 
     def wait(self) -> None:
-        for event in (self.event, self.step_end_event):
-            if event is not None:
-                event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
+        if self.clock is not None:
+            self.clock.wait()
 
 
 class StagingRing:
@@ -314,8 +314,8 @@ class StagingRing:
             if not slot.busy:
                 slot.busy = True
                 slot.meta = {}
-                slot.event = slot.start_event = slot.end_event = None
-                slot.step_start_event = slot.step_end_event = None
+                slot.event = None
+                slot.clock = StepClock(self.is_cuda)
                 return slot
         return None
 
@@ -331,13 +331,6 @@ class StagingRing:
             event = torch.cuda.Event()
             event.record()
             slot.event = event
-
-    def timing_event(self) -> Any:
-        if not self.is_cuda:
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
     @staticmethod
     def release(slot: HostSlot) -> None:

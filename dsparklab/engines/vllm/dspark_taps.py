@@ -3,8 +3,9 @@
 ``DSparkSpeculator.load_draft_model`` allocates the persistent tap buffers
 (``[max_num_reqs, n]``, before graph capture) and wraps four methods of the loaded draft
 model on the instance (any DSpark model class: Qwen3, DeepSeek-V4, Kimi, MuseSpark):
-``compute_draft_logits``, ``markov_embed``, ``markov_bias`` and, for the top-k path,
-``apply_markov_bias_gathered``; one wrapper serves them all and only keeps references
+``compute_draft_logits``, ``markov_embed`` (or a recurrent head's ``markov_step``, vLLM 0.34),
+``markov_bias`` and, for the top-k path, ``apply_markov_bias_gathered``; one wrapper serves
+them all and only keeps references
 to their tensors. The wrapped ``_sample_sequential`` / ``_sample_sequential_topk`` /
 ``_sample_logits`` of the speculator run the tap math of
 :mod:`dsparklab.engines.vllm.core`: device ops writing in place into the buffers, so a
@@ -14,6 +15,11 @@ Per step, graph-safe: ``begin`` marks the batch rows "not computed" (NaN, flip -
 field whose hook a draft model skips (its own ``sample_sequential`` fast path, a fused
 Markov kernel) is null in the trace, never the previous step's value. Each position
 consumes the Markov bias it was given, so a skipped ``markov_bias`` is not reused.
+
+The fused Markov bias (vLLM 0.34): with probabilistic drafts on a full-vocabulary drafter
+without watermark, acceptance estimator or output transform, ``_fuse_markov_bias`` is set
+and ``_sample_logits`` receives the *base* logits with ``bias=`` (the Gumbel kernel adds it);
+the tap records the distribution the sampler used, base + bias, either way.
 
 One footing for the log-probabilities: when the draft model has an output logit
 transform (``apply_output_logit_transform``, vLLM 0.33: multiplier and tanh soft-cap,
@@ -83,6 +89,10 @@ class DSparkTap(SpecTap):
         self.stash.mode = mode
         self.stash.num_reqs = num_reqs
         self.in_step = self.active
+        if self.in_step and mode == "topk" and self.level == "full":
+            self.recorder.note_null(
+                "markov_bias_norm", "draft top-k: the bias is added to the k candidates only"
+            )
         if self.in_step:
             self.buffers.reset_(num_reqs)
             self._transform = getattr(spec.model, "apply_output_logit_transform", None)
@@ -105,11 +115,15 @@ class DSparkTap(SpecTap):
     def _skipped(self, what: str) -> None:
         if not self._skipped_warned:
             self._skipped_warned = True
-            logger.warning(
-                "dsparklab: the draft model did not call %s for a draft step (its own "
-                "sampling path); those position fields are recorded as null",
-                what,
-            )
+            why = f"the draft model's own sampling path does not call {what}"
+            for name in (
+                "draft_logprob",
+                "base_logprob",
+                "markov_bias",
+                "markov_bias_norm",
+                "markov_flip",
+            ):
+                self.recorder.note_null(name, why)
 
     def on_sampled(
         self,
@@ -244,21 +258,27 @@ def _keep_bias(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
     tap.stash.bias = out
 
 
+def _keep_step_embed(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+    tap.stash.embeds.append(out[0])  # (embedding, carried state): vLLM 0.34's recurrent heads
+
+
 def _keep_topk(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
     tap.on_topk_bias(args["values"], args["index"], out)
 
 
 MODEL_TAPS: dict[str, _Record] = {
     "compute_draft_logits": _keep_logits,
-    "markov_embed": _keep_embed,
     "markov_bias": _keep_bias,
 }
+# the Markov embedding: ``markov_embed`` (every line), or for a recurrent head (vLLM 0.34,
+# ``has_recurrent_markov_head``) ``markov_step``, which vLLM calls instead; a model has one
+EMBED_TAPS: dict[str, _Record] = {"markov_embed": _keep_embed, "markov_step": _keep_step_embed}
 MODEL_TAPS_OPTIONAL: dict[str, _Record] = {"apply_markov_bias_gathered": _keep_topk}
 
 
 def wrap_model_method(original: Callable[..., Any], tap: DSparkTap, name: str) -> Any:
     """The one wrapper of the draft model's methods: call vLLM's, keep what the tap needs."""
-    record = {**MODEL_TAPS, **MODEL_TAPS_OPTIONAL}[name]
+    record = {**MODEL_TAPS, **EMBED_TAPS, **MODEL_TAPS_OPTIONAL}[name]
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -273,7 +293,12 @@ def wrap_model_method(original: Callable[..., Any], tap: DSparkTap, name: str) -
 
 def wrap_dspark_model(model: Any, tap: DSparkTap) -> None:
     """Wrap the draft model's DSpark methods on the instance (any DSpark model class)."""
-    for name in (*MODEL_TAPS, *MODEL_TAPS_OPTIONAL):
+    if not any(callable(getattr(model, name, None)) for name in EMBED_TAPS):
+        raise DSparkLabError(
+            f"{type(model).__name__} has neither {' nor '.join(EMBED_TAPS)}; cannot tap this "
+            "DSpark model"
+        )
+    for name in (*MODEL_TAPS, *EMBED_TAPS, *MODEL_TAPS_OPTIONAL):
         original = getattr(model, name, None)
         if original is None:
             if name in MODEL_TAPS:
@@ -353,6 +378,13 @@ def wrap_sample_sequential_topk(original: Callable[..., Any]) -> Callable[..., A
     return _wrap_sequential(original, "topk")
 
 
+def sampled_logits(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The logits the sampler drew from: ``logits`` itself, or with vLLM 0.34's fused Markov
+    bias (``_sample_logits(base, ..., bias=bias)``, ``_fuse_markov_bias``) base + bias,
+    which the Gumbel kernel forms in the logits' dtype, as ``+`` does here."""
+    return logits if bias is None else logits + bias
+
+
 def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
@@ -366,7 +398,12 @@ def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
                 bound = signature.bind(self, *args, **kwargs).arguments
                 idx_map = bound["idx_map"]
                 temperature = self.temperature[idx_map.clamp(min=0)]
-                tap.on_sampled(bound["logits"], int(bound["step"]), out, temperature)
+                tap.on_sampled(
+                    sampled_logits(bound["logits"], bound.get("bias")),
+                    int(bound["step"]),
+                    out,
+                    temperature,
+                )
 
             guarded(tap, "_sample_logits", record)
         return out

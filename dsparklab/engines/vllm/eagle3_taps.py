@@ -90,6 +90,8 @@ class Eagle3V1Tap(SpecTap):
         self.source = source
         if self.recorder.writer is not None:
             self.recorder.writer.update_meta(draft_logprob_source=source)
+        if source.startswith("not recorded: "):
+            self.recorder.note_null(DRAFT_LOGPROB, source.removeprefix("not recorded: "))
 
     def begin(self) -> None:
         """A ``propose`` starts: collect its ``compute_logits`` calls."""

@@ -17,15 +17,16 @@ bonus/correction token at position ``accepted``, null after it.
 Step costs (``batch_size``, ``draft_time_s``, ``verify_time_s``; docs/vllm-plugin.md,
 "Step costs"). A slot is one engine step of vLLM: the target's forward over the batch
 (which verifies the drafts of the step before), sampling, and the draft pass that proposes
-the next drafts, in that order (V1: ``GPUModelRunner.execute_model`` then
-``sample_tokens``, which calls ``propose_draft_token_ids``;
-``vllm/v1/worker/gpu_model_runner.py``). The slot carries the draft pass's time
-:math:`D` and, where the step was timed as a whole (:mod:`~dsparklab.engines.vllm.steps`),
-the step's time :math:`T`. Every ``steps`` row a slot resolves (a draft this engine step
-verified) gets the slot's batch size :math:`B` (the rows vLLM ran in it) and its share of
-the step: ``draft_time_s`` = :math:`D / B`, ``verify_time_s`` = :math:`(T - D) / B` (the
-target's forward, sampling and vLLM's bookkeeping: verify and other together;
-``other_time_s`` is null). So the draft time on a row is the pass of the engine step that
+the next drafts, in that order (both runners: ``GPUModelRunner.execute_model`` then
+``sample_tokens``, which calls the speculator's ``propose``). The slot carries the marks of
+its draft pass and, where the step was timed as a whole
+(:mod:`~dsparklab.engines.vllm.clock`), of the step: :math:`D`, :math:`T` and, on Model
+Runner V2, :math:`V` (the target's forward and the sampler). Every ``steps`` row a slot
+resolves (a draft this engine step verified) gets the slot's batch size :math:`B` (the rows
+vLLM ran in it) and its share of the step: ``draft_time_s`` = :math:`D / B`,
+``verify_time_s`` = :math:`V / B` and ``other_time_s`` = :math:`(T - V - D) / B` (V2); on
+V1, ``verify_time_s`` = :math:`(T - D) / B` (verify and other together, ``other_time_s``
+null). So the draft time on a row is the pass of the engine step that
 verified the row's block (which drafts the request's *next* block), and a step's costs all
 come from one batch: :math:`B \times` share is that batch's time, and the shares of one
 engine step add up to :math:`T` over its :math:`B` rows. Rows of the batch that resolve no
@@ -35,8 +36,8 @@ counted in run.json's ``step_costs`` (``unattributed_s``), so
 
 Target-only engines (no speculative config) stage one host-only slot per engine step
 (``meta["target_only"]``): each row that sampled a token other than its first (the
-prefill's) is one ``steps`` row with ``num_drafted = 0`` and ``verify_time_s`` =
-:math:`T / B`.
+prefill's) is one ``steps`` row with ``num_drafted = 0``, ``verify_time_s`` = :math:`V / B`
+and ``other_time_s`` = :math:`(T - V) / B` (V2), or ``verify_time_s`` = :math:`T / B` (V1).
 
 Slots are read only when their device events have completed (never blocking the draft
 step); a background thread does that every ``flush_seconds`` and writes parquet parts
@@ -70,6 +71,7 @@ from typing import Any
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
+from dsparklab.engines.vllm.coverage import null
 from dsparklab.store import TraceWriter, read_run_json
 from dsparklab.store.location import Location
 from dsparklab.store.reader import part_files
@@ -103,64 +105,76 @@ class PendingDraft:
 
 @dataclass(frozen=True)
 class StepCost:
-    """One engine step's batch size and each of its rows' shares of its time (seconds)."""
+    """One engine step's batch size and each of its rows' shares of its time (seconds).
+
+    From the step's clock (:mod:`~dsparklab.engines.vllm.clock`): :math:`T`, :math:`D` and,
+    where the runner marks its forward and sampler (Model Runner V2), :math:`V`. With
+    :math:`V` every part is timed apart: verify :math:`V / B`, other
+    :math:`(T - V - D) / B`. Without it (Model Runner V1) verify is :math:`(T - D) / B`,
+    verify and other together, and other is unknown (None).
+    """
 
     batch_size: int
     step_time_s: float | None  # the whole engine step, T (None: not timed)
     draft_time_s: float | None  # the draft pass, D (None: none, or not timed)
+    verify_time_s: float | None  # the target's forward and the sampler, V (None: not apart)
     draft_share_s: float | None  # D / B
-    verify_share_s: float | None  # (T - D) / B; T / B without a draft pass
+    verify_share_s: float | None  # V / B; else (T - D) / B, or T / B without a draft pass
+    other_share_s: float | None  # (T - V - D) / B where V is known
 
     @classmethod
     def of(cls, slot: HostSlot, batch_size: int) -> StepCost:
-        """The costs of the engine step ``slot`` staged (its events have completed)."""
-        meta = slot.meta
-        draft = _elapsed_s(meta.get("draft_time_s"), slot.start_event, slot.end_event)
-        step = _elapsed_s(meta.get("step_time_s"), slot.step_start_event, slot.step_end_event)
+        """The costs of the engine step ``slot`` staged (its marks can be read)."""
+        clock = slot.clock
+        step = clock.step_s() if clock is not None else None
+        draft = clock.draft_s() if clock is not None else None
+        verify = clock.verify_s() if clock is not None and step is not None else None
         b = max(int(batch_size), 1)
-        if meta.get("target_only"):
-            verify = None if step is None else step / b
+        other = None
+        if verify is not None:
+            assert step is not None
+            verify_share: float | None = verify / b
+            other = (step - verify - (draft or 0.0)) / b
+        elif step is None or (draft is None and not slot.meta.get("target_only")):
+            verify_share = None
         else:
-            verify = None if step is None or draft is None else (step - draft) / b
+            verify_share = (step - (draft or 0.0)) / b
         return cls(
             batch_size=b,
             step_time_s=step,
             draft_time_s=draft,
+            verify_time_s=verify,
             draft_share_s=None if draft is None else draft / b,
-            verify_share_s=verify,
+            verify_share_s=verify_share,
+            other_share_s=other,
         )
 
     @property
     def share_s(self) -> float | None:
-        """One row's share of the whole step (draft + verify), when the step was timed."""
+        """One row's share of the whole step (draft + verify + other), when it was timed."""
         if self.step_time_s is None:
             return None
         return self.step_time_s / self.batch_size
-
-
-def _elapsed_s(host: Any, start: Any, end: Any) -> float | None:
-    """Seconds: the host-clock value when recorded, else the CUDA events' elapsed time."""
-    if host is not None:
-        return float(host)
-    if start is not None and end is not None:
-        return float(start.elapsed_time(end)) / 1e3
-    return None
 
 
 @dataclass
 class StepCostTally:
     """run.json's ``step_costs``: what the timed engine steps cost and where it went.
 
-    ``step_time_s`` / ``draft_time_s``: sums of :math:`T` and :math:`D` over the engine
-    steps timed; ``batch_rows``: sum of their batch sizes; ``step_rows``: ``steps`` rows
-    they resolved; ``attributed_s``: those rows' shares (draft + verify); ``unattributed_s``:
-    the shares of the batch rows that resolved no step (prefill chunks, first tokens).
+    ``step_time_s`` / ``draft_time_s`` / ``verify_time_s``: sums of :math:`T`, :math:`D`
+    and :math:`V` over the engine steps timed (``verify_time_s`` over those with :math:`V`,
+    ``verify_timed_steps`` of them); ``batch_rows``: sum of their batch sizes;
+    ``step_rows``: ``steps`` rows they resolved; ``attributed_s``: those rows' shares (draft
+    + verify + other); ``unattributed_s``: the shares of the batch rows that resolved no
+    step (prefill chunks, first tokens).
     """
 
     engine_steps: int = 0
     untimed_engine_steps: int = 0
+    verify_timed_steps: int = 0
     step_time_s: float = 0.0
     draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
     batch_rows: int = 0
     step_rows: int = 0
     attributed_s: float = 0.0
@@ -175,6 +189,9 @@ class StepCostTally:
         self.engine_steps += 1
         self.step_time_s += cost.step_time_s
         self.draft_time_s += cost.draft_time_s or 0.0
+        if cost.verify_time_s is not None:
+            self.verify_timed_steps += 1
+            self.verify_time_s += cost.verify_time_s
         self.batch_rows += cost.batch_size
         self.step_rows += rows
         self.attributed_s += rows * share
@@ -184,8 +201,10 @@ class StepCostTally:
         return {
             "engine_steps": self.engine_steps,
             "untimed_engine_steps": self.untimed_engine_steps,
+            "verify_timed_steps": self.verify_timed_steps,
             "step_time_s": self.step_time_s,
             "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
             "batch_rows": self.batch_rows,
             "step_rows": self.step_rows,
             "attributed_s": self.attributed_s,
@@ -215,7 +234,8 @@ def _cost_columns(cost: StepCost) -> dict[str, Any]:
         "batch_size": cost.batch_size,
         "draft_time_s": cost.draft_share_s,
         "verify_time_s": cost.verify_share_s,
-        "other_time_s": None,  # inside verify_time_s: vLLM's step is not timed apart
+        # null where the runner does not mark its forward and sampler (V1: inside verify)
+        "other_time_s": cost.other_share_s,
     }
 
 
@@ -362,6 +382,20 @@ class TraceRecorder:
         with self._qlock:
             self._finished.append((self._seq_staged, ids, forget))
 
+    def note_null(self, name: str, why: str) -> None:
+        """run.json's ``recorded_fields``: field ``name`` is null on this run's path, because
+        ``why`` (said once in the log, never a silent null)."""
+        status = null(why)
+        fields = dict(self.writer.meta.get("recorded_fields") or {}) if self.writer else {}
+        if fields.get(name) == status:
+            return
+        fields[name] = status
+        if self.writer is not None:
+            self.writer.update_meta(recorded_fields=fields)
+        self._warn_once(
+            f"null:{name}", "dsparklab: %s is not recorded (%s): %s", name, why, self.run_dir
+        )
+
     # -- processing ------------------------------------------------------------------
     def _warn_once(self, key: str, message: str, *args: Any) -> None:
         if key not in self._warned:
@@ -380,10 +414,12 @@ class TraceRecorder:
         if num_reqs == 0:
             return
         cost = StepCost.of(slot, num_reqs)
-        if meta.get("target_only"):
-            self.costs.observe(cost, self._process_target_only(meta, req_ids, cost))
-            return
         t = slot.tensors
+        if meta.get("target_only"):
+            # V1 knows the sampled counts on the host; V2 staged them from the device
+            sampled = meta.get("num_sampled") or t["num_sampled"][:num_reqs].tolist()
+            self.costs.observe(cost, self._process_target_only(meta, req_ids, sampled, cost))
+            return
         num_sampled = [int(x) for x in t["num_sampled"][:num_reqs].tolist()]
         if "num_verified" in meta:  # V1: verified counts known on the host
             num_rejected = [
@@ -442,14 +478,16 @@ class TraceRecorder:
         self.costs.observe(cost, resolved)
 
     def _process_target_only(
-        self, meta: Mapping[str, Any], req_ids: Sequence[str], cost: StepCost
+        self,
+        meta: Mapping[str, Any],
+        req_ids: Sequence[str],
+        num_sampled: Sequence[int],
+        cost: StepCost,
     ) -> int:
         """A target-only engine step: one ``steps`` row per request that sampled a token
         after its first; returns how many."""
         rows = 0
-        for req_id, sampled, context in zip(
-            req_ids, meta["num_sampled"], meta["seq_base"], strict=True
-        ):
+        for req_id, sampled, context in zip(req_ids, num_sampled, meta["seq_base"], strict=True):
             if int(sampled) <= 0 or not self.keeps(req_id):  # a prefill chunk; not sampled
                 continue
             if req_id not in self._first_token:  # the prefill's token: no step

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.engines.vllm.coverage import recorded_fields
 from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_writer
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
@@ -58,6 +59,10 @@ logger = logging.getLogger(__name__)
 RECORDED_METHODS = ("dspark", "eagle3")
 # SpeculativeConfig fields that change what "accepted" means or what was drafted.
 SPECULATIVE_FIELDS = (
+    "custom_method",  # vLLM 0.34: a registered method's name (its base is in ``method``)
+    "num_speculative_tokens_per_batch_size",  # dynamic n: [(first, last, n), ...]
+    "draft_decode_context_parallel_size",
+    "speculator_options",
     "draft_sample_method",
     "rejection_sample_method",
     "enable_adaptive_verification",
@@ -80,6 +85,9 @@ class RunState:
     # trace directories whose runs this process closes for exited descendants, at exit
     watched: set[Location] = field(default_factory=set)
     watcher_pid: int | None = None
+    # set by the installer: the patch table's line and the methods patched ("Class.method")
+    line: str | None = None
+    installed: tuple[str, ...] = ()
 
 
 STATE = RunState()
@@ -227,18 +235,44 @@ def wrap_engine_client_shutdown(original: Callable[..., Any]) -> Callable[..., A
     return mark(shutdown, original)
 
 
-def _parallel_ranks(vllm_config: Any) -> tuple[int, int]:
-    """(tensor-parallel rank, data-parallel rank) of this process; 0 where unknown."""
-    tp = 0
+@dataclass(frozen=True)
+class Ranks:
+    """This process's ranks; 0 where unknown (distributed not initialised: one rank)."""
+
+    tp: int = 0
+    dp: int = 0
+    pcp: int = 0  # prefill context parallelism (vLLM 0.34's DSpark)
+
+
+def _parallel_ranks(vllm_config: Any) -> Ranks:
+    tp = pcp = 0
     try:
         from vllm.distributed import parallel_state
 
         tp = int(parallel_state.get_tensor_model_parallel_rank())
+        if (
+            int(
+                getattr(
+                    getattr(vllm_config, "parallel_config", None),
+                    "prefill_context_parallel_size",
+                    1,
+                )
+                or 1
+            )
+            > 1
+        ):
+            pcp = int(parallel_state.get_pcp_group().rank_in_group)
     except Exception:  # distributed not initialised (unit tests): a single rank
-        tp = 0
+        pass
     parallel = getattr(vllm_config, "parallel_config", None)
-    dp = int(getattr(parallel, "data_parallel_rank", 0) or 0)
-    return tp, dp
+    return Ranks(tp=tp, dp=int(getattr(parallel, "data_parallel_rank", 0) or 0), pcp=pcp)
+
+
+def records_here(ranks: Ranks, writer_ranks: str) -> bool:
+    """Whether this rank writes: TP rank 0 of each DP replica (every TP rank with
+    ``DSPARKLAB_WRITER_RANKS=all``), and only PCP rank 0, whose drafts vLLM broadcasts to the
+    other PCP ranks after ``propose`` (``PCPManager.sync_drafts``): theirs are never verified."""
+    return ranks.pcp == 0 and (writer_ranks == "all" or ranks.tp == 0)
 
 
 def _model_name(path: str | None) -> dict[str, Any]:
@@ -274,7 +308,7 @@ def method_of(vllm_config: Any) -> tuple[str | None, int]:
 
 
 def new_recorder(
-    vllm_config: Any, method: str, n: int, *, model_runner: str, tp: int, dp: int
+    vllm_config: Any, method: str, n: int, *, model_runner: str, ranks: Ranks
 ) -> TraceRecorder:
     """A recorder writing one run directory below ``DSPARKLAB_TRACE_DIR``."""
     import vllm
@@ -287,6 +321,7 @@ def new_recorder(
         counter = STATE.run_counter
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
+    tp, dp = ranks.tp, ranks.dp
     name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
 
     def where(run_id: str) -> Location:
@@ -313,6 +348,7 @@ def new_recorder(
             "version": getattr(vllm, "__version__", "unknown"),
             "model_runner": model_runner,
             "plugin": "dsparklab.engines.vllm.plugin",
+            "patch_table_line": STATE.line,
         },
         method=method,
         num_speculative_tokens=int(n),
@@ -329,7 +365,10 @@ def new_recorder(
             "tensor_parallel_size": getattr(parallel, "tensor_parallel_size", 1),
             "tensor_parallel_rank": tp,
             "data_parallel_rank": dp,
+            "prefill_context_parallel_size": getattr(parallel, "prefill_context_parallel_size", 1),
+            "decode_context_parallel_size": getattr(parallel, "decode_context_parallel_size", 1),
         },
+        recorded_fields=recorded_fields(method, model_runner, config.level, STATE.installed),
         config={"taps": config.as_dict(), "pid": os.getpid(), "ancestor_pids": ancestor_pids()},
     )
     if config.sample < 1.0:
@@ -385,10 +424,10 @@ def make_tap(
     method, n = method_of(vllm_config)
     if config is None or method not in RECORDED_METHODS or n <= 0:
         return None
-    tp, dp = _parallel_ranks(vllm_config)
-    if config.writer_ranks != "all" and tp != 0:
+    ranks = _parallel_ranks(vllm_config)
+    if not records_here(ranks, config.writer_ranks):
         return None
-    recorder = new_recorder(vllm_config, method, n, model_runner=model_runner, tp=tp, dp=dp)
+    recorder = new_recorder(vllm_config, method, n, model_runner=model_runner, ranks=ranks)
     return factory(
         recorder=recorder,
         n=n,
@@ -410,18 +449,28 @@ def make_target_only_tap(
     vllm_config = runner.vllm_config
     if config is None or getattr(vllm_config, "speculative_config", None) is not None:
         return None
-    tp, dp = _parallel_ranks(vllm_config)
-    if config.writer_ranks != "all" and tp != 0:
+    ranks = _parallel_ranks(vllm_config)
+    if not records_here(ranks, config.writer_ranks):
         return None
-    recorder = new_recorder(vllm_config, "none", 0, model_runner="v1", tp=tp, dp=dp)
+    kind = model_runner_of(runner)
+    recorder = new_recorder(vllm_config, "none", 0, model_runner=kind, ranks=ranks)
     return factory(
         recorder=recorder,
         n=0,
         max_num_reqs=int(runner.max_num_reqs),
         device=torch.device(runner.device),
         level=config.level,
-        model_runner="v1",
+        model_runner=kind,
     )
+
+
+# Model Runner V2's module; its CPU runner (vllm/v1/worker/cpu/model_runner.py) subclasses it
+_V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def model_runner_of(runner: Any) -> str:
+    """``v2`` for a Model Runner V2 (or a subclass), else ``v1``."""
+    return "v2" if any(c.__module__ == _V2_RUNNER_MODULE for c in type(runner).__mro__) else "v1"
 
 
 def ended_request_ids(scheduler_output: Any) -> tuple[set[str], set[str]]:

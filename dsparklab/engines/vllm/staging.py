@@ -15,12 +15,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from dsparklab.engines.vllm.clock import StepClock, active_step
 from dsparklab.engines.vllm.core import HostSlot, StagingRing, TapBuffers
 from dsparklab.engines.vllm.recorder import TraceRecorder
 from dsparklab.errors import DSparkLabError
@@ -86,9 +86,8 @@ class SpecTap:
         for name, dtype in (extra_fields or {}).items():
             specs[name] = ((max_num_reqs, n), dtype)
         self.ring = StagingRing(specs, device, num_slots=STAGING_SLOTS)
-        self._t0: float | None = None
         # the slot of the engine step in progress, staged when the step ends
-        # (:mod:`~dsparklab.engines.vllm.steps` times the whole step)
+        # (:mod:`~dsparklab.engines.vllm.clock` times the whole step)
         self.held: HostSlot | None = None
 
     def fail(self, where: str, err: BaseException) -> None:
@@ -123,21 +122,20 @@ class SpecTap:
             raise DSparkLabError("no free staging slot after draining the recorder")
         return slot
 
-    def start_timer(self, slot: HostSlot) -> None:
-        if self.ring.is_cuda:
-            slot.start_event = self.ring.timing_event()
-        else:
-            self._t0 = time.perf_counter()
+    @staticmethod
+    def start_timer(slot: HostSlot) -> None:
+        """The draft pass starts (``draft_start`` on the slot's clock)."""
+        assert slot.clock is not None
+        slot.clock.mark("draft_start")
 
     def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
-        """Stage the new drafts (and tap buffers) of the rows in ``slot``; hand it on."""
+        """Stage the new drafts (and tap buffers) of the rows in ``slot``; hand it on, or
+        hold it until its engine step ends when that step is timed."""
+        assert slot.clock is not None
+        slot.clock.mark("draft_end")
         rows = len(slot.meta["req_ids"])
         if "num_drafted" not in slot.meta:
             slot.meta["num_drafted"] = min(self.n, int(drafts.shape[1]))
-        if self.ring.is_cuda:
-            slot.end_event = self.ring.timing_event()
-        elif self._t0 is not None:
-            slot.meta["draft_time_s"] = time.perf_counter() - self._t0
         self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
         if self.buffers is not None:
             for name, tensor in self.buffers.tensors().items():
@@ -146,7 +144,7 @@ class SpecTap:
         stale, self.held = self.held, None
         if stale is not None:  # a held step whose end was not seen: hand it on first
             self.hand_on(stale)
-        if slot.meta.pop("hold", False):  # the step clock stages it when the step ends
+        if active_step() is not None:  # the step clock hands it on when the step ends
             self.held = slot
             return
         self.hand_on(slot)
@@ -157,15 +155,13 @@ class SpecTap:
         if not self.recorder.background:
             self.recorder.process_ready()
 
-    def end_step(self, step_time_s: float | None, start_event: Any, end_event: Any) -> None:
-        """The engine step ended: stage its held slot with the step's time (host seconds,
-        or the CUDA events around it)."""
+    def end_step(self, step: StepClock) -> None:
+        """The engine step ended: hand on its held slot with the step's marks."""
         slot, self.held = self.held, None
         if slot is None:
             return
-        if step_time_s is not None:
-            slot.meta["step_time_s"] = step_time_s
-        slot.step_start_event, slot.step_end_event = start_event, end_event
+        assert slot.clock is not None
+        slot.clock.adopt(step)
         self.hand_on(slot)
 
 

@@ -19,7 +19,6 @@ from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.eagle3_taps import Eagle3V1Tap
 from dsparklab.engines.vllm.runs import lazy_tap
 from dsparklab.engines.vllm.staging import SpecTap, wrap_propose
-from dsparklab.engines.vllm.steps import clock_of
 from dsparklab.errors import DSparkLabError
 
 
@@ -49,8 +48,6 @@ def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | Non
         num_verified=verified,
         seq_base=[c + int(sched.get(r, 0)) for c, r in zip(computed, req_ids, strict=True)],
     )
-    if clock_of(runner) is not None:  # the step clock stages it when the step ends
-        slot.meta["hold"] = True
     if isinstance(tap, Eagle3V1Tap):
         tap.begin()
     tap.start_timer(slot)

