@@ -14,7 +14,7 @@ Only plain torch submodules of the loaded drafters are used (``fc``, ``layers[i]
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -345,9 +345,14 @@ class DSparkDrafter:
         hidden = model.norm(hidden)[0]
         return hidden if self.sample_from_anchor else hidden[1:]
 
-    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
+    def backbone(self, update: ContextUpdate, num_tokens: int) -> torch.Tensor:
+        """Take in the target's new output, then run the block pass: ``[n, H]`` hidden
+        states at the sample slots (what vLLM's Markov stage reads as ``head_hidden``)."""
         self._extend_context(update.aux_hidden, update.start_pos)
-        hidden = self.block_hidden(update.anchor, update.anchor_pos, num_tokens)
+        return self.block_hidden(update.anchor, update.anchor_pos, num_tokens)
+
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
+        hidden = self.backbone(update, num_tokens)
         base_logits = self.model.lm_head(hidden)  # [n, V_draft]
         step = dspark_markov_step(
             base_logits.unsqueeze(0),
@@ -449,11 +454,22 @@ class Eagle3Drafter:
         return hidden
 
     def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and the hidden state carried to the next forward."""
+        """The normed hidden state the LM head reads, and the one carried to the next
+        forward."""
         normed = self.model.norm(hidden)
-        return self.model.lm_head(normed), (normed if self.norm_output else hidden)
+        return normed, (normed if self.norm_output else hidden)
 
-    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
+    def positions(
+        self, update: ContextUpdate, num_tokens: int
+    ) -> Generator[torch.Tensor, int, None]:
+        """The draft forwards of one block, one position at a time.
+
+        Yields the normed hidden state ``[H]`` the LM head reads at each position and
+        takes back (``send``) the draft-vocabulary id drafted there; the speculative KV
+        entries are dropped when the block ends. :meth:`propose` drives it with the
+        drafter's own LM head; a caller drafting several requests in lockstep (one
+        ``compute_logits`` over the batch per position, as vLLM does) drives one each.
+        """
         model = self.model
         if self.cache.get_seq_length() != update.start_pos:
             raise ConfigError(
@@ -465,16 +481,28 @@ class Eagle3Drafter:
         inputs = torch.cat([embeds, self._combine(update.aux_hidden)], dim=-1).unsqueeze(0)
         hidden = self._forward(inputs, update.start_pos)[:, -1:]  # [1, 1, H]
         position = update.start_pos + len(update.tokens) - 1
-        tokens: list[int] = []
-        draft_ids, logits = [], []
-        for i in range(num_tokens):
-            if i:
-                prev = torch.tensor([[tokens[-1]]], dtype=torch.long)
+        prev: torch.Tensor | None = None  # the previous position's drafted token
+        for _ in range(num_tokens):
+            if prev is not None:
                 inputs = torch.cat([model.embed_tokens(prev), hidden], dim=-1)
                 position += 1
                 hidden = self._forward(inputs, position)
-            logits_i, hidden = self._logits(hidden)
-            logits_i = logits_i[0, 0]
+            normed, hidden = self._logits(hidden)
+            draft_id = yield normed[0, 0]
+            token = draft_id
+            if self.draft_to_target is not None:
+                token += int(self.draft_to_target[draft_id])
+            prev = torch.tensor([[token]], dtype=torch.long)
+        if num_tokens > 1:
+            self.cache.crop(-(num_tokens - 1))  # the speculative entries
+
+    def propose(self, update: ContextUpdate, num_tokens: int, how: DraftSettings) -> Proposal:
+        tokens: list[int] = []
+        draft_ids, logits = [], []
+        steps = self.positions(update, num_tokens)
+        normed = next(steps, None)
+        while normed is not None:
+            logits_i = self.model.lm_head(normed)
             draft_id = sample_token(logits_i, how.temperature, how.generator)
             draft_ids.append(draft_id)
             logits.append(logits_i)
@@ -482,13 +510,20 @@ class Eagle3Drafter:
             if self.draft_to_target is not None:
                 token += int(self.draft_to_target[draft_id])
             tokens.append(token)
-        if num_tokens > 1:
-            self.cache.crop(-(num_tokens - 1))  # the speculative entries
+            normed = _send(steps, draft_id)
         ids, stacked = torch.tensor(draft_ids, dtype=torch.long), torch.stack(logits)
         values = (
             {"draft_logprob": token_logprob(stacked, ids, how.temperature)} if how.trace else {}
         )
         return Proposal(tokens=tokens, draft_ids=ids, logits=stacked, values=values)
+
+
+def _send(steps: Generator[torch.Tensor, int, None], value: int) -> torch.Tensor | None:
+    """The generator's next yield after sending ``value``; None when it has finished."""
+    try:
+        return steps.send(value)
+    except StopIteration:
+        return None
 
 
 def make_drafter(model: torch.nn.Module, method: str) -> Drafter:
