@@ -30,6 +30,7 @@ from v2_propose import propose_as_v2_runner, wrapped_draft_step
 from dsparklab.engines.vllm import patching, runs
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.store import read_run_json, read_trace, validate_trace
+from dsparklab.store.reader import store_runs
 
 if TYPE_CHECKING:
     from conftest import CpuDSpark
@@ -242,3 +243,102 @@ def test_v2_trace_equals_reference_over_resorted_finished_and_preempted_requests
     assert "dspark_draft_topk" in meta["speculative"]
     # adaptive verification off: vLLM skips the head, the taps evaluate it
     assert meta["confidence_source"] == "confidence_head_evaluated_by_taps"
+
+
+# -- the whole V2 engine step: the harness (dsparklab/engines/vllm/harness.py) ------------
+HARNESS_LIMIT, HARNESS_TOKENS = 3, 24
+
+
+@pytest.fixture(scope="module")
+def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """DSpark and Eagle3 (n = 3) and the baseline through the harness, traced, and the
+    reference engine on the same prompts."""
+    from dsparklab.engines.layout import CollectOptions
+    from dsparklab.engines.reference.collect import collect as reference_collect
+    from dsparklab.engines.vllm import harness
+
+    base = tmp_path_factory.mktemp("harness")
+    opts = CollectOptions(
+        methods=("dspark", "eagle3", "none"),
+        ns=(3,),
+        datasets=("humaneval",),
+        out=base / "v2",
+        limit=HARNESS_LIMIT,
+        max_new_tokens=HARNESS_TOKENS,
+        progress=False,
+    )
+    served = harness.collect(opts, max_num_seqs=2, keep_taps=base / "taps")
+    reference_collect(replace(opts, out=base / "reference", threads=1))
+    return {"served": served, "v2": base / "v2", "taps": base / "taps", "ref": base / "reference"}
+
+
+def test_the_harness_drafts_and_verifies_as_the_reference_engine(harness_runs: Any) -> None:
+    """Greedy, the same drafters: vLLM's Markov stage and Eagle3 head over the reference
+    backbones give the reference engine's drafts, verdicts and values, request by request,
+    and every output equals plain greedy decoding (the baseline)."""
+    keys = ["run_id", "request_id", "step"]
+    got = read_trace(harness_runs["v2"], "steps").sort_values(keys)
+    want = read_trace(harness_runs["ref"], "steps").sort_values(keys)
+    cols = ["run_id", "request_id", "step", "context_len", "num_drafted", "accepted_len", "emitted"]
+    assert got[cols].reset_index(drop=True).equals(want[cols].reset_index(drop=True))
+    outputs = read_trace(harness_runs["v2"], "requests").groupby("request_id")["output_token_ids"]
+    assert (outputs.apply(lambda s: len({tuple(x) for x in s})) == 1).all(), "lossless"
+    pkeys = [*keys, "position"]
+    got_pos = read_trace(harness_runs["v2"], "positions").sort_values(pkeys).reset_index(drop=True)
+    want_pos = (
+        read_trace(harness_runs["ref"], "positions").sort_values(pkeys).reset_index(drop=True)
+    )
+    for name in ("draft_token", "accepted", "markov_flip"):
+        assert got_pos[name].equals(want_pos[name]), name
+    # vLLM emits the target's token up to the first rejection only; the reference engine's
+    # verify forward has the target's choice at every position
+    reached = got_pos.merge(got[[*keys, "accepted_len"]], on=keys, how="left")
+    seen = got_pos["target_token"].notna()
+    assert seen.equals(reached["position"] <= reached["accepted_len"])
+    assert got_pos.loc[seen, "target_token"].tolist() == want_pos.loc[seen, "target_token"].tolist()
+    for name in ("draft_logprob", "base_logprob", "markov_bias", "markov_bias_norm", "confidence"):
+        both = got_pos[name].notna() | want_pos[name].notna()
+        diff = (got_pos.loc[both, name] - want_pos.loc[both, name]).abs()
+        assert diff.max() < 2e-4, (name, diff.max())
+    dspark = got_pos[got_pos["method"] == "dspark"]
+    eagle = got_pos[got_pos["method"] == "eagle3"]
+    assert dspark["confidence"].notna().all() and eagle["draft_logprob"].notna().all()
+
+
+def test_every_v2_step_row_carries_draft_verify_and_other(harness_runs: Any) -> None:
+    """Model Runner V2's step clock: every row has its share of the three parts (the
+    baseline: verify and other, no draft pass), and per engine step they add up to the
+    step's time, inside the driver's own wall time around the step."""
+    steps = read_trace(harness_runs["v2"], "steps")
+    drafted = steps[steps["method"] != "none"]
+    baseline = steps[steps["method"] == "none"]
+    for name in ("draft_time_s", "verify_time_s", "other_time_s"):
+        assert (drafted[name] > 0).all(), name
+    assert baseline["draft_time_s"].isna().all()
+    assert (baseline["verify_time_s"] > 0).all() and (baseline["other_time_s"] >= 0).all()
+    for run in harness_runs["served"]:
+        rows = steps[steps["run_id"] == run.spec.name].set_index(["request_id", "step"])
+        for step in run.timeline:
+            if not step.verified:
+                continue
+            keys = [(req_id.rsplit("-", 1)[0], n) for req_id, n in step.verified]
+            got = rows.loc[keys]
+            assert (got["batch_size"] == step.batch_size).all()
+            parts = got[["draft_time_s", "verify_time_s", "other_time_s"]].fillna(0.0).sum(axis=1)
+            recorded = got["batch_size"] * parts
+            assert recorded.nunique() == 1 or np.ptp(recorded.to_numpy()) < 1e-9
+            assert 0 < recorded.iloc[0] <= step.wall_s
+    for meta in map(read_run_json, store_runs(harness_runs["taps"])):
+        costs = meta["step_costs"]
+        assert costs["untimed_engine_steps"] == 0
+        assert costs["verify_timed_steps"] == costs["engine_steps"] > 0
+        assert costs["attributed_s"] + costs["unattributed_s"] == pytest.approx(
+            costs["step_time_s"]
+        )
+        assert meta["engine"]["model_runner"] == "v2"
+        assert meta["engine"]["patch_table_line"] is not None
+        if meta["method"] == "dspark":
+            assert set(meta["recorded_fields"].values()) == {"recorded"}
+        if meta["method"] == "eagle3":
+            assert meta["recorded_fields"]["draft_logprob"] == "recorded"
+            assert "in the draft graph" in meta["draft_logprob_source"]

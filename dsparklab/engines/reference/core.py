@@ -196,7 +196,8 @@ def verify_rejection(
 # --------------------------------------------------------------------------------------
 # engine
 # --------------------------------------------------------------------------------------
-def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
+def eos_ids(model: torch.nn.Module) -> frozenset[int]:
+    """The model's end-of-sequence token ids (generation config and config)."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -205,6 +206,16 @@ def _eos_ids(model: torch.nn.Module) -> frozenset[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return frozenset(ids)
+
+
+def truncate_output(output: Sequence[int], max_new_tokens: int, eos: frozenset[int]) -> list[int]:
+    """The output a server returns: at most ``max_new_tokens``, ending at the first
+    end-of-sequence token (kept)."""
+    output = list(output[:max_new_tokens])
+    for index, token in enumerate(output):
+        if token in eos:
+            return output[: index + 1]
+    return output
 
 
 def request_seed(seed: int, request_id: str) -> int:
@@ -265,7 +276,7 @@ class ReferenceEngine:
                     f"vocabulary {target_vocab} and the drafter has no d2t mapping"
                 )
         self.eos_token_ids = (
-            frozenset(eos_token_ids) if eos_token_ids is not None else _eos_ids(target)
+            frozenset(eos_token_ids) if eos_token_ids is not None else eos_ids(target)
         )
 
     @property
@@ -281,12 +292,8 @@ class ReferenceEngine:
         return self.config.stop_at_eos and not self.eos_token_ids.isdisjoint(emitted)
 
     def _truncate(self, output: list[int]) -> list[int]:
-        output = output[: self.config.max_new_tokens]
-        if self.config.stop_at_eos:
-            for index, token in enumerate(output):
-                if token in self.eos_token_ids:
-                    return output[: index + 1]
-        return output
+        stop = self.eos_token_ids if self.config.stop_at_eos else frozenset()
+        return truncate_output(output, self.config.max_new_tokens, stop)
 
     @torch.inference_mode()
     def generate(self, prompt_token_ids: Sequence[int], *, request_id: str = "r0") -> Generation:

@@ -510,7 +510,7 @@ class Eagle3Drafter:
             if self.draft_to_target is not None:
                 token += int(self.draft_to_target[draft_id])
             tokens.append(token)
-            normed = _send(steps, draft_id)
+            normed = send_draft(steps, draft_id)
         ids, stacked = torch.tensor(draft_ids, dtype=torch.long), torch.stack(logits)
         values = (
             {"draft_logprob": token_logprob(stacked, ids, how.temperature)} if how.trace else {}
@@ -518,8 +518,9 @@ class Eagle3Drafter:
         return Proposal(tokens=tokens, draft_ids=ids, logits=stacked, values=values)
 
 
-def _send(steps: Generator[torch.Tensor, int, None], value: int) -> torch.Tensor | None:
-    """The generator's next yield after sending ``value``; None when it has finished."""
+def send_draft(steps: Generator[torch.Tensor, int, None], value: int) -> torch.Tensor | None:
+    """:meth:`Eagle3Drafter.positions`' next hidden state after drafting ``value`` there;
+    None once the block is done."""
     try:
         return steps.send(value)
     except StopIteration:

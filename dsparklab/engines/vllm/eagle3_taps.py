@@ -67,22 +67,10 @@ def top_logprob(logits: torch.Tensor) -> torch.Tensor:
     return x.amax(dim=-1) - torch.logsumexp(x, dim=-1)
 
 
-class Eagle3V1Tap(SpecTap):
-    """A V1 model runner's tap (Eagle3), with the drafted tokens' log-probabilities."""
+class Eagle3Tap(SpecTap):
+    """An Eagle3 tap: staging plus where its ``draft_logprob`` comes from (run.json)."""
 
-    def __init__(self, *, drafter: Any, **kwargs: Any) -> None:
-        reason = draft_logprob_unavailable(drafter, kwargs["level"])
-        fields = {DRAFT_LOGPROB: torch.float32} if reason is None else None
-        super().__init__(extra_fields=fields, **kwargs)
-        self.drafter = drafter
-        self.recording = reason is None
-        self.source: str | None = None
-        self._collecting = False
-        self._calls: list[torch.Tensor] = []
-        self._warned = False
-        if reason is None:
-            wrap_compute_logits(drafter.model, self)
-        self._set_source(reason)
+    source: str | None = None
 
     def _set_source(self, source: str | None) -> None:
         if source is None or source == self.source:
@@ -92,6 +80,23 @@ class Eagle3V1Tap(SpecTap):
             self.recorder.writer.update_meta(draft_logprob_source=source)
         if source.startswith("not recorded: "):
             self.recorder.note_null(DRAFT_LOGPROB, source.removeprefix("not recorded: "))
+
+
+class Eagle3V1Tap(Eagle3Tap):
+    """A V1 model runner's tap (Eagle3), with the drafted tokens' log-probabilities."""
+
+    def __init__(self, *, drafter: Any, **kwargs: Any) -> None:
+        reason = draft_logprob_unavailable(drafter, kwargs["level"])
+        fields = {DRAFT_LOGPROB: torch.float32} if reason is None else None
+        super().__init__(extra_fields=fields, **kwargs)
+        self.drafter = drafter
+        self.recording = reason is None
+        self._collecting = False
+        self._calls: list[torch.Tensor] = []
+        self._warned = False
+        if reason is None:
+            wrap_compute_logits(drafter.model, self)
+        self._set_source(reason)
 
     def begin(self) -> None:
         """A ``propose`` starts: collect its ``compute_logits`` calls."""
@@ -157,6 +162,108 @@ def wrap_compute_logits(model: Any, tap: Eagle3V1Tap) -> None:
                     tap.observe(logits)
             except Exception as err:
                 tap.fail("compute_logits (draft log-probability)", err)
+        return logits
+
+    model.compute_logits = mark(compute_logits, original)
+
+
+# -- Model Runner V2 ------------------------------------------------------------------------
+FROM_GRAPH = "compute_logits: log-softmax (T = 1) of the greedy draft, in the draft graph"
+FROM_CACHE = "vLLM's draft logits cache (probabilistic drafts, log_softmax(z / T))"
+
+
+class Eagle3V2Tap(Eagle3Tap):
+    """A V2 Eagle3 speculator's tap (``EagleSpeculator``), with the drafts' log-probabilities.
+
+    V2 drafts every position through ``DraftModelSpeculator.sample_draft``:
+    ``model.compute_logits(h)`` for the batch, then ``greedy_argmax`` (0.34; ``argmax``
+    before) or ``gumbel_sample`` with the draft logits cache, inside FULL CUDA graphs (the
+    first position in the prefill graph, the others by replaying one decode graph with
+    ``current_draft_step`` set). So the greedy tap is graph-safe: the wrapped
+    ``compute_logits`` writes ``max - logsumexp`` of each row into a persistent
+    ``[max_num_reqs, n]`` buffer, at the column held by the device tensor
+    ``current_draft_step`` (``index_copy_``): a capture records it, a replay repeats it at
+    the step's column. Probabilistic drafts (``draft_logits`` is not None) are read after
+    ``propose``, outside the graph: vLLM caches each step's logits before temperature,
+    ``log_softmax(z / T)`` at the drafted token is the sampled distribution's.
+    """
+
+    def __init__(self, *, spec: Any, **kwargs: Any) -> None:
+        reason = draft_logprob_unavailable(spec, kwargs["level"])
+        step = getattr(spec, "current_draft_step", None)
+        if reason is None and not isinstance(step, torch.Tensor):
+            reason = "not recorded: the speculator has no current_draft_step tensor"
+        fields = {DRAFT_LOGPROB: torch.float32} if reason is None else None
+        super().__init__(extra_fields=fields, **kwargs)
+        self.spec = spec
+        self.recording = reason is None
+        self.logprob = torch.full(
+            (self.max_num_reqs, self.n), float("nan"), dtype=torch.float32, device=self.device
+        )
+        if reason is None:
+            wrap_compute_logits_v2(spec.model, self)
+        self._set_source(reason)
+
+    def in_graph(self, logits: torch.Tensor) -> None:
+        """Graph-safe: each row's greedy log-probability into the step's column."""
+        rows = logits.shape[0]
+        step = self.spec.current_draft_step.view(1).to(torch.int64)
+        self.logprob[:rows].index_copy_(1, step, top_logprob(logits).unsqueeze(1))
+
+    def before(self, rows: int) -> None:
+        """A draft step starts (outside the graph): its rows read "not computed"."""
+        self.logprob[:rows].fill_(float("nan"))
+
+    def _from_cache(self, drafts: torch.Tensor, rows: int, idx_mapping: torch.Tensor) -> Any:
+        cache = self.spec.draft_logits
+        values = getattr(cache, "values", cache)  # 0.34: DraftLogitsCache; before: a tensor
+        if getattr(cache, "row_mapping", None) is not None:
+            return None  # batch-sharded: rows live on their owning rank
+        k = min(self.n, int(drafts.shape[1]))
+        logits = values[idx_mapping[:rows], :k].float()  # [R, k, V] before temperature
+        scale = _temperature_scale(self.spec.temperature[idx_mapping[:rows]])
+        picked = drafts[:rows, :k].long().unsqueeze(-1)
+        return (logits / scale.view(-1, 1, 1)).log_softmax(-1).gather(-1, picked).squeeze(-1)
+
+    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        idx_mapping = slot.meta.pop("idx_mapping", None)
+        if self.recording:
+            rows = len(slot.meta["req_ids"])
+            if self.spec.draft_logits is None:
+                self._set_source(FROM_GRAPH)
+                self.ring.copy_in(slot, DRAFT_LOGPROB, self.logprob[:rows])
+            else:
+                values = self._from_cache(drafts, rows, idx_mapping)
+                if values is None:
+                    self._set_source("not recorded: batch-sharded draft logits cache")
+                else:
+                    self._set_source(FROM_CACHE)
+                    padded = torch.full_like(self.logprob[:rows], float("nan"))
+                    padded[:, : values.shape[1]] = values
+                    self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
+        super().after(slot, drafts)
+
+
+def _temperature_scale(temperature: torch.Tensor) -> torch.Tensor:
+    """``[R]`` divisor: the request's temperature, 1 for greedy rows (T = 0)."""
+    t = temperature.float()
+    return torch.where(t > 0, t, torch.ones_like(t))
+
+
+def wrap_compute_logits_v2(model: Any, tap: Eagle3V2Tap) -> None:
+    """Wrap ``model.compute_logits`` on the instance with the graph-safe greedy tap."""
+    original = model.compute_logits
+    if getattr(original, "__dsparklab_tap__", False):
+        return
+
+    @functools.wraps(original)
+    def compute_logits(*args: Any, **kwargs: Any) -> Any:
+        logits = original(*args, **kwargs)
+        if tap.active and tap.spec.draft_logits is None and isinstance(logits, torch.Tensor):
+            try:
+                tap.in_graph(logits)
+            except Exception as err:
+                tap.fail("compute_logits (draft log-probability, V2)", err)
         return logits
 
     model.compute_logits = mark(compute_logits, original)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.core import HostSlot
+from dsparklab.engines.vllm.eagle3_taps import Eagle3V2Tap
 from dsparklab.engines.vllm.runs import lazy_tap
 from dsparklab.engines.vllm.staging import SpecTap, wrap_propose
 
@@ -52,12 +53,19 @@ def before_v2(tap: SpecTap, _spec: Any, args: dict[str, Any]) -> HostSlot | None
         req_ids=list(batch.req_ids[:rows]),
         num_drafted=min(tap.n, int(num_spec)) if num_spec is not None else tap.n,
     )
+    if isinstance(tap, Eagle3V2Tap):  # reads vLLM's draft logits cache by request state
+        slot.meta["idx_mapping"] = batch.idx_mapping[:rows]
+        tap.before(rows)
     tap.start_timer(slot)
     return slot
 
 
 def v2_tap(spec: Any) -> SpecTap | None:
-    """The speculator's tap: the DSpark one made at load, else (Eagle3) made on first use."""
+    """The speculator's tap: the DSpark one made at load, else (Eagle3, an autoregressive
+    draft model drafting through ``sample_draft``) made on first use."""
+    eagle = callable(getattr(spec, "sample_draft", None)) and hasattr(spec, "current_draft_step")
+    if eagle:
+        return lazy_tap(spec, "v2", factory=Eagle3V2Tap, spec=spec)
     return lazy_tap(spec, "v2")
 
 
