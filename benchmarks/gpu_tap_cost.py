@@ -39,6 +39,7 @@ from dsparklab.engines.vllm import (
     TapBuffers,
     confidence_from_head,
     draft_index,
+    tap_base_logprob,
     tap_confidence,
     tap_dense_position,
 )
@@ -127,6 +128,7 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
     base = (hidden @ w.lm_head.t()).view(rows, n, w.shapes.vocab)
     prev = s.anchor
     embeds = []
+    base_argmax = base.argmax(dim=-1) if taps is not None else None
     for i in range(n):
         embed = w.w1[prev]  # [R, r]
         bias = embed @ w.w2.t()  # [R, V]
@@ -134,12 +136,21 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         token = logits.argmax(dim=-1)
         s.draft_tokens[:, i].copy_(token)
         if taps is not None:
+            assert base_argmax is not None
             tap_dense_position(
-                s.buffers, i, base[:, i], bias, logits, draft_index(token, None), level=taps
+                s.buffers,
+                i,
+                bias,
+                logits,
+                draft_index(token, None),
+                base_argmax[:, i],
+                level=taps,
             )
             embeds.append(embed)
         prev = token
     if taps is not None:
+        if taps == "full":
+            tap_base_logprob(s.buffers, base, s.draft_tokens)
         markov = torch.stack(embeds, dim=1).flatten(0, 1)
         confidence = confidence_from_head(w.conf_w, w.conf_b, hidden, markov)
         tap_confidence(s.buffers, confidence, rows)

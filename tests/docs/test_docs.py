@@ -137,3 +137,16 @@ def test_every_status_is_documented() -> None:
     text = (DOCS / "trace-contract.md").read_text(encoding="utf-8")
     documented = re.findall(r"^- `(\w+)`: ", text, re.M)
     assert documented == list(STATUSES)
+
+
+def test_the_plugin_docs_matrix_is_the_patch_table() -> None:
+    """docs/vllm-plugin.md's compatibility matrix is generated from the patch table."""
+    from dsparklab.engines.vllm.patch_table import compatibility_matrix
+
+    text = (DOCS / "vllm-plugin.md").read_text()
+    begin, end = "<!-- patch-table:begin -->\n", "\n<!-- patch-table:end -->"
+    shown = text[text.index(begin) + len(begin) : text.index(end)]
+    assert shown == compatibility_matrix(), (
+        "regenerate the matrix: python -c 'from dsparklab.engines.vllm.patch_table import "
+        "compatibility_matrix; print(compatibility_matrix())'"
+    )

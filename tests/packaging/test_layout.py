@@ -233,3 +233,17 @@ print(sorted(m for m in ("torch", "transformers", "speculators") if m in sys.mod
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "[]", done.stdout
     assert "| 3 | 2.500 | 4 |" in (tmp_path / "zoo" / "smol-dspark" / "CARD.md").read_text()
+
+
+def test_the_vllm_extra_allows_the_patch_tables_lines() -> None:
+    import tomllib
+
+    from dsparklab.engines.vllm.patch_table import LINES
+    from dsparklab.engines.vllm.patching import SUPPORTED_VLLM
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert extras["vllm"] == [f"vllm{SUPPORTED_VLLM}"]
+    low, high = SUPPORTED_VLLM.split(",")
+    assert low == f">={LINES[0]}" and high == f"<0.{int(LINES[-1].split('.')[1]) + 1}"

@@ -16,6 +16,7 @@ import torch
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm import (
+    TAP_FIELDS,
     StagingRing,
     TapBuffers,
     TapConfig,
@@ -23,10 +24,12 @@ from dsparklab.engines.vllm import (
     TraceRecorder,
     draft_index,
     external_request_id,
+    tap_base_logprob,
     tap_confidence,
     tap_dense_position,
     tap_topk_position,
     target_to_draft_index,
+    temperature_scale,
 )
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
@@ -44,14 +47,11 @@ def test_dense_position_matches_the_formulas() -> None:
     final = base + bias
     tokens = final.argmax(-1)
     bufs = TapBuffers.allocate(5, n, "cpu")
-    tap_dense_position(bufs, 2, base, bias, final, draft_index(tokens, None))
+    tap_dense_position(bufs, 2, bias, final, draft_index(tokens, None), base.argmax(-1))
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
     torch.testing.assert_close(
         bufs.draft_logprob[:rows, 2], torch.log_softmax(final, -1).gather(1, idx).squeeze(1)
-    )
-    torch.testing.assert_close(
-        bufs.base_logprob[:rows, 2], torch.log_softmax(base, -1).gather(1, idx).squeeze(1)
     )
     torch.testing.assert_close(bufs.markov_bias_norm[:rows, 2], bias.norm(dim=-1))
     assert bufs.markov_flip[:rows, 2].tolist() == (base.argmax(-1) != tokens).int().tolist()
@@ -61,30 +61,41 @@ def test_dense_position_matches_the_formulas() -> None:
     assert (bufs.markov_flip[rows:] == -1).all()
 
 
+def test_base_logprob_of_every_position_at_once() -> None:
+    gen = torch.Generator().manual_seed(4)
+    rows, n, vocab = 3, 4, 30
+    base = torch.randn(rows, n, vocab, generator=gen)
+    ids = torch.randint(0, vocab, (rows, n), generator=gen)
+    bufs = TapBuffers.allocate(5, n, "cpu")
+    scale = temperature_scale(torch.tensor([0.0, 0.5, 2.0]))
+    tap_base_logprob(bufs, base, ids, scale)
+    for r, t in enumerate((1.0, 0.5, 2.0)):
+        want = torch.log_softmax(base[r] / t, -1).gather(1, ids[r, :, None]).squeeze(1)
+        torch.testing.assert_close(bufs.base_logprob[r], want)
+    assert torch.isnan(bufs.base_logprob[rows:]).all()
+
+
 def test_logprobs_are_taken_at_the_request_temperature() -> None:
     gen = torch.Generator().manual_seed(3)
     base, bias = torch.randn(2, 20, generator=gen), torch.randn(2, 20, generator=gen)
     final = base + bias
     idx = draft_index(final.argmax(-1), None)
     bufs = TapBuffers.allocate(2, 1, "cpu")
-    tap_dense_position(bufs, 0, base, bias, final, idx, temperature=torch.tensor([0.0, 0.5]))
+    scale = temperature_scale(torch.tensor([0.0, 0.5]))
+    tap_dense_position(bufs, 0, bias, final, idx, base.argmax(-1), scale=scale)
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
         torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
     ]
     torch.testing.assert_close(bufs.draft_logprob[:, 0], torch.stack(expected))
-    torch.testing.assert_close(
-        bufs.base_logprob[1, 0], torch.log_softmax(base[1] / 0.5, -1)[idx[1, 0]]
-    )
 
 
 def test_light_level_skips_the_vocabulary_reductions() -> None:
     base, bias = torch.randn(2, 30), torch.randn(2, 30)
     final = base + bias
     bufs = TapBuffers.allocate(2, 1, "cpu")
-    tap_dense_position(
-        bufs, 0, base, bias, final, draft_index(final.argmax(-1), None), level="light"
-    )
+    idx = draft_index(final.argmax(-1), None)
+    tap_dense_position(bufs, 0, bias, final, idx, base.argmax(-1), level="light")
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):
@@ -727,3 +738,39 @@ def test_killed_writer_is_closed_from_its_settled_state(
     assert report.complete == (status == "complete")
     # closing again changes nothing
     assert runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}
+
+
+def test_the_sharded_path_says_in_run_json_why_its_fields_are_null(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM 0.34's batch-sharded sampling bypasses the taps: every DSpark position field is
+    listed null in recorded_fields with the reason, logged once, and vLLM's call goes on."""
+    from dsparklab.engines.vllm import dspark_taps
+    from dsparklab.engines.vllm.staging import TAP_ATTR
+
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
+    tap = dspark_taps.DSparkTap(
+        recorder=rec, n=N, max_num_reqs=2, device=torch.device("cpu"), level="full"
+    )
+    calls: list[int] = []
+
+    class Speculator:
+        def _sample_sequential_sharded(self, num_reqs: int, head_hidden: torch.Tensor) -> None:
+            calls.append(num_reqs)
+
+    wrapped = dspark_taps.wrap_sample_sequential_sharded(
+        Speculator.__dict__["_sample_sequential_sharded"]
+    )
+    spec = Speculator()
+    spec.__dict__[TAP_ATTR] = tap
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            wrapped(spec, 2, torch.zeros(1))
+    assert calls == [2, 2, 2]
+    fields = rec.writer.meta["recorded_fields"]
+    assert set(fields) == set(TAP_FIELDS)
+    assert all(v.startswith("null: batch-sharded sequential sampling") for v in fields.values())
+    warned = [r for r in caplog.records if "batch-sharded" in r.getMessage()]
+    assert len(warned) == 1, "one line, once"
+    rec.close()
+    assert read_run_json(tmp_path / "run")["recorded_fields"] == fields

@@ -101,7 +101,10 @@ class DraftStash:
     num_reqs: int = 0
     hidden: torch.Tensor | None = None  # [R*n, H] sample hidden states
     base: torch.Tensor | None = None  # [R, n, V] base draft logits (dense mode)
+    base_argmax: torch.Tensor | None = None  # [R, n] (dense mode)
     base_lse: torch.Tensor | None = None  # [R, n] float32 (top-k mode, before the fill)
+    scale: torch.Tensor | None = None  # [R, 1] the rows' temperature_scale
+    positions: int = 0  # positions recorded so far this step
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
     topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
@@ -111,7 +114,9 @@ class DraftStash:
     def clear(self) -> None:
         self.mode = "dense"
         self.num_reqs = 0
-        self.hidden = self.base = self.base_lse = self.bias = None
+        self.hidden = self.base = self.base_argmax = self.base_lse = self.bias = None
+        self.scale = None
+        self.positions = 0
         self.topk_values = self.topk_index = self.topk_final = None
         self.embeds = []
 
@@ -141,7 +146,7 @@ def draft_index(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
     return idx.unsqueeze(-1)
 
 
-def _scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
+def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
     """``[R, 1]`` divisor: the request's temperature, 1 for greedy rows (T = 0)."""
     if temperature is None:
         return None
@@ -162,28 +167,43 @@ def _logprob_at(
 def tap_dense_position(
     buffers: TapBuffers,
     i: int,
-    base_i: torch.Tensor,  # [R, V] base draft logits of position i
     bias_i: torch.Tensor,  # [R, V] Markov bias of position i
     final_i: torch.Tensor,  # [R, V] base + bias, what the sampler saw
     idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
+    base_argmax_i: torch.Tensor,  # [R] argmax of position i's base logits
     *,
     level: str = "full",
-    temperature: torch.Tensor | None = None,  # [R] request temperatures (0 = greedy)
+    scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
 ) -> None:
     """Record position ``i`` of a dense (non-top-k) DSpark draft step, in place.
 
+    The base logits' share is taken once per step (:func:`tap_base_logprob`, and the base
+    argmax over every position at once), so a position costs one vocabulary reduction.
     Log-probabilities are taken at the request's sampling temperature (logits / T;
     unscaled for greedy rows), the reference engine's convention.
     """
     rows = idx.shape[0]
     buffers.markov_bias[:rows, i].copy_(bias_i.gather(1, idx).squeeze(1).float())
-    flip = base_i.argmax(dim=-1) != final_i.argmax(dim=-1)
+    flip = base_argmax_i != final_i.argmax(dim=-1)
     buffers.markov_flip[:rows, i].copy_(flip.to(torch.int8))
     if level == "full":
-        scale = _scale(temperature)
         buffers.draft_logprob[:rows, i].copy_(_logprob_at(final_i, idx, scale))
-        buffers.base_logprob[:rows, i].copy_(_logprob_at(base_i, idx, scale))
         buffers.markov_bias_norm[:rows, i].copy_(torch.linalg.vector_norm(bias_i.float(), dim=-1))
+
+
+def tap_base_logprob(
+    buffers: TapBuffers,
+    base: torch.Tensor,  # [R, k, V] base draft logits of the step's k positions
+    draft_ids: torch.Tensor,  # [R, k] drafted draft-vocab ids
+    scale: torch.Tensor | None = None,  # [R, 1]
+) -> None:
+    """``base_logprob`` of every position of a dense step at once, in place."""
+    rows, k = draft_ids.shape
+    x = base.float()
+    if scale is not None:
+        x = x / scale.unsqueeze(-1)
+    at = x.gather(2, draft_ids.unsqueeze(-1)).squeeze(-1)
+    buffers.base_logprob[:rows, :k].copy_(at - torch.logsumexp(x, dim=-1))
 
 
 def topk_base_lse(base: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,7 +213,7 @@ def topk_base_lse(base: torch.Tensor, temperature: torch.Tensor | None = None) -
     With ``temperature`` ([R]), of ``base / T`` (greedy rows unscaled).
     """
     x = base.float()
-    scale = _scale(temperature)
+    scale = temperature_scale(temperature)
     if scale is not None:
         x = x / scale.unsqueeze(-1)
     return torch.logsumexp(x, dim=-1)
@@ -209,7 +229,7 @@ def tap_topk_position(
     idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
     *,
     level: str = "full",
-    temperature: torch.Tensor | None = None,  # [R] request temperatures (0 = greedy)
+    scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
 ) -> None:
     """Record position ``i`` of a top-k DSpark draft step, in place.
 
@@ -222,7 +242,6 @@ def tap_topk_position(
     flip = index_i.gather(1, final_i.argmax(dim=-1, keepdim=True)).squeeze(1) != index_i[:, 0]
     buffers.markov_flip[:rows, i].copy_(flip.to(torch.int8))
     if level == "full":
-        scale = _scale(temperature)
         final_f, values_f = final_i.float(), values_i.float()
         if scale is not None:
             final_f, values_f = final_f / scale, values_f / scale

@@ -35,25 +35,27 @@ there is no head); otherwise the taps evaluate the loaded head once per step.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from dsparklab.engines.vllm.core import (
+    TAP_FIELDS,
     DraftStash,
     TapBuffers,
     draft_index,
+    tap_base_logprob,
     tap_confidence,
     tap_dense_position,
     tap_topk_position,
     target_to_draft_index,
+    temperature_scale,
     topk_base_lse,
 )
 from dsparklab.engines.vllm.runs import make_tap
-from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
+from dsparklab.engines.vllm.staging import TAP_ATTR, ArgumentReader, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
@@ -72,10 +74,15 @@ class DSparkTap(SpecTap):
         super().__init__(buffers=buffers, **kwargs)
         self.buffers: TapBuffers = buffers
         self.t2d = t2d
+        # [max_num_reqs, n] the step's drafted draft-vocab ids (persistent, for the graph)
+        self.draft_ids = torch.zeros(
+            kwargs["max_num_reqs"], kwargs["n"], dtype=torch.int64, device=kwargs["device"]
+        )
         self.spec: Any = None  # the speculator this tap belongs to (set at attach)
         self.stash = DraftStash()
         self.in_step = False
         self.confidence_source: str | None = None
+        self.sharded_noted = False  # run.json says the sharded path records no field
         self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._skipped_warned = False
 
@@ -91,7 +98,7 @@ class DSparkTap(SpecTap):
         self.in_step = self.active
         if self.in_step and mode == "topk" and self.level == "full":
             self.recorder.note_null(
-                "markov_bias_norm", "draft top-k: the bias is added to the k candidates only"
+                ["markov_bias_norm"], "draft top-k: the bias is added to the k candidates only"
             )
         if self.in_step:
             self.buffers.reset_(num_reqs)
@@ -99,13 +106,19 @@ class DSparkTap(SpecTap):
 
     def on_draft_logits(self, spec: Any, hidden: torch.Tensor, base: torch.Tensor) -> None:
         # hidden [R*n, H], base [R*n, V]
-        rows = self.stash.num_reqs
-        self.stash.hidden = hidden
+        rows, stash = self.stash.num_reqs, self.stash
+        stash.hidden = hidden
         view = base.view(rows, self.n, -1)
-        self.stash.base = view
-        if self.stash.mode == "topk" and self.level == "full":
-            # the top-k path overwrites the base logits with -inf right after this
-            self.stash.base_lse = topk_base_lse(view, row_temperature(spec, rows, self.n))
+        stash.base = view
+        temperature = row_temperature(spec, rows, self.n)
+        stash.scale = temperature_scale(temperature)
+        if stash.mode == "topk":
+            if self.level == "full":
+                # the top-k path overwrites the base logits with -inf right after this
+                stash.base_lse = topk_base_lse(view, temperature)
+        else:
+            # every position's base argmax at once (an output transform is monotonic)
+            stash.base_argmax = view.argmax(dim=-1)
 
     def on_topk_bias(self, values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         self.stash.topk_values = values
@@ -116,22 +129,10 @@ class DSparkTap(SpecTap):
         if not self._skipped_warned:
             self._skipped_warned = True
             why = f"the draft model's own sampling path does not call {what}"
-            for name in (
-                "draft_logprob",
-                "base_logprob",
-                "markov_bias",
-                "markov_bias_norm",
-                "markov_flip",
-            ):
-                self.recorder.note_null(name, why)
+            kept = [name for name in TAP_FIELDS if name != "confidence"]
+            self.recorder.note_null(kept, why)
 
-    def on_sampled(
-        self,
-        logits: torch.Tensor,
-        step: int,
-        tokens: torch.Tensor,
-        temperature: torch.Tensor | None = None,
-    ) -> None:
+    def on_sampled(self, logits: torch.Tensor, step: int, tokens: torch.Tensor) -> None:
         idx = draft_index(tokens, self.t2d)
         stash = self.stash
         if stash.mode == "topk":
@@ -150,34 +151,39 @@ class DSparkTap(SpecTap):
                 final,
                 idx,
                 level=self.level,
-                temperature=temperature,
+                scale=stash.scale,
             )
             return
         bias, stash.bias = stash.bias, None
-        if stash.base is None or bias is None:
+        if stash.base_argmax is None or bias is None:
             self._skipped("compute_draft_logits / markov_bias")
             return
-        base_i = stash.base[:, step]
-        if self._transform is not None:
-            # ``logits`` already went through it (vLLM applies it to base + bias)
-            base_i = self._transform(base_i)
+        # ``logits`` already went through any output transform (vLLM applies it to base +
+        # bias); the base share, taken once per step in ``end``, goes through it there
         tap_dense_position(
             self.buffers,
             step,
-            base_i,
             bias,
             logits,
             idx,
+            stash.base_argmax[:, step],
             level=self.level,
-            temperature=temperature,
+            scale=stash.scale,
         )
+        self.draft_ids[: idx.shape[0], step].copy_(idx.squeeze(1))
+        stash.positions += 1
 
     def end(self, spec: Any) -> None:
-        """After the sequential loop: take vLLM's confidence, or evaluate the head."""
+        """After the sequential loop: the base log-probabilities of every position, and
+        vLLM's confidence or the head evaluated."""
         try:
             if not self.in_step:
                 return
-            rows = self.stash.num_reqs
+            rows, stash = self.stash.num_reqs, self.stash
+            if stash.mode == "dense" and self.level == "full" and stash.positions == self.n:
+                assert stash.base is not None
+                base = stash.base if self._transform is None else self._transform(stash.base)
+                tap_base_logprob(self.buffers, base, self.draft_ids[:rows], stash.scale)
             source = vllm_confidence_source(spec)
             if source is not None:
                 probs = spec.draft_token_confidence_probs
@@ -242,28 +248,28 @@ def guarded(tap: DSparkTap, where: str, fn: Callable[[], None]) -> None:
 
 
 # -- the draft model's methods (on the instance) ------------------------------------------
-# What the tap keeps of each call: (tap, bound arguments, output).
-_Record = Callable[[DSparkTap, Mapping[str, Any], Any], None]
+# What the tap keeps of each call: (tap, the call's arguments, output).
+_Record = Callable[[DSparkTap, Callable[[str], Any], Any], None]
 
 
-def _keep_logits(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
-    tap.on_draft_logits(tap.spec, args["hidden_states"], out)
+def _keep_logits(tap: DSparkTap, arg: Callable[[str], Any], out: Any) -> None:
+    tap.on_draft_logits(tap.spec, arg("hidden_states"), out)
 
 
-def _keep_embed(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+def _keep_embed(tap: DSparkTap, arg: Callable[[str], Any], out: Any) -> None:
     tap.stash.embeds.append(out)
 
 
-def _keep_bias(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+def _keep_bias(tap: DSparkTap, arg: Callable[[str], Any], out: Any) -> None:
     tap.stash.bias = out
 
 
-def _keep_step_embed(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
+def _keep_step_embed(tap: DSparkTap, arg: Callable[[str], Any], out: Any) -> None:
     tap.stash.embeds.append(out[0])  # (embedding, carried state): vLLM 0.34's recurrent heads
 
 
-def _keep_topk(tap: DSparkTap, args: Mapping[str, Any], out: Any) -> None:
-    tap.on_topk_bias(args["values"], args["index"], out)
+def _keep_topk(tap: DSparkTap, arg: Callable[[str], Any], out: Any) -> None:
+    tap.on_topk_bias(arg("values"), arg("index"), out)
 
 
 MODEL_TAPS: dict[str, _Record] = {
@@ -279,13 +285,13 @@ MODEL_TAPS_OPTIONAL: dict[str, _Record] = {"apply_markov_bias_gathered": _keep_t
 def wrap_model_method(original: Callable[..., Any], tap: DSparkTap, name: str) -> Any:
     """The one wrapper of the draft model's methods: call vLLM's, keep what the tap needs."""
     record = {**MODEL_TAPS, **EMBED_TAPS, **MODEL_TAPS_OPTIONAL}[name]
-    signature = inspect.signature(original)
+    reader = ArgumentReader(original)
 
     @functools.wraps(original)
     def method(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
         if tap.in_step:
-            guarded(tap, name, lambda: record(tap, signature.bind(*args, **kwargs).arguments, out))
+            guarded(tap, name, lambda: record(tap, lambda a: reader.get(a, args, kwargs), out))
         return out
 
     return mark(method, original)
@@ -346,7 +352,7 @@ def wrap_load_draft_model(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_sequential(original: Callable[..., Any], mode: str) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+    reader = ArgumentReader(original)
 
     @functools.wraps(original)
     def sample_sequential(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -355,7 +361,7 @@ def _wrap_sequential(original: Callable[..., Any], mode: str) -> Callable[..., A
         if tap is None or (mode == "dense" and getattr(self, "_draft_topk", None) is not None):
             return original(self, *args, **kwargs)
         try:
-            num_reqs = int(signature.bind(self, *args, **kwargs).arguments["num_reqs"])
+            num_reqs = int(reader.get("num_reqs", (self, *args), kwargs))
             tap.begin(self, num_reqs, mode)
         except Exception as err:
             tap.fail(f"_sample_sequential ({mode})", err)
@@ -385,8 +391,30 @@ def sampled_logits(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
     return logits if bias is None else logits + bias
 
 
+# vLLM 0.34's batch-sharded sequential sampling (TP > 1, --enable-batch-sharded-sampling)
+SHARDED_WHY = (
+    "batch-sharded sequential sampling (TP > 1 with --enable-batch-sharded-sampling): each "
+    "rank runs the Markov loop over its own requests from vocabulary-sharded logits, which "
+    "the taps do not read"
+)
+
+
+def wrap_sample_sequential_sharded(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The sharded path records no DSpark position field: run.json says so, once."""
+
+    @functools.wraps(original)
+    def sample_sequential_sharded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tap = _dspark_tap(self)
+        if tap is not None and not tap.sharded_noted:
+            tap.sharded_noted = True
+            tap.recorder.note_null(TAP_FIELDS, SHARDED_WHY)
+        return original(self, *args, **kwargs)
+
+    return mark(sample_sequential_sharded, original)
+
+
 def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+    reader = ArgumentReader(original)
 
     @functools.wraps(original)
     def _sample_logits(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -395,15 +423,10 @@ def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
         if tap is not None and tap.in_step:
 
             def record() -> None:
-                bound = signature.bind(self, *args, **kwargs).arguments
-                idx_map = bound["idx_map"]
-                temperature = self.temperature[idx_map.clamp(min=0)]
-                tap.on_sampled(
-                    sampled_logits(bound["logits"], bound.get("bias")),
-                    int(bound["step"]),
-                    out,
-                    temperature,
-                )
+                call = (self, *args)
+                bias = reader.get("bias", call, kwargs) if "bias" in reader.position else None
+                logits = sampled_logits(reader.get("logits", call, kwargs), bias)
+                tap.on_sampled(logits, int(reader.get("step", call, kwargs)), out)
 
             guarded(tap, "_sample_logits", record)
         return out

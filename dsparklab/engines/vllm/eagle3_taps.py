@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dsparklab.engines.vllm.core import LEVEL_FIELDS, HostSlot
+from dsparklab.engines.vllm.core import LEVEL_FIELDS, HostSlot, temperature_scale
 from dsparklab.engines.vllm.staging import SpecTap, mark
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Eagle3Tap(SpecTap):
         if self.recorder.writer is not None:
             self.recorder.writer.update_meta(draft_logprob_source=source)
         if source.startswith("not recorded: "):
-            self.recorder.note_null(DRAFT_LOGPROB, source.removeprefix("not recorded: "))
+            self.recorder.note_null([DRAFT_LOGPROB], source.removeprefix("not recorded: "))
 
 
 class Eagle3V1Tap(Eagle3Tap):
@@ -221,9 +221,10 @@ class Eagle3V2Tap(Eagle3Tap):
             return None  # batch-sharded: rows live on their owning rank
         k = min(self.n, int(drafts.shape[1]))
         logits = values[idx_mapping[:rows], :k].float()  # [R, k, V] before temperature
-        scale = _temperature_scale(self.spec.temperature[idx_mapping[:rows]])
+        scale = temperature_scale(self.spec.temperature[idx_mapping[:rows]])
+        assert scale is not None
         picked = drafts[:rows, :k].long().unsqueeze(-1)
-        return (logits / scale.view(-1, 1, 1)).log_softmax(-1).gather(-1, picked).squeeze(-1)
+        return (logits / scale.unsqueeze(-1)).log_softmax(-1).gather(-1, picked).squeeze(-1)
 
     def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
         idx_mapping = slot.meta.pop("idx_mapping", None)
@@ -242,12 +243,6 @@ class Eagle3V2Tap(Eagle3Tap):
                     padded[:, : values.shape[1]] = values
                     self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
         super().after(slot, drafts)
-
-
-def _temperature_scale(temperature: torch.Tensor) -> torch.Tensor:
-    """``[R]`` divisor: the request's temperature, 1 for greedy rows (T = 0)."""
-    t = temperature.float()
-    return torch.where(t > 0, t, torch.ones_like(t))
 
 
 def wrap_compute_logits_v2(model: Any, tap: Eagle3V2Tap) -> None:

@@ -62,6 +62,9 @@ DSPARK_TOPK = PatchPoint(_DSPARK, "DSparkSpeculator", "_sample_sequential_topk",
 DSPARK_LOGITS = PatchPoint(
     _DSPARK, "DSparkSpeculator", "_sample_logits", ("logits", "idx_map", "step")
 )
+DSPARK_SHARDED = PatchPoint(
+    _DSPARK, "DSparkSpeculator", "_sample_sequential_sharded", ("num_reqs",)
+)
 DFLASH_PROPOSE = PatchPoint(_DFLASH, "DFlashSpeculator", "propose", _PROPOSE_V2)
 TDAR_PROPOSE = PatchPoint(_TDAR, "TargetDependentARSpeculator", "propose", _PROPOSE_V2)
 V2_EXECUTE = PatchPoint(_RUNNER_V2, "GPUModelRunner", "execute_model", ("scheduler_output",))
@@ -96,6 +99,13 @@ PATCHES: tuple[Patch, ...] = (
         "DSpark position fields with a draft top-k",
     ),
     Patch(DSPARK_LOGITS, dspark_taps.wrap_sample_logits, _DSPARK_GROUP, _DSPARK_FIELDS),
+    Patch(
+        DSPARK_SHARDED,
+        dspark_taps.wrap_sample_sequential_sharded,
+        _DSPARK_GROUP,
+        "the run.json note that batch-sharded sampling records no DSpark position field",
+        frozenset({"0.34"}),
+    ),
     Patch(DFLASH_PROPOSE, v2.wrap_v2_propose, (), "DSpark drafts and acceptance (Model Runner V2)"),
     Patch(TDAR_PROPOSE, v2.wrap_v2_propose, (), "Eagle3 drafts and acceptance (Model Runner V2)"),
     Patch(

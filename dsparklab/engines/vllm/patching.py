@@ -32,7 +32,8 @@ from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_VLLM = f">={LINES[0]},<0.{int(LINES[-1].split('.')[1]) + 1}"
+# the patch table's lines, 0.32 to 0.34 (pyproject's [vllm] extra says the same; a test)
+SUPPORTED_VLLM = ">=0.32,<0.35"
 
 
 class UnsupportedVLLMError(DSparkLabError, RuntimeError):

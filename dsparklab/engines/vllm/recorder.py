@@ -382,18 +382,23 @@ class TraceRecorder:
         with self._qlock:
             self._finished.append((self._seq_staged, ids, forget))
 
-    def note_null(self, name: str, why: str) -> None:
-        """run.json's ``recorded_fields``: field ``name`` is null on this run's path, because
-        ``why`` (said once in the log, never a silent null)."""
+    def note_null(self, names: Iterable[str], why: str) -> None:
+        """run.json's ``recorded_fields``: fields ``names`` are null on this run's path,
+        because ``why`` (said once in the log, never a silent null)."""
         status = null(why)
         fields = dict(self.writer.meta.get("recorded_fields") or {}) if self.writer else {}
-        if fields.get(name) == status:
+        new = [name for name in names if fields.get(name) != status]
+        if not new:
             return
-        fields[name] = status
+        fields.update(dict.fromkeys(new, status))
         if self.writer is not None:
             self.writer.update_meta(recorded_fields=fields)
         self._warn_once(
-            f"null:{name}", "dsparklab: %s is not recorded (%s): %s", name, why, self.run_dir
+            f"null:{','.join(new)}:{why}",
+            "dsparklab: not recorded (%s): %s; %s",
+            ", ".join(new),
+            why,
+            self.run_dir,
         )
 
     # -- processing ------------------------------------------------------------------

@@ -42,6 +42,29 @@ def mark(wrapper: Any, original: Any) -> Any:
     return wrapper
 
 
+class ArgumentReader:
+    """Reads named arguments of calls to one function without ``Signature.bind`` (which
+    costs ~10 us a call, paid per drafted position in the DSpark taps)."""
+
+    def __init__(self, fn: Any) -> None:
+        parameters = inspect.signature(fn).parameters
+        self.position = {name: i for i, name in enumerate(parameters)}
+        self.defaults = {
+            name: p.default for name, p in parameters.items() if p.default is not p.empty
+        }
+
+    def get(self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """The value ``name`` takes in the call ``fn(*args, **kwargs)``."""
+        if name in kwargs:
+            return kwargs[name]
+        index = self.position[name]
+        if index < len(args):
+            return args[index]
+        if name in self.defaults:
+            return self.defaults[name]
+        raise TypeError(f"missing argument {name!r}")
+
+
 def unwrap(fn: Any) -> Any:
     """vLLM's own function under any of our wrappers."""
     while hasattr(fn, "__wrapped__") and getattr(fn, MARK, False):
