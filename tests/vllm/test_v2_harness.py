@@ -251,8 +251,8 @@ HARNESS_LIMIT, HARNESS_TOKENS = 3, 24
 
 @pytest.fixture(scope="module")
 def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """DSpark and Eagle3 (n = 3) and the baseline through the harness, traced, and the
-    reference engine on the same prompts."""
+    """DSpark and Eagle3 (n = 3 and 7) and the baseline through the harness, traced, and
+    the reference engine on the same prompts."""
     from dsparklab.engines.layout import CollectOptions
     from dsparklab.engines.reference.collect import collect as reference_collect
     from dsparklab.engines.vllm import harness
@@ -260,7 +260,7 @@ def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("harness")
     opts = CollectOptions(
         methods=("dspark", "eagle3", "none"),
-        ns=(3,),
+        ns=(3, 7),
         datasets=("humaneval",),
         out=base / "v2",
         limit=HARNESS_LIMIT,
@@ -342,3 +342,24 @@ def test_every_v2_step_row_carries_draft_verify_and_other(harness_runs: Any) -> 
         if meta["method"] == "eagle3":
             assert meta["recorded_fields"]["draft_logprob"] == "recorded"
             assert "in the draft graph" in meta["draft_logprob_source"]
+
+
+def test_the_report_findings_over_harness_runs_give_speedup_and_its_attribution(
+    harness_runs: Any, tmp_path: Path
+) -> None:
+    """V2 runs alone (no reference engine, no V1): speedup(n) against the V2 baseline, and
+    the window attribution into tokens, draft, verify and other."""
+    from dsparklab.report.findings import compute_findings
+    from dsparklab.store.location import Location
+
+    findings = compute_findings([Location.of(harness_runs["v2"])], tmp_path, n_boot=50)
+    rows = {row["method"]: row for row in findings.window_table}
+    assert set(rows) == {"dspark", "eagle3"}
+    for row in rows.values():
+        assert row["speedup(3)"].endswith("]") and row["speedup(7)"].endswith("]")
+    attribution = {row["method"]: row for row in findings.attribution}
+    assert set(attribution) == {"dspark", "eagle3"}
+    for row in attribution.values():
+        assert {"tokens", "draft", "verify", "other"} <= set(row), row
+    assert {row["method"] for row in findings.best_n} == {"dspark", "eagle3"}
+    assert not [note for note in findings.notes if "speedup not measured" in note]

@@ -132,8 +132,8 @@ def test_the_fused_markov_bias_is_recorded_as_the_sampler_used_it(probe: Any) ->
         pytest.skip(f"vLLM {probe['wanted_line']} has no fused Markov bias")
     fused, unfused = probe["fused"]["fused"], probe["fused"]["unfused"]
     for run in (fused, unfused):
-        assert run["tokens_equal"] and run["flip_equal"] and run["base_logprob_finite"]
-        assert run["draft_logprob_max_err"] < 1e-5
+        assert run["tokens_equal"] and run["flip_equal"]
+        assert run["draft_logprob_max_err"] < 1e-5 and run["base_logprob_max_err"] < 1e-5
         assert run["bias_max_err"] < 1e-6
     assert fused["draft_logprob"] == unfused["draft_logprob"]
 

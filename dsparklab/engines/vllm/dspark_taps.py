@@ -169,6 +169,8 @@ class DSparkTap(SpecTap):
             stash.base_argmax[:, step],
             level=self.level,
             scale=stash.scale,
+            # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
+            greedy=getattr(self.spec, "draft_logits", None) is None,
         )
         self.draft_ids[: idx.shape[0], step].copy_(idx.squeeze(1))
         stash.positions += 1
