@@ -11,7 +11,9 @@ bound of the real one).
 Three graphs are captured and replayed: without taps, with the ``full`` taps and with the
 ``light`` taps -- the very functions the vLLM plugin calls (imported from
 ``dsparklab.engines.vllm``, which does not import vLLM), plus the confidence head the taps
-evaluate when adaptive verification is off. The tapped variants also pay the plugin's
+evaluate when adaptive verification is off -- and the ``full`` graph again under the
+plugin's step clock (eight CUDA events a step, recorded in host code around the replay and
+read afterwards, ``full+clock``). The tapped variants also pay the plugin's
 non-blocking device-to-host copies into pinned memory after each replay. Reported: time
 per step, the taps' added microseconds and their share of the step (goal: <= 2 %).
 
@@ -36,6 +38,7 @@ import torch
 
 from dsparklab.engines.vllm import (
     StagingRing,
+    StepClock,
     TapBuffers,
     confidence_from_head,
     draft_index,
@@ -170,16 +173,38 @@ def capture(fn: Any, warmup: int = 3) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def time_replays(graph: torch.cuda.CUDAGraph, iters: int, after: Any = None) -> float:
-    """Mean milliseconds per replay (+ ``after`` outside the graph, e.g. staging copies)."""
+def time_replays(
+    graph: torch.cuda.CUDAGraph, iters: int, after: Any = None, clock: bool = False
+) -> float:
+    """Mean milliseconds per replay (+ ``after`` outside the graph, e.g. staging copies).
+
+    ``clock``: each replay is also one engine step of the plugin's step clock
+    (``dsparklab/engines/vllm/clock.py``): its eight marks, CUDA events recorded on the
+    current stream around the step, the forward, the sampler and the draft pass; they are
+    read afterwards, off the hot path, as the recorder's thread reads them.
+    """
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    clocks = []
     start.record()
     for _ in range(iters):
+        step = StepClock(cuda=True) if clock else None
+        if step is not None:
+            for mark in ("step_start", "forward_start", "forward_end", "sample_start"):
+                step.mark(mark)
+            step.mark("sample_end")
+            step.mark("draft_start")
         graph.replay()
+        if step is not None:
+            step.mark("draft_end")
         if after is not None:
             after()
+        if step is not None:
+            step.mark("step_end")
+            clocks.append(step)
     end.record()
     end.synchronize()
+    for step in clocks:  # what the recorder does later: every span resolves
+        assert step.ready() and step.draft_s() is not None and step.verify_s() is not None
     return start.elapsed_time(end) / iters
 
 
@@ -217,11 +242,12 @@ def bench(rows: int, w: Weights, *, iters: int, repeats: int, backbone: bool) ->
     torch.cuda.synchronize()
     eager_equal = bool(torch.allclose(graph_bias, step.buffers.markov_bias, atol=1e-3))
 
-    times: dict[str, list[float]] = {k: [] for k in graphs}
+    times: dict[str, list[float]] = {k: [] for k in (*graphs, "full+clock")}
     for _ in range(repeats):  # interleaved, to share clock/thermal drift
         times["none"].append(time_replays(graphs["none"], iters))
         times["full"].append(time_replays(graphs["full"], iters, stage))
         times["light"].append(time_replays(graphs["light"], iters, stage))
+        times["full+clock"].append(time_replays(graphs["full"], iters, stage, clock=True))
     med = {k: statistics.median(v) for k, v in times.items()}
     out: dict[str, Any] = {
         "rows": rows,
@@ -230,7 +256,7 @@ def bench(rows: int, w: Weights, *, iters: int, repeats: int, backbone: bool) ->
         "tokens_unchanged_by_taps": tokens_equal,
         "graph_taps_equal_eager": eager_equal,
     }
-    for level in ("full", "light"):
+    for level in ("full", "light", "full+clock"):
         added = med[level] - med["none"]
         out[f"{level}_added_us"] = round(added * 1e3, 2)
         out[f"{level}_added_pct"] = round(100.0 * added / med["none"], 3)

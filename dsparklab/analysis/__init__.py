@@ -74,7 +74,7 @@ from dsparklab.analysis.speedup import (
     fit_speedup_model,
 )
 from dsparklab.analysis.sql import aggregate_store
-from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, classify_token
+from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, classify_token, rejected_pairs
 from dsparklab.analysis.window import (
     compute_window_scaling,
     count_step_times,
@@ -135,5 +135,6 @@ __all__ = [
     "count_step_times",
     "fit_speedup_model",
     "fitted_cost_table",
+    "rejected_pairs",
     "require_step_costs",
 ]

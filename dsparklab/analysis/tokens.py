@@ -97,3 +97,51 @@ def row_tokens(frame: pd.DataFrame, token_column: str) -> np.ndarray:
     if token_column != "draft_token" and "draft_token" in frame.columns:
         values = np.where(np.isnan(values), frame["draft_token"].to_numpy(np.float64), values)
     return np.nan_to_num(values, nan=-1).astype(np.int64)
+
+
+def rejected_pairs(
+    annotated: pd.DataFrame, *, position: int, context: int = 3, top: int = 10
+) -> pd.DataFrame:
+    r"""Which tokens a drafter loses at one draft position: the rejected draft -> target
+    pairs there, most frequent first.
+
+    A row of ``annotated`` (:func:`dsparklab.analysis.annotate_positions`) is a rejection
+    when it was reached and not accepted: the step's first mismatch, where the verifier
+    emitted its own token (``target_token``, null where the engine cannot see it). With
+    :math:`K` rejections at ``position`` and :math:`k_{d,t}` of them drafting :math:`d`
+    where the target chose :math:`t`:
+
+    .. math::
+
+        \mathrm{share}_{d,t} = k_{d,t} / K
+
+    Returns
+    -------
+    pandas.DataFrame
+        Up to ``top`` rows, by ``count`` descending (ties: the pair seen first): ``draft_token``,
+        ``target_token``, ``count``, ``share``, and ``context``: the drafted tokens before
+        ``position`` in the step of the pair's first occurrence (at most ``context`` of
+        them; accepted, so also the target's), oldest first.
+    """
+    columns = ["draft_token", "target_token", "count", "share", "context"]
+    keys = [c for c in ("run_id", "request_id", "step") if c in annotated]
+    missed = annotated.loc[
+        (annotated["position"] == position) & annotated["reached"] & ~annotated["accepted"]
+    ]
+    if missed.empty:
+        return pd.DataFrame(columns=columns)
+    pairs = missed.assign(target_token=missed["target_token"].astype("Int64"))
+    counted = (
+        pairs.groupby(["draft_token", "target_token"], dropna=False, sort=False)
+        .agg(count=("step", "size"), first=("step", lambda s: s.index[0]))
+        .reset_index()
+        .sort_values("count", ascending=False, kind="stable")
+        .head(top)
+    )
+    before = annotated.loc[
+        (annotated["position"] < position) & (annotated["position"] >= position - context)
+    ].sort_values("position")
+    prefixes = before.groupby(keys)["draft_token"].agg(list)
+    counted["context"] = [prefixes.get(tuple(missed.loc[i, keys]), []) for i in counted["first"]]
+    counted["share"] = counted["count"] / len(missed)
+    return counted[columns].reset_index(drop=True)

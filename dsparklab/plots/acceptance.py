@@ -50,6 +50,13 @@ ACCEPTANCE_VALUES: dict[str, str] = {
     "accept_rate": "conditional acceptance a_i = P(accepted_i | reached_i)",
     "survival": "survival s_i = P(accepted_i)",
 }
+# what a colour bar or an axis says for each value (short)
+ACCEPTANCE_SHORT: dict[str, str] = {
+    "accept_rate": "a_i (conditional)",
+    "survival": "s_i (survival)",
+}
+# a heatmap cell resting on fewer reached drafts than this is faded
+MIN_REACHED = 10
 
 
 def plot_acceptance_heatmap(
@@ -60,8 +67,14 @@ def plot_acceptance_heatmap(
     datasets: Sequence[str] | None = None,
     highlight_n: int | None = None,
     title: str | None = None,
+    min_reached: int = MIN_REACHED,
 ) -> go.Figure:
     """Heatmap of acceptance by draft position (x) and window n (y), one panel per group.
+
+    Each cell's hover gives its evidence: the drafts that reached the position and those
+    accepted, and the 95 % interval where the frame has one; a cell resting on fewer than
+    ``min_reached`` reached drafts is faded (a white veil), so 1.00 from one draft does not
+    read like 1.00 from a thousand.
 
     Parameters
     ----------
@@ -75,6 +88,8 @@ def plot_acceptance_heatmap(
         Outline the row of this window in every panel (the explorer's n slider).
     title
         Figure title; a default names the value.
+    min_reached
+        Cells with fewer reached drafts (``n_reached``) are faded.
 
     Returns
     -------
@@ -92,13 +107,29 @@ def plot_acceptance_heatmap(
     fig = facet_grid(rows, cols, row_name="dataset", col_name="method")
     ns = levels(data, "n")
     n_pos = int(data["position"].max()) + 1
+    veils = []
     for r, dataset in enumerate(rows, start=1):
         for c, method in enumerate(cols, start=1):
             panel = select(data, dataset=dataset, method=method)
-            grid = panel.pivot_table(
-                index="n", columns="position", values=value, aggfunc="first"
-            ).reindex(index=ns, columns=range(n_pos))  # [n, position]
-            z = grid.to_numpy(dtype=float)
+
+            def grid(column: str, panel: pd.DataFrame = panel) -> np.ndarray:
+                if column not in panel:
+                    return np.full((len(ns), n_pos), np.nan)
+                table = panel.pivot_table(
+                    index="n", columns="position", values=column, aggfunc="first"
+                )
+                return table.reindex(index=ns, columns=range(n_pos)).to_numpy(dtype=float)
+
+            z = grid(value)  # [n, position]
+            reached, accepted = grid("n_reached"), grid("n_accepted")
+            lo, hi = grid(f"{value}_lo"), grid(f"{value}_hi")
+            hover = [
+                [
+                    _cell_evidence(reached[k, p], accepted[k, p], lo[k, p], hi[k, p])
+                    for p in range(n_pos)
+                ]
+                for k in range(len(ns))
+            ]
             fig.add_trace(
                 go.Heatmap(
                     z=z,
@@ -107,15 +138,20 @@ def plot_acceptance_heatmap(
                     coloraxis="coloraxis",
                     text=[[fmt(v) for v in row] for row in z],
                     texttemplate="%{text}",
+                    customdata=hover,
                     hovertemplate=(
                         f"{label({'method': method, 'dataset': dataset})}<br>"
-                        "n=%{y} position=%{x}<br>" + value + "=%{z:.3f}<extra></extra>"
+                        "n=%{y} position=%{x}<br>"
+                        + ACCEPTANCE_SHORT[value]
+                        + " = %{z:.3f}%{customdata}<extra></extra>"
                     ),
                     name=label({"method": method, "dataset": dataset}),
                 ),
                 row=r,
                 col=c,
             )
+            few = (np.nan_to_num(reached, nan=0.0) < min_reached) & ~np.isnan(z)
+            veils += [(r, c, int(k), int(p)) for k, p in np.argwhere(few)]
             if highlight_n is not None and highlight_n in ns:
                 k = ns.index(highlight_n)
                 fig.add_shape(
@@ -128,19 +164,44 @@ def plot_acceptance_heatmap(
                     row=r,
                     col=c,
                 )
+    for r, c, k, p in veils:  # after the outlines: shapes[0] is the outline when drawn
+        fig.add_shape(
+            type="rect",
+            x0=p - 0.5,
+            x1=p + 0.5,
+            y0=k - 0.5,
+            y1=k + 0.5,
+            fillcolor="rgba(255, 255, 255, 0.6)",
+            line=dict(width=0),
+            layer="above",
+            row=r,
+            col=c,
+        )
     fig.update_layout(
         coloraxis=dict(
             colorscale=SEQUENTIAL_SCALE,
             cmin=0.0,
             cmax=1.0,
-            colorbar=dict(title=dict(text=value, side="right")),
+            colorbar=dict(title=dict(text=ACCEPTANCE_SHORT[value], side="right")),
         ),
     )
     fig.update_xaxes(title_text="draft position", dtick=1, row=len(rows))
     fig.update_yaxes(title_text="window n", type="category", col=1)
     if highlight_n is not None:
         title = f"{title} (n = {highlight_n} outlined)"
+    if veils:
+        title = f"{title}<br><sup>faded: fewer than {min_reached} drafts reached the cell</sup>"
     return finish(fig, title=title, n_rows=len(rows), name="acceptance_heatmap")
+
+
+def _cell_evidence(reached: float, accepted: float, lo: float, hi: float) -> str:
+    """A heatmap cell's hover lines after its value: its counts and interval."""
+    if np.isnan(reached):
+        return ""
+    text = f"<br>reached {int(reached)} · accepted {int(accepted)}"
+    if not (np.isnan(lo) or np.isnan(hi)):
+        text += f"<br>95 % interval {lo:.2f}–{hi:.2f}"
+    return text
 
 
 def plot_survival_curves(
@@ -255,11 +316,12 @@ def _add_strip(
     col: int,
     n_pos: int,
     token_labels: TokenLabels | None,
-    max_text_steps: int,
-    showscale: bool,
+    width_px: float,
     name: str,
 ) -> None:
-    """One strip panel: z[position, step] in {0, 1, 2}, cells labelled with the draft."""
+    """One strip panel: z[position, step] in {0, 1, 2}; where a cell is wide enough to read
+    (``width_px`` over the steps, at least :data:`MIN_TEXT_PX`), labelled with the draft,
+    and a rejected cell with draft → target; else the tokens are in the hover only."""
     rows = rows.sort_values(["step", "position"])
     steps = sorted(rows["step"].unique().tolist())
 
@@ -289,6 +351,15 @@ def _add_strip(
         else None
     )
     text = [[text_of(t) for t in line] for line in draft]
+    labels = [
+        [
+            f"{text[p][j]}→{text_of(target[p, j])}"
+            if target is not None and z[p, j] == 1 and not np.isnan(target[p, j])
+            else text[p][j]
+            for j in range(len(steps))
+        ]
+        for p in range(n_pos)
+    ]
     hover = [
         [
             f"step {s} position {p}<br>draft {text[p][j]!r}"
@@ -298,7 +369,7 @@ def _add_strip(
         ]
         for p in range(n_pos)
     ]
-    labelled = len(steps) <= max_text_steps
+    labelled = width_px / max(len(steps), 1) >= MIN_TEXT_PX
     fig.add_trace(
         go.Heatmap(
             z=z,
@@ -309,20 +380,13 @@ def _add_strip(
             colorscale=accept_colorscale(),
             xgap=1,
             ygap=1,
-            text=text if labelled else None,
+            text=labels if labelled else None,
             texttemplate="%{text}" if labelled else None,
+            textfont=dict(size=TEXT_PT),
             customdata=hover,
             hovertemplate="%{customdata}<extra></extra>",
-            showscale=showscale,
+            showscale=False,  # the key is the line under the title
             name=name,
-            colorbar=dict(
-                tickvals=[0, 1, 2],
-                ticktext=list(ACCEPT_STATES),
-                len=0.5,
-                y=1.0,
-                yanchor="top",
-                thickness=14,
-            ),
         ),
         row=row,
         col=col,
@@ -338,6 +402,18 @@ def visible_token(text: str) -> str:
     """A token's text as a cell label: whitespace shown, ``<``/``>``/``&`` escaped."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return text.translate(_VISIBLE) or "∅"
+
+
+# a strip cell's label: this many points, drawn only where a cell has MIN_TEXT_PX of width
+TEXT_PT = 10
+MIN_TEXT_PX = 30
+# the width a responsive figure (settings' figure.width None) is assumed to get on a page
+RESPONSIVE_PX = 900
+
+
+def _plot_width(width: int | None) -> float:
+    """The pixels of a figure's plot area (its width less the margins)."""
+    return 0.8 * (width or settings["figure.width"] or RESPONSIVE_PX)
 
 
 def _finish_strips(
@@ -364,7 +440,7 @@ def plot_request_strip(
     n: int | None = None,
     datasets: Sequence[str] | None = None,
     token_labels: TokenLabels | None = None,
-    max_text_steps: int = 80,
+    width: int | None = None,
     highlight_position: int | None = None,
     title: str | None = None,
 ) -> go.Figure:
@@ -386,8 +462,9 @@ def plot_request_strip(
     token_labels
         ``token id -> text`` (a mapping or a callable, e.g.
         ``dsparklab.lab.notebook.load_token_text``) for the cell labels; default: the ids.
-    max_text_steps
-        Cell labels are drawn when a strip has at most this many steps.
+    width
+        The figure's width in pixels (default: the settings'); cell labels are drawn only
+        where a cell is wide enough to read them, else the tokens are in the hover.
     highlight_position
         Outline this draft position's row in every panel (the explorer's heatmap click).
     title
@@ -396,6 +473,7 @@ def plot_request_strip(
     require(annotated, STRIP_COLUMNS, what="plot_request_strip")
     ids = [request_ids] if isinstance(request_ids, str) else request_ids
     data = select(annotated, run_id=run_id, method=methods, n=n, dataset=datasets, request_id=ids)
+    own_title = title is not None
     title = title or "Drafted tokens per step: accepted / rejected / not reached"
     if data.empty:
         return empty_figure(
@@ -416,7 +494,8 @@ def plot_request_strip(
         for rid in {p[0] for p in pairs}
     }
     titles = [" · ".join(x for x in (run_names[r], str(q)) if x) for r, q in pairs]
-    fig = panel_column(titles)
+    # one strip under its own title: a panel title would say the same again
+    fig = panel_column(["" for _ in titles] if len(pairs) == 1 and own_title else titles)
     n_pos = int(data["position"].max()) + 1
     for r, (run, request_id) in enumerate(pairs, start=1):
         rows = data.loc[(data["run_id"] == run) & (data["request_id"] == request_id)]
@@ -427,8 +506,7 @@ def plot_request_strip(
             col=1,
             n_pos=n_pos,
             token_labels=token_labels,
-            max_text_steps=max_text_steps,
-            showscale=r == 1,
+            width_px=_plot_width(width),
             name=titles[r - 1],
         )
         if highlight_position is not None and 0 <= highlight_position < n_pos:
@@ -439,7 +517,7 @@ def plot_request_strip(
                 row=r,
                 col=1,
             )
-    return _finish_strips(
+    fig = _finish_strips(
         fig,
         title,
         n_rows=len(pairs),
@@ -447,6 +525,7 @@ def plot_request_strip(
         min_height=settings["figure.panel_height"],
         name="request_strip",
     )
+    return fig if width is None else fig.update_layout(width=width)
 
 
 def with_run(frame: pd.DataFrame) -> pd.DataFrame:
@@ -459,7 +538,6 @@ def plot_prompt_strips(
     *,
     prompt_ids: Sequence[str],
     token_labels: TokenLabels | None = None,
-    max_text_steps: int = 60,
     title: str | None = None,
 ) -> go.Figure:
     """Token strips of the same prompts in several run sets, side by side (one row each).
@@ -472,7 +550,7 @@ def plot_prompt_strips(
         is drawn.
     prompt_ids
         The prompts, e.g. ``compute_worst_prompts(...)["prompt_id"]``.
-    token_labels, max_text_steps
+    token_labels
         As in :func:`plot_request_strip`.
     title
         Figure title.
@@ -508,8 +586,7 @@ def plot_prompt_strips(
                 col=c,
                 n_pos=n_pos,
                 token_labels=token_labels,
-                max_text_steps=max_text_steps,
-                showscale=r == 1 and c == 1,
+                width_px=_plot_width(None) / len(names),
                 name=f"{prompt_id} {name}",
             )
     return _finish_strips(

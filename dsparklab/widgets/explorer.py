@@ -29,6 +29,7 @@ from typing import Any, Literal, get_args
 import pandas as pd
 import plotly.graph_objects as go
 
+from dsparklab.analysis import rejected_pairs
 from dsparklab.errors import TraceSchemaError, UnknownMethodError
 from dsparklab.plain_json import plain_json
 from dsparklab.plots import (
@@ -37,6 +38,7 @@ from dsparklab.plots import (
     plot_survival_curves,
 )
 from dsparklab.plots._common import empty_figure
+from dsparklab.plots.acceptance import ACCEPTANCE_SHORT, visible_token
 from dsparklab.widgets._dashboard import Dashboard
 
 logger = logging.getLogger(__name__)
@@ -48,10 +50,13 @@ VIEWS: dict[str, str] = {"conditional": "accept_rate", "survival": "survival"}
 FIGURES: tuple[FigureName, ...] = get_args(FigureName)
 # the CSS class of each figure's widget (the browser tests find the figures by it)
 FIGURE_CLASSES: dict[str, str] = {name: f"dsparklab-explorer-{name}" for name in FIGURES}
-STRIP_TEXT_STEPS = 40
 # pixel widths of the figure widgets (plotly.js would otherwise fall back to 700 px): the
-# heatmap on its own row, the curves and the strip side by side when the page is wide
-WIDGET_WIDTHS: dict[str, int] = {"heatmap": 900, "survival": 560, "strip": 560}
+# heatmap and the strip side by side (a clicked cell beside its outline in the strip, in a
+# notebook column of ~1,000 px: a 1,400 px window with JupyterLab's file browser open),
+# the curves below them
+WIDGET_WIDTHS: dict[str, int] = {"heatmap": 440, "survival": 640, "strip": 440}
+# rejected draft -> target pairs listed for a clicked cell
+LOSSES_SHOWN = 8
 # layout keys a figure never drops between updates (plotly fills them in itself)
 _KEEP_LAYOUT = frozenset({"template"})
 # trace keys that identify a trace and cannot change in place
@@ -108,6 +113,10 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
     spec = widget_json(fig)
     new_traces: list[dict[str, Any]] = spec.get("data", [])
     new_layout: dict[str, Any] = spec.get("layout", {})
+    if widget.layout.template is not None:
+        # the template never changes between redraws, and re-validating it is the costliest
+        # part of an update (plotly deep-copies it)
+        new_layout.pop("template", None)
     in_place = len(new_traces) == len(widget.data) and all(
         old.type == new.get("type", "scatter")
         for old, new in zip(widget.data, new_traces, strict=True)
@@ -125,6 +134,12 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
             widget.layout[key] = None
         widget.layout.update(new_layout, overwrite=True)
     return in_place
+
+
+def _sized(name: str, fig: go.Figure) -> go.Figure:
+    """A figure as its widget shows it: its width, and plotly's toolbar standing at the
+    right edge (lying along the top it covers the title)."""
+    return fig.update_layout(width=WIDGET_WIDTHS[name], modebar=dict(orientation="v"))
 
 
 def _shows_errors(callback: Callable[..., None]) -> Callable[..., None]:
@@ -257,6 +272,7 @@ class Explorer(Dashboard):
             methods=[s.method],
             datasets=[s.dataset],
             highlight_n=s.n,
+            title=f"{ACCEPTANCE_SHORT[s.value]} by position and window",
         )
 
     def survival(self) -> go.Figure:
@@ -283,7 +299,7 @@ class Explorer(Dashboard):
             request_ids=s.request or "",
             run_id=rows["run_id"].iloc[0] if len(rows) and "run_id" in rows else None,
             token_labels=self.token_labels,
-            max_text_steps=STRIP_TEXT_STEPS,
+            width=WIDGET_WIDTHS["strip"],
             highlight_position=s.position,
             title=f"{s.method} · n={s.n} · {s.request}",
         )
@@ -291,6 +307,54 @@ class Explorer(Dashboard):
     def figures(self) -> dict[str, go.Figure]:
         """The three figures for the current state."""
         return {"heatmap": self.heatmap(), "survival": self.survival(), "strip": self.strip()}
+
+    def losses(self) -> pd.DataFrame:
+        """The rejected draft -> target pairs at the clicked position of the selected run
+        (:func:`dsparklab.analysis.rejected_pairs`); empty before a click."""
+        s = self.state
+        rows = self._run_rows()
+        if s.position is None or rows.empty or "reached" not in rows:
+            return pd.DataFrame()
+        return rejected_pairs(rows, position=s.position, top=LOSSES_SHOWN)
+
+    def losses_html(self) -> str:
+        """:meth:`losses` as the table under the figures (token text where known)."""
+        s = self.state
+        if s.position is None:
+            return "<i>click a heatmap cell to list the tokens the drafter loses there</i>"
+        table = self.losses()
+        where = f"{s.method} · n = {s.n} · {s.dataset} · position {s.position}"
+        if table.empty:
+            return f"<b>{html.escape(where)}</b>: no draft was rejected at this position"
+        head = (
+            f"<b>Rejected at {html.escape(where)}</b>, most frequent first "
+            "(context: the accepted drafts before it in the step)"
+        )
+        rows = "".join(
+            "<tr><td><code>{}</code></td><td><code>{}</code> → <code>{}</code></td><td>{}</td>"
+            "<td>{:.0%}</td></tr>".format(
+                " ".join(self._token(t) for t in r.context) or "—",
+                self._token(r.draft_token),
+                self._token(r.target_token),
+                r.count,
+                r.share,
+            )
+            for r in table.itertuples()
+        )
+        return (
+            f"{head}<table><tr><th>context</th><th>draft → target</th><th>count</th>"
+            f"<th>share</th></tr>{rows}</table>"
+        )
+
+    def _token(self, token: Any) -> str:
+        """A token as HTML: its text with whitespace made visible, else its id."""
+        if token is None or pd.isna(token):
+            return "?"
+        labels = self.token_labels
+        text = None
+        if labels is not None:
+            text = labels.get(int(token)) if isinstance(labels, Mapping) else labels(int(token))
+        return str(int(token)) if text is None else visible_token(text)
 
     def status_text(self) -> str:
         s = self.state
@@ -335,8 +399,10 @@ class Explorer(Dashboard):
         self.view = W.ToggleButtons(options=list(VIEWS), value=s.view, description="show")
         self.request = W.Dropdown(options=self.requests(), value=s.request, description="request")
         self.status = W.HTML(self.status_text())
+        self.losses_view = W.HTML(self.losses_html())
+        self.losses_view.add_class("dsparklab-explorer-losses")
         for name, fig in self.figures().items():
-            widget = go.FigureWidget(widget_json(fig.update_layout(width=WIDGET_WIDTHS[name])))
+            widget = go.FigureWidget(widget_json(_sized(name, fig)))
             widget.add_class(FIGURE_CLASSES[name])
             self.figure_widgets[name] = widget
         self._bind_clicks()
@@ -349,11 +415,12 @@ class Explorer(Dashboard):
                 W.HBox([self.dataset, self.method, self.n]),
                 W.HBox([self.view, self.request]),
                 self.status,
-                self.figure_widgets["heatmap"],
                 W.HBox(
-                    [self.figure_widgets["survival"], self.figure_widgets["strip"]],
+                    [self.figure_widgets["heatmap"], self.figure_widgets["strip"]],
                     layout=W.Layout(width="100%", flex_flow="row wrap"),
                 ),
+                self.losses_view,
+                self.figure_widgets["survival"],
             ]
         )
         box.add_class("dsparklab-explorer")
@@ -369,11 +436,12 @@ class Explorer(Dashboard):
             return
         builders = {"heatmap": self.heatmap, "survival": self.survival, "strip": self.strip}
         for name in names:
-            fig = builders[name]().update_layout(width=WIDGET_WIDTHS[name])
+            fig = _sized(name, builders[name]())
             if not sync_figure(self.figure_widgets[name], fig) and name == "heatmap":
                 self._bind_clicks()  # new traces: their click handlers are new too
             self.updates[name] += 1
         self.status.value = self.status_text()
+        self.losses_view.value = self.losses_html()
 
     def _sync_controls(self) -> None:
         """Put the state into the controls without calling their handlers back.

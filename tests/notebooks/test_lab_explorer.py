@@ -16,7 +16,7 @@ from dsparklab import analysis as A
 from dsparklab.errors import UnknownMethodError
 from dsparklab.lab.notebook import load_runs
 from dsparklab.widgets import Explorer, sync_figure
-from dsparklab.widgets.explorer import FIGURE_CLASSES
+from dsparklab.widgets.explorer import FIGURE_CLASSES, LOSSES_SHOWN
 
 pytestmark = pytest.mark.notebooks
 
@@ -99,7 +99,7 @@ def test_view_method_and_dataset_controls(explorer: Explorer, frames):
     explorer.view.value = "survival"
     want = by_position.query("method == 'dspark' and dataset == 'humaneval' and n == 3")
     assert list(heatmap.data[0].z[0][:3]) == pytest.approx(want["survival"].tolist())
-    assert heatmap.layout.coloraxis.colorbar.title.text == "survival"
+    assert heatmap.layout.coloraxis.colorbar.title.text == "s_i (survival)"
     explorer.method.value = "eagle3"
     explorer.dataset.value = "prose"
     assert heatmap.data[0].name == "eagle3 · prose"
@@ -214,3 +214,20 @@ def test_a_handler_error_shows_in_the_status_line(explorer: Explorer, monkeypatc
     monkeypatch.undo()
     explorer.view.value = "conditional"
     assert explorer.error is None and "no such column" not in explorer.status.value
+
+
+def test_a_heatmap_click_lists_the_tokens_the_drafter_loses_there(explorer: Explorer):
+    explorer.widget  # noqa: B018
+    assert "click a heatmap cell" in explorer.losses_view.value
+    points = Points(point_inds=[(0, 1)], xs=[1], ys=["3"], trace_name="", trace_index=0)
+    explorer.figure_widgets["heatmap"].data[0]._dispatch_on_click(points, None)
+    losses = explorer.losses()
+    rows = explorer._run_rows()
+    missed = rows[(rows["position"] == 1) & rows["reached"] & ~rows["accepted"]]
+    assert len(missed) > 0
+    if len(losses) < LOSSES_SHOWN:  # every rejection at the position is in the table
+        assert int(losses["count"].sum()) == len(missed)
+    assert losses["count"].is_monotonic_decreasing
+    view = explorer.losses_view.value
+    assert "position 1" in view and "most frequent first" in view
+    assert view.count("<tr>") == len(losses) + 1

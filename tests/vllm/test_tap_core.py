@@ -774,3 +774,16 @@ def test_the_sharded_path_says_in_run_json_why_its_fields_are_null(
     assert len(warned) == 1, "one line, once"
     rec.close()
     assert read_run_json(tmp_path / "run")["recorded_fields"] == fields
+
+
+def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:
+    """Drafts are replicated across TP ranks; PCP rank 0's are broadcast to the other PCP
+    ranks after propose (vLLM 0.34's PCPManager.sync_drafts): theirs are never verified."""
+    from dsparklab.engines.vllm.runs import Ranks, records_here
+
+    assert records_here(Ranks(), "tp0")
+    assert not records_here(Ranks(tp=1), "tp0") and records_here(Ranks(tp=1), "all")
+    for writer_ranks in ("tp0", "all"):
+        assert not records_here(Ranks(pcp=1), writer_ranks)
+        assert not records_here(Ranks(tp=1, pcp=2), writer_ranks)
+    assert records_here(Ranks(dp=3), "tp0")

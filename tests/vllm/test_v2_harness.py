@@ -337,6 +337,13 @@ def test_every_v2_step_row_carries_draft_verify_and_other(harness_runs: Any) -> 
         )
         assert meta["engine"]["model_runner"] == "v2"
         assert meta["engine"]["patch_table_line"] is not None
+        assert {
+            "custom_method",
+            "num_speculative_tokens_per_batch_size",
+            "draft_decode_context_parallel_size",
+            "speculator_options",
+        } <= set(meta["speculative"])
+        assert meta["hardware"]["prefill_context_parallel_size"] == 1
         if meta["method"] == "dspark":
             assert set(meta["recorded_fields"].values()) == {"recorded"}
         if meta["method"] == "eagle3":

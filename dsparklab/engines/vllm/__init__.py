@@ -11,6 +11,7 @@ from importlib import import_module
 from typing import Any
 
 _NAMES = {
+    "StepClock": "clock",
     "TapConfig": "config",
     "TapConfigError": "config",
     "LEVEL_FIELDS": "core",

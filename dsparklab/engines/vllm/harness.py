@@ -230,9 +230,11 @@ class HarnessState(NamedTuple):
 
 
 class EngineStep(NamedTuple):
-    """One engine step as the driver saw it: wall time and the drafts it verified."""
+    """One engine step as the driver saw it: wall and this thread's CPU time, and the
+    drafts it verified."""
 
     wall_s: float
+    cpu_s: float  # the driving thread's CPU time (other threads and processes left out)
     batch_size: int
     verified: list[tuple[str, int]]  # (internal request id, the request's step number)
 
@@ -471,16 +473,16 @@ def run_requests(
         free = max_num_seqs - len(runner.running) + len(finished)
         new, waiting = waiting[:free], waiting[free:]
         before = {r.req_id: r.verified_steps for r in runner.running.values()}
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         if runner.execute_model(_scheduler_output(new, finished)) is None:
             runner.sample_tokens(None)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
         verified = [
             (r.req_id, before.get(r.req_id, 0))
             for r in runner.batch
             if r.verified_steps > before.get(r.req_id, 0)
         ]
-        timeline.append(EngineStep(wall, len(runner.batch), verified))
+        timeline.append(EngineStep(wall, cpu, len(runner.batch), verified))
         finished = {r.req_id for r in runner.batch if r.done}
     runner.execute_model(_scheduler_output([], finished))  # the last requests leave
     return timeline
@@ -493,6 +495,7 @@ class HarnessRun:
     spec: RunSpec
     requests: list[Any]  # CollectedRequest, one per prompt
     timeline: list[EngineStep]
+    process_cpu_s: float  # the process's CPU time while serving (every thread)
 
 
 def serve(
@@ -552,8 +555,10 @@ def serve(
                     eos=eos,
                 )
             )
+        process_cpu = time.process_time()
         with torch.inference_mode():
             timeline = run_requests(runner, requests, max_num_seqs=max_num_seqs)
+        process_cpu = time.process_time() - process_cpu
         collected = [
             CollectedRequest(
                 prompt=prompt,
@@ -564,7 +569,7 @@ def serve(
             )
             for prompt, req in zip(prompts, requests, strict=True)
         ]
-        out.append(HarnessRun(spec, collected, timeline))
+        out.append(HarnessRun(spec, collected, timeline, process_cpu))
     return out
 
 

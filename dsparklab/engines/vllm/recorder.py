@@ -296,6 +296,8 @@ class TraceRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_write = time.monotonic()
+        if self.background:  # now, not inside the first engine step it would then lengthen
+            self._start_thread()
 
     # -- staging ---------------------------------------------------------------------
     @property

@@ -106,8 +106,28 @@ def test_builders_draw_the_analysis_numbers(small):
     z = np.array(fig.data[0].z, dtype=float)  # [n, position] of the first panel (dspark)
     want = by_position.query("method == 'dspark'").sort_values("position")["survival"]
     np.testing.assert_allclose(z[0], want.to_numpy())
-    assert len(fig.layout.shapes) == 2, "the n row outlined in both panels"
+    outlines = [shape for shape in fig.layout.shapes if shape.line.width == 3]
+    assert len(outlines) == 2, "the n row outlined in both panels"
+    assert fig.layout.shapes[0].line.width == 3, "the outline comes first"
     assert [t.name for t in fig.data] == ["dspark · humaneval", "eagle3 · humaneval"]
+    # each cell's evidence: its counts and interval in the hover; thin cells veiled
+    panel = by_position.query("method == 'dspark'").sort_values(["n", "position"])
+    first = panel.iloc[0]
+    hover = fig.data[0].customdata[0][int(first["position"])]
+    assert f"reached {int(first['n_reached'])} · accepted {int(first['n_accepted'])}" in hover
+    assert "interval" not in hover, "no interval without bootstrap replicates"
+    booted = A.compute_acceptance_by_position(
+        positions, steps=steps, by=("method", "n", "dataset"), n_boot=20
+    )
+    cell = booted.query("method == 'dspark'").sort_values(["n", "position"]).iloc[0]
+    hover = P.plot_acceptance_heatmap(booted, value="survival").data[0].customdata[0][0]
+    assert f"95 % interval {cell['survival_lo']:.2f}–{cell['survival_hi']:.2f}" in hover
+    veils = [shape for shape in fig.layout.shapes if shape.fillcolor]
+    thin = (by_position["n_reached"] < 10) & by_position["survival"].notna()
+    assert len(veils) == int(thin.sum())
+    assert fig.layout.coloraxis.colorbar.title.text == "s_i (survival)"
+    strict = P.plot_acceptance_heatmap(by_position, value="survival", min_reached=0)
+    assert not [shape for shape in strict.layout.shapes if shape.fillcolor]
     with pytest.raises(UnknownMethodError, match="accept_rate, survival"):
         P.plot_acceptance_heatmap(by_position, value="survivl")
     with pytest.raises(TraceSchemaError, match="'n'"):
