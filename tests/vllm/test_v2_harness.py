@@ -249,45 +249,57 @@ def test_v2_trace_equals_reference_over_resorted_finished_and_preempted_requests
 HARNESS_LIMIT, HARNESS_TOKENS = 3, 24
 
 
-@pytest.fixture(scope="module")
-def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """DSpark and Eagle3 (n = 3 and 7) and the baseline through the harness, traced, and
-    the reference engine on the same prompts."""
+def _harness_options(out: Path) -> Any:
     from dsparklab.engines.layout import CollectOptions
-    from dsparklab.engines.reference.collect import collect as reference_collect
-    from dsparklab.engines.vllm import harness
 
-    base = tmp_path_factory.mktemp("harness")
-    opts = CollectOptions(
+    return CollectOptions(
         methods=("dspark", "eagle3", "none"),
         ns=(3, 7),
         datasets=("humaneval",),
-        out=base / "v2",
+        out=out,
         limit=HARNESS_LIMIT,
         max_new_tokens=HARNESS_TOKENS,
         progress=False,
+        threads=1,
     )
-    served = harness.collect(opts, max_num_seqs=2, keep_taps=base / "taps")
-    reference_collect(replace(opts, out=base / "reference", threads=1))
-    return {"served": served, "v2": base / "v2", "taps": base / "taps", "ref": base / "reference"}
 
 
-def test_the_harness_drafts_and_verifies_as_the_reference_engine(harness_runs: Any) -> None:
+@pytest.fixture(scope="module")
+def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """DSpark and Eagle3 (n = 3 and 7) and the baseline through the harness, traced."""
+    from dsparklab.engines.vllm import harness
+
+    base = tmp_path_factory.mktemp("harness")
+    served = harness.collect(_harness_options(base / "v2"), max_num_seqs=2, keep_taps=base / "taps")
+    return {"served": served, "v2": base / "v2", "taps": base / "taps"}
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference engine on the harness's prompts and settings."""
+    from dsparklab.engines.reference.collect import collect as reference_collect
+
+    out = tmp_path_factory.mktemp("harness-reference") / "reference"
+    reference_collect(_harness_options(out))
+    return out
+
+
+def test_the_harness_drafts_and_verifies_as_the_reference_engine(
+    harness_runs: Any, reference_runs: Path
+) -> None:
     """Greedy, the same drafters: vLLM's Markov stage and Eagle3 head over the reference
     backbones give the reference engine's drafts, verdicts and values, request by request,
     and every output equals plain greedy decoding (the baseline)."""
     keys = ["run_id", "request_id", "step"]
     got = read_trace(harness_runs["v2"], "steps").sort_values(keys)
-    want = read_trace(harness_runs["ref"], "steps").sort_values(keys)
+    want = read_trace(reference_runs, "steps").sort_values(keys)
     cols = ["run_id", "request_id", "step", "context_len", "num_drafted", "accepted_len", "emitted"]
     assert got[cols].reset_index(drop=True).equals(want[cols].reset_index(drop=True))
     outputs = read_trace(harness_runs["v2"], "requests").groupby("request_id")["output_token_ids"]
     assert (outputs.apply(lambda s: len({tuple(x) for x in s})) == 1).all(), "lossless"
     pkeys = [*keys, "position"]
     got_pos = read_trace(harness_runs["v2"], "positions").sort_values(pkeys).reset_index(drop=True)
-    want_pos = (
-        read_trace(harness_runs["ref"], "positions").sort_values(pkeys).reset_index(drop=True)
-    )
+    want_pos = read_trace(reference_runs, "positions").sort_values(pkeys).reset_index(drop=True)
     for name in ("draft_token", "accepted", "markov_flip"):
         assert got_pos[name].equals(want_pos[name]), name
     # vLLM emits the target's token up to the first rejection only; the reference engine's
