@@ -471,7 +471,7 @@ class Explorer(Dashboard):
     def _on_run_change(self, change: Mapping[str, Any]) -> None:
         s = self.state
         s.dataset, s.method = self.dataset.value, self.method.value
-        if change.get("owner") is self.n:
+        if change["owner"] is self.n:  # traitlets names the control that changed
             s.n = int(self.n.value)
         s.n = self._nearest_window(s.n)  # the new dataset or method may lack the window
         s.request = self._default_request()

@@ -83,7 +83,7 @@ def allow_cpu_build() -> None:
     import vllm.v1.worker.gpu.buffer_utils as gpu_buffers
     from vllm.platforms.cpu import CpuPlatform
 
-    if not vllm.__version__.startswith("0.34.") or getattr(CpuPlatform, "_dsparklab_gate", 0):
+    if not vllm.__version__.startswith("0.34.") or getattr(CpuPlatform, "_dsparklab_gate", False):
         return
     check = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
 
@@ -95,8 +95,8 @@ def allow_cpu_build() -> None:
             triton_utils.HAS_TRITON = saved
 
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[method-assign,assignment]
-    CpuPlatform._dsparklab_gate = 1  # type: ignore[attr-defined]
-    gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer  # type: ignore[misc]
+    CpuPlatform._dsparklab_gate = True  # type: ignore[attr-defined]
+    gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer  # type: ignore[misc,assignment]
 
 
 def _free_port() -> int:
@@ -164,8 +164,9 @@ def cpu_vllm_config(
     ).create_engine_config()
     if method != "none":
         assert drafter is not None
+        # dspark or eagle3 (vLLM checks it); the annotation lists the literals
         config.speculative_config = SpeculativeConfig(
-            method=method,
+            method=method,  # type: ignore[arg-type]
             model=str(drafter),
             num_speculative_tokens=n,
             target_model_config=config.model_config,
@@ -178,13 +179,13 @@ def load_speculator(vllm_config: Any, method: str) -> Any:
     """vLLM's own V2 speculator for ``method`` with its draft model loaded on CPU."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
 
-    if method == "dspark":
-        from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator as Cls
-    elif method == "eagle3":
-        from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator as Cls
-    else:
+    classes: dict[str, type] = {"dspark": DSparkSpeculator, "eagle3": EagleSpeculator}
+    if method not in classes:
         raise ConfigError(f"the V2 harness drafts with dspark or eagle3, not {method!r}")
+    Cls = classes[method]
     with set_current_vllm_config(vllm_config), dspark_on_v1_allowed():
         ensure_single_rank()
         target = get_model(vllm_config=vllm_config)  # the draft shares its head/embeddings
@@ -320,7 +321,8 @@ class HarnessRunner(_runner_base()):  # type: ignore[misc]
         """Greedy verification of each row's drafts (a prefill row samples its first
         token): ``num_sampled`` = accepted + 1, ``num_rejected`` = drafted - accepted."""
         state: HarnessState = hidden_states
-        verdicts, sampled, rejected = [], [], []
+        verdicts: list[Any] = []  # the first token (a prefill row), else the Verdict
+        sampled, rejected = [], []
         for req, logits in zip(state.rows, state.logits, strict=True):
             if req.update is None:
                 verdicts.append(int(argmax_last(logits[-1])))
@@ -356,8 +358,9 @@ class HarnessRunner(_runner_base()):  # type: ignore[misc]
             req.output.extend(tokens)
             self.req_states.last_sampled_tokens[index, 0] = tokens[-1]
             emitted[req.req_id] = tokens
-        if self.speculator is not None:
-            drafts = self.speculator.propose(
+        speculator = self.speculator
+        if speculator is not None:
+            drafts = speculator.propose(
                 state.input_batch,
                 {},  # attn_metadata
                 {},  # slot_mappings
@@ -385,6 +388,7 @@ def _dspark_draft_step(runner: HarnessRunner) -> Callable[..., torch.Tensor]:
         q, offset = spec.num_query_per_req, 0 if spec.sample_from_anchor else 1
         head_hidden = torch.zeros(len(rows) * q, spec.model.config.hidden_size)
         for r, req in enumerate(rows):  # prepare_dflash_inputs' outputs, in torch
+            assert req.update is not None  # every row of a draft step was prefilled
             index = runner.req_states.req_id_to_index[req.req_id]
             slots = slice(r * n, (r + 1) * n)
             spec.sample_indices[slots] = torch.arange(n) + r * q + offset
@@ -413,7 +417,8 @@ def _eagle3_draft_step(runner: HarnessRunner) -> Callable[..., torch.Tensor]:
         normed: list[torch.Tensor | None] = [next(w) for w in walks]
         for i in range(n):
             spec.current_draft_step.fill_(i)
-            logits = spec.model.compute_logits(torch.stack(normed))  # [R, V_target]
+            hidden = torch.stack([h for h in normed if h is not None])  # [R, H]
+            logits = spec.model.compute_logits(hidden)  # [R, V_target]
             tokens = logits.argmax(dim=-1)
             spec.draft_tokens[: len(rows), i] = tokens
             draft_ids = tokens if t2d is None else t2d[tokens]
@@ -435,7 +440,9 @@ def attach_draft_step(runner: HarnessRunner, method: str, traced: bool) -> None:
     draft_step = make(runner)
     draft_step.__signature__ = _propose_signature()  # type: ignore[attr-defined]
     propose = v2.wrap_v2_propose(draft_step) if traced else draft_step
-    runner.speculator.propose = MethodType(propose, runner.speculator)
+    speculator = runner.speculator
+    assert speculator is not None
+    speculator.propose = MethodType(propose, speculator)
 
 
 @functools.cache
@@ -457,7 +464,10 @@ def _scheduler_output(new: Sequence[HarnessRequest], finished: set[str]) -> Any:
     out = SchedulerOutput.make_empty()
     out.finished_req_ids = set(finished)
     # the plugin reads each new request's req_id (``scheduled_new_reqs``)
-    out.scheduled_new_reqs = [SimpleNamespace(req_id=r.req_id, request=r) for r in new]
+    out.scheduled_new_reqs = [
+        SimpleNamespace(req_id=r.req_id, request=r)  # type: ignore[misc]
+        for r in new
+    ]
     return out
 
 
