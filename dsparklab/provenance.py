@@ -10,9 +10,10 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +118,71 @@ def checkpoint_hash(path: Path | str) -> str:
     return hash_path(path, exclude=CHECKPOINT_DOC_FILES)
 
 
+# an option or key naming a secret: one of its words ("--hf-token", "api_key", "AWS_SECRET")
+_SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "key", "apikey", "credential", "credentials"}
+)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)[^/@\s]+@")
+REDACTED = "<redacted>"
+
+
+def names_a_secret(name: str) -> bool:
+    """Whether an option or key names a secret: one of its words (split at ``-``, ``_``
+    and ``.``) is token, secret, password, key, apikey or credentials. ``--api-key``,
+    ``--hf-token`` and ``AWS_SECRET_ACCESS_KEY`` do; ``--max-num-batched-tokens`` (a
+    count) and ``--ssl-keyfile`` (a path) do not."""
+    words = re.split(r"[-_.]+", name.lstrip("-").lower())
+    return any(word in _SECRET_WORDS for word in words)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the credentials of any URL in it replaced (``s3://user:pw@host``)."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line fit to store: the value of every option that names a secret
+    (:func:`names_a_secret`: ``--api-key K``, ``--api-key=K``) and URL credentials
+    replaced by ``<redacted>``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("-"):
+            name, eq, _ = arg.partition("=")
+            if names_a_secret(name):
+                if eq:
+                    out.append(f"{name}={REDACTED}")
+                else:
+                    out.append(arg)
+                    hide_next = True
+                continue
+        out.append(redact_text(arg))
+    return out
+
+
+def redact_mapping(value: Any) -> Any:
+    """A JSON-like value with every entry whose key names a secret replaced, and URL
+    credentials in strings (engine keyword arguments, configs)."""
+    if isinstance(value, Mapping):
+        return {
+            k: REDACTED if names_a_secret(str(k)) and v is not None else redact_mapping(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_mapping(v) for v in value]
+    return redact_text(value) if isinstance(value, str) else value
+
+
 def provenance() -> dict[str, Any]:
-    """The provenance block stored in every run.json."""
+    """The provenance block stored in every run.json (secrets redacted: the run.json of a
+    served run travels to shared stores and reports)."""
     return {
         "git": git_state(),
-        "argv": list(sys.argv),
+        "argv": redact_argv(sys.argv),
         "packages": package_versions(),
         "python": platform.python_version(),
         "host": {

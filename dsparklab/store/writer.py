@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
-from dsparklab.provenance import provenance
+from dsparklab.provenance import provenance, redact_mapping
 from dsparklab.store.layout import (
     PARTITION_KEYS,
     RUNS_ROW,
@@ -92,7 +92,8 @@ def new_run_json(
     sampling: Mapping[str, Any],
     **extra: Any,
 ) -> dict[str, Any]:
-    """The run.json payload of a new run (status 'running'); ``extra`` is kept verbatim.
+    """The run.json payload of a new run (status 'running'); ``extra`` is kept as given,
+    but for secrets (:func:`dsparklab.provenance.redact_mapping`).
 
     A ``provenance`` block (git state, argv, package versions, host) is added unless given.
     """
@@ -109,7 +110,8 @@ def new_run_json(
         "drafter": dict(drafter) if drafter is not None else None,
         "dataset": dataset,
         "sampling": dict(sampling),
-        **extra,
+        # engine settings, served configurations: never a secret in a run.json
+        **redact_mapping(extra),
     }
 
 

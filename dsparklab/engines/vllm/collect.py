@@ -61,7 +61,7 @@ from dsparklab.engines.vllm.served import (
 )
 from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.provenance import provenance
+from dsparklab.provenance import provenance, redact_mapping
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 from dsparklab.store.layout import is_partitioned, partition_values, store_of
 from dsparklab.store.location import Location, Where
@@ -849,7 +849,8 @@ def _flatten(values: Iterable[Any]) -> list[str]:
 
 
 def _jsonable(value: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(dict(value), default=str))
+    """Engine keyword arguments fit for run.json: JSON, secrets redacted (``hf_token``...)."""
+    return redact_mapping(json.loads(json.dumps(dict(value), default=str)))
 
 
 def _release_engine() -> None:
