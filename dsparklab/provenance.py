@@ -118,21 +118,23 @@ def checkpoint_hash(path: Path | str) -> str:
     return hash_path(path, exclude=CHECKPOINT_DOC_FILES)
 
 
-# an option or key naming a secret: one of its words ("--hf-token", "api_key", "AWS_SECRET")
-_SECRET_WORDS = frozenset(
-    {"token", "secret", "password", "passwd", "key", "apikey", "credential", "credentials"}
-)
+# an option or key naming a secret: any of these words, or "token" / "key" as its last word
+_SECRET_WORDS = frozenset({"secret", "password", "passwd", "credential", "credentials", "apikey"})
+_SECRET_LAST_WORDS = frozenset({"token", "key"})
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)[^/@\s]+@")
 REDACTED = "<redacted>"
 
 
 def names_a_secret(name: str) -> bool:
-    """Whether an option or key names a secret: one of its words (split at ``-``, ``_``
-    and ``.``) is token, secret, password, key, apikey or credentials. ``--api-key``,
-    ``--hf-token`` and ``AWS_SECRET_ACCESS_KEY`` do; ``--max-num-batched-tokens`` (a
-    count) and ``--ssl-keyfile`` (a path) do not."""
+    """Whether an option or key names a secret. Split at ``-``, ``_`` and ``.``, a secret's
+    name has a word secret, password, credentials or apikey, or ends in token or key:
+    ``--api-key``, ``--hf-token``, ``AWS_SECRET_ACCESS_KEY`` and ``auth_token`` do;
+    ``--max-num-batched-tokens`` (a count), ``eos_token_id``, ``num_key_value_heads`` and
+    ``--ssl-keyfile`` (a path) do not."""
     words = re.split(r"[-_.]+", name.lstrip("-").lower())
-    return any(word in _SECRET_WORDS for word in words)
+    return bool(words) and (
+        words[-1] in _SECRET_LAST_WORDS or any(word in _SECRET_WORDS for word in words)
+    )
 
 
 def redact_text(text: str) -> str:

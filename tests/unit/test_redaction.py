@@ -29,6 +29,10 @@ from dsparklab.store import TraceWriter, new_run_json
         ("num_speculative_tokens", False),
         ("--ssl-keyfile", False),
         ("--tokenizer", False),
+        ("eos_token_id", False),
+        ("num_key_value_heads", False),
+        ("time_to_first_token_ms", False),
+        ("auth_token", True),
     ],
 )
 def test_which_names_are_secrets(name: str, secret: bool) -> None:
