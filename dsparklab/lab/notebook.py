@@ -72,7 +72,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 # -- recorded values ------------------------------------------------------------------
 def record(name: str, value: Any) -> None:
-    """Emit ``value`` under ``name`` as a display output that :func:`read_records` reads.
+    """Emit ``value`` under ``name`` as a display output that :func:`read_records` reads
+    (shown as nothing on the page: the notebook's outputs and report.json keep it).
 
     Parameters
     ----------
@@ -86,11 +87,9 @@ def record(name: str, value: Any) -> None:
 
     if not isinstance(name, str) or not _NAME.match(name):
         raise DSparkLabError(f"record name {name!r} is not an identifier-like string")
-    plain = plain_json(value)
-    text = json.dumps(plain)
-    if len(text) > 200:
-        text = text[:197] + "..."
-    display({MIMETYPE: {"name": name, "value": plain}, "text/plain": f"{name} = {text}"}, raw=True)
+    # an empty text form: the value is for read_records and report.json, and a page shows
+    # no raw record under its figures
+    display({MIMETYPE: {"name": name, "value": plain_json(value)}, "text/plain": ""}, raw=True)
 
 
 def read_records(notebook: Path | str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from dsparklab.cli.app import app
 from dsparklab.report import ReportError, ReportResult, build_report, remote_resources
 from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
+from dsparklab.lab.notebook import read_records
 from dsparklab.lab.resources import notebooks_dir
 from dsparklab.lab.server import LOOPBACK, lab_command
 from dsparklab.store import list_runs, read_run_json
@@ -74,6 +75,19 @@ def test_report_json(report: ReportResult):
     assert [nb["name"] for nb in meta["notebooks"]] == [nb.name for nb in report.notebooks]
     assert all(nb["ok"] for nb in meta["notebooks"])
     assert meta["provenance"]["packages"]["papermill"] != "not installed"
+
+
+def test_pages_print_no_raw_records(report: ReportResult):
+    """Recorded values stay in the notebooks' outputs (read back above), never printed as
+    JSON under a figure (``accept_len = [{"method": ...``)."""
+    raw = re.compile(r"\b[a-z_][\w.-]* = [\[{]")
+    code = re.compile(r"<(script|style)\b.*?</\1>", re.S)
+    for nb in report.notebooks:
+        assert read_records(nb.executed)
+        assert nb.html is not None
+        page = code.sub(" ", nb.html.read_text(encoding="utf-8"))
+        shown = html.unescape(re.sub(r"<[^>]+>", " ", page))
+        assert not raw.search(shown), (nb.name, raw.search(shown))
 
 
 def _tiny_notebook(body: str) -> nbformat.NotebookNode:
