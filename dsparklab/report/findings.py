@@ -43,14 +43,20 @@ class Findings:
     best_n: list[dict[str, Any]] = field(default_factory=list)
     attribution: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # at most five {"title", "text", "figure"}: what the index opens with (report.headlines)
+    headlines: list[dict[str, Any]] = field(default_factory=list)
+    # the numbers the headlines are written from
+    best_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
+    attribution_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _interval(value: float, lo: float, hi: float, suffix: str = "") -> str:
+    """A table cell a reader scans: ``0.84x (0.79–0.90)``."""
     if pd.isna(value):
         return ""
-    if pd.isna(lo) or pd.isna(hi):
-        return f"{value:.2f}{suffix}"
-    return f"{value:.2f}{suffix} [{lo:.2f}, {hi:.2f}]"
+    from dsparklab.report.headlines import with_interval
+
+    return with_interval(value, lo, hi, suffix)
 
 
 def _cards(runs: pd.DataFrame, zoo_dir: Path) -> dict[str, dict[str, Any]]:
@@ -148,11 +154,11 @@ def compute_findings(
         by=by,
         n_boot=n_boot,
     )
-    by_position = compute_acceptance_by_position_any(
-        counters=frames["counters"], counts=counts, by=by, n_boot=0
+    by_position = compute_acceptance_by_position_any(  # intervals: the headlines cite them
+        counters=frames["counters"], counts=counts, by=by, n_boot=n_boot
     )
     findings.acceptance = _acceptance_rows(lengths, by_position)
-    _window_findings(findings, lengths, roots, n_boot)
+    _window_findings(findings, lengths, roots, n_boot, figures_dir)
 
     if len(by_position):
         top = int(by_position["n"].max())
@@ -166,6 +172,7 @@ def compute_findings(
             title=f"Survival by position at n = {top} beside published curves",
         )
         save_figure(fig, "survival_vs_published", out_dir=figures_dir)
+    findings.headlines = _headlines(findings, by_position)
 
     cards = _cards(runs, zoo_dir or ZOO_DIR)
     curve = [
@@ -206,6 +213,29 @@ def compute_findings(
     return findings
 
 
+def _headlines(findings: Findings, by_position: pd.DataFrame) -> list[dict[str, Any]]:
+    """The index's headlines (:mod:`dsparklab.report.headlines`), each with its figure."""
+    from dsparklab.report.headlines import headlines
+
+    positions = by_position
+    if len(positions) and positions["run_set"].nunique() > 1:
+        positions = positions.assign(dataset=positions["run_set"] + ": " + positions["dataset"])
+    made = headlines(
+        best=findings.best_frame,
+        attribution=findings.attribution_frame,
+        by_position=positions,
+        answer=findings.answer,
+        notes=findings.notes,
+    )
+    figure = {
+        "Did speculation pay, and where did the time go?": "speedup_by_window",
+        "Which n?": "speedup_by_window",
+        "Where does the drafter lose its tokens?": "survival_vs_published",
+        "The seeds' question": "speedup_by_window",
+    }
+    return [{**h, "figure": figure.get(h["title"])} for h in made]
+
+
 def _acceptance_rows(lengths: pd.DataFrame, by_position: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per (run set, dataset, method, n): AL with its interval and definition, and
     the survival s_i by position."""
@@ -233,7 +263,11 @@ def _acceptance_rows(lengths: pd.DataFrame, by_position: pd.DataFrame) -> list[d
 
 
 def _window_findings(
-    findings: Findings, lengths: pd.DataFrame, roots: list[Location], n_boot: int
+    findings: Findings,
+    lengths: pd.DataFrame,
+    roots: list[Location],
+    n_boot: int,
+    figures_dir: Path,
 ) -> None:
     """AL(n) per (run set, dataset, method) with two windows or more; speedup(n), the
     seeds' answer and the model's error where baselines and step timings exist."""
@@ -280,7 +314,11 @@ def _window_findings(
             scalings.append(
                 compute_window_scaling(part, by=("run_set", "method", "dataset"), n_boot=n_boot)
             )
-            findings.attribution += _window_attribution(part, n_boot)
+            rows, parts = _window_attribution(part, n_boot)
+            findings.attribution += rows
+            findings.attribution_frame = pd.concat(
+                [findings.attribution_frame, parts], ignore_index=True
+            )
     ns = sorted({int(n) for n in several["n"]})
     if scalings:
         scaling = pd.concat(scalings, ignore_index=True)
@@ -294,6 +332,7 @@ def _window_findings(
                 row["speedup"], row["speedup_lo"], row["speedup_hi"], "x"
             )
         ns = sorted({*ns, *(int(n) for n in scaling["n"])})
+        findings.best_frame = compute_best_n(scaling, by=("run_set", "dataset", "method"))
         findings.best_n = [
             {
                 "run set": r["run_set"],
@@ -303,9 +342,16 @@ def _window_findings(
                 "speedup": _interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], "x"),
                 "cannot be told apart": r["indistinguishable"],
             }
-            for r in compute_best_n(scaling, by=("run_set", "dataset", "method")).to_dict("records")
+            for r in findings.best_frame.to_dict("records")
         ]
         labelled = scaling.assign(dataset=scaling["run_set"] + ": " + scaling["dataset"])
+        from dsparklab.lab.notebook import save_figure
+        from dsparklab.plots import plot_window_scaling
+
+        figure = plot_window_scaling(
+            labelled, title="Measured speedup over target-only decoding as n grows"
+        )
+        save_figure(figure, "speedup_by_window", out_dir=figures_dir)
         findings.answer = seeds_answer(speedup_trend(labelled)).to_dict("records")
         model = pd.concat(models, ignore_index=True)
         gap = (model["speedup_model"] - model["speedup"]).abs()
@@ -330,16 +376,19 @@ def _window_findings(
     ]
 
 
-def _window_attribution(steps: pd.DataFrame, n_boot: int) -> list[dict[str, Any]]:
+def _window_attribution(
+    steps: pd.DataFrame, n_boot: int
+) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """Per method and dataset of one run set: where the speedup went from the smallest to
-    the largest window (:func:`dsparklab.analysis.compute_window_attribution`)."""
+    the largest window (:func:`dsparklab.analysis.compute_window_attribution`): the table's
+    rows and the attribution itself."""
     from dsparklab.analysis import compute_window_attribution
     from dsparklab.errors import MissingInputError
 
     try:
         parts = compute_window_attribution(steps, n_boot=n_boot)
     except MissingInputError:
-        return []
+        return [], pd.DataFrame()
     rows = []
     for (method, dataset), part in parts.groupby(["method", "dataset"], sort=True):
         by_part = part.set_index("component")
@@ -355,4 +404,4 @@ def _window_attribution(steps: pd.DataFrame, n_boot: int) -> list[dict[str, Any]
         for component, values in by_part.iterrows():
             row[str(component)] = _interval(values["delta_log_speedup"], values["lo"], values["hi"])
         rows.append(row)
-    return rows
+    return rows, parts

@@ -34,6 +34,13 @@ th { background: #f1f3f5; }
 .gallery img { width: 100%; height: auto; }
 .gallery figcaption { font-size: 0.8rem; }
 code { font-size: 0.8rem; }
+.headline { display: grid; grid-template-columns: minmax(0, 1fr) 420px; gap: 1rem;
+            align-items: start; border-bottom: 1px solid #dee2e6; padding: 0.6rem 0; }
+.headline h3 { font-size: 1.05rem; margin: 0 0 0.3rem 0; }
+.headline p { margin: 0; line-height: 1.4; }
+.headline img { width: 420px; height: auto; border: 1px solid #dee2e6; }
+details { margin: 0.6rem 0; } summary { cursor: pointer; }
+table { display: block; max-width: 100%; overflow-x: auto; }
 </style>
 </head>
 <body>
@@ -45,22 +52,45 @@ git {{ git_sha }}{% if git_dirty %} (dirty){% endif %}</p>
 traceback.</p>{% endif %}
 
 <h2 id="findings">Findings{% if f.run_sets %} ({{ f.run_sets|join(", ") }}){% endif %}</h2>
-{% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}
-{% if f.acceptance %}
-<details{% if f.acceptance|length <= 12 %} open{% endif %}><summary>Acceptance per run set
-(tier/engine), dataset, method and window n ({{ f.acceptance|length }}
-row{{ "s" if f.acceptance|length != 1 else "" }}): AL with its
-95 % interval where per-request counts exist, and the survival s_i by drafted
-position</summary>
-<table id="acceptance">
-<tr>{% for c in f.acceptance[0] %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in f.acceptance %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% for h in f.headlines %}
+<div class="headline"><div class="headline-text"><h3>{{ h.title }}</h3><p>{{ h.text }}</p></div>
+{% set fig = figure_by_name.get(h.figure) %}{% if fig %}<a class="headline-figure"
+href="{{ fig.html }}">{% if fig.png %}<img src="{{ fig.png }}" alt="{{ fig.name }}">{% else %}
+{{ fig.name }}{% endif %}</a>{% endif %}</div>
+{% endfor %}
+{% if f.notes %}<details class="notes"><summary>What the runs do not allow
+({{ f.notes|length }} note{{ "s" if f.notes|length != 1 else "" }})</summary>
+{% for note in f.notes %}<p class="note">{{ note }}</p>{% endfor %}</details>{% endif %}
+{% if f.window_table %}
+<details><summary>AL(n) and speedup over target-only decoding per dataset and method, 95 %
+bootstrap intervals over requests ({{ f.window_table|length }} rows)</summary>
+<table id="window-table">
+<tr>{% for c in f.window_columns %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.window_table %}<tr>{% for c in f.window_columns %}<td>{{ row.get(c, "") }}</td>
+{% endfor %}</tr>{% endfor %}
+</table></details>
+{% endif %}
+{% if f.best_n %}
+<details><summary>The best window per dataset and method, and the windows whose 95 %
+interval reaches its lower bound ({{ f.best_n|length }} rows)</summary>
+<table id="best-n">
+<tr>{% for c in f.best_n[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.best_n %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table></details>
+{% endif %}
+{% if f.attribution %}
+<details><summary>Where the speedup went from the smallest to the largest window: the change
+of log speedup split exactly into tokens per step and the draft, verify and other cost
+(Shapley shares), paired bootstrap intervals over prompts ({{ f.attribution|length }}
+rows)</summary>
+<table id="attribution">
+<tr>{% for c in f.attribution[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.attribution %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
 {% endfor %}</table></details>
 {% endif %}
 {% if f.answer %}
-<p><b>The seeds' question</b>: Novita reports that from n = 3 to n = 7 DSpark's speedup
-rises while Eagle3's stays flat or falls. Measured here (a trend counts only when the 95 %
-intervals at the two windows do not overlap):</p>
+<details><summary>The seeds' question per dataset (a trend counts only when the 95 %
+intervals at the two windows do not overlap)</summary>
 <table id="seeds-answer">
 <tr><th>dataset</th><th>DSpark</th><th>Eagle3</th><th>published shape?</th>
 <th>faster at the largest n</th></tr>
@@ -69,51 +99,35 @@ intervals at the two windows do not overlap):</p>
 <td>{{ a.eagle3_trend }} ({{ "%+.2f"|format(a.eagle3_change) }}x)</td>
 <td>{{ "yes" if a.published_shape else "no" }}</td>
 <td>{{ "DSpark" if a.block_wins_at_high_n else "Eagle3" }}</td></tr>
-{% endfor %}</table>
+{% endfor %}</table></details>
 {% endif %}
-{% if f.window_table %}
-<p>Acceptance length AL(n) and speedup over target-only decoding, 95 % bootstrap intervals
-over requests:</p>
-<table id="window-table">
-<tr>{% for c in f.window_columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in f.window_table %}<tr>{% for c in f.window_columns %}<td>{{ row.get(c, "") }}</td>
-{% endfor %}</tr>{% endfor %}
-</table>
-{% endif %}
-{% if f.best_n %}
-<p>The best window per dataset and method (highest measured speedup), and the windows whose
-95 % interval reaches its lower bound:</p>
-<table id="best-n">
-<tr>{% for c in f.best_n[0] %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in f.best_n %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
-{% endfor %}</table>
-{% endif %}
-{% if f.attribution %}
-<p>Where the speedup went from the smallest to the largest window: the change of log
-speedup split exactly into tokens per step and the draft, verify and other cost (Shapley
-shares), with paired bootstrap intervals over prompts:</p>
-<table id="attribution">
-<tr>{% for c in f.attribution[0] %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for row in f.attribution %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
-{% endfor %}</table>
+{% if f.acceptance %}
+<details><summary>Acceptance per run set (tier/engine), dataset, method and window n: AL with
+its 95 % interval where per-request counts exist, and the survival s_i by drafted position
+({{ f.acceptance|length }} row{{ "s" if f.acceptance|length != 1 else "" }})</summary>
+<table id="acceptance">
+<tr>{% for c in f.acceptance[0] %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in f.acceptance %}<tr>{% for c in row %}<td>{{ row[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table></details>
 {% endif %}
 {% if f.model_error %}<p>Speedup model (verify cost per window shared by the methods, block
 draft constant, autoregressive draft linear in n): at most
 {{ "%.3f"|format(f.model_error.max_abs_gap) }}x from the measured speedup
 ({{ "%.1f"|format(100 * f.model_error.max_relative_error) }} %).</p>{% endif %}
 {% if f.curve %}
-<p>Learning curve (offline AL on held-out prompts after this many distinct answer tokens;
-the last point is the final drafter):</p>
+<details><summary>Learning curve: offline AL on held-out prompts after this many distinct
+answer tokens; the last point is the final drafter ({{ f.curve|length }} rows)</summary>
 <table id="learning-curve">
 <tr><th>method</th><th>dataset</th><th>answer tokens</th><th>offline AL</th></tr>
 {% for r in f.curve %}<tr><td>{{ r.method }}</td><td>{{ r.dataset }}</td>
 <td>{{ "{:,}".format(r.answer_tokens) }}</td>
 <td>{{ "%.2f"|format(r.offline_al) }}</td></tr>
-{% endfor %}</table>
+{% endfor %}</table></details>
 {% endif %}
 {% if f.calibration %}
-<p>Confidence head calibration (10-bin ECE against acceptance given the position was
-reached), before and after sequential temperature scaling:</p>
+<details><summary>Confidence head calibration: 10-bin ECE against acceptance given the
+position was reached, before and after sequential temperature scaling
+({{ f.calibration|length }} rows)</summary>
 <table id="calibration">
 <tr><th>drafter</th><th>dataset</th><th>position</th><th>reached</th><th>accept rate</th>
 <th>ECE raw</th><th>ECE calibrated</th></tr>
@@ -121,7 +135,7 @@ reached), before and after sequential temperature scaling:</p>
 <td>{{ r.position }}</td><td>{{ r.reached }}</td><td>{{ "%.3f"|format(r["accept rate"]) }}</td>
 <td>{{ "%.3f"|format(r["ECE raw"]) }}</td>
 <td>{{ "%.3f"|format(r["ECE calibrated"]) if r["ECE calibrated"] is not none else "" }}</td></tr>
-{% endfor %}</table>
+{% endfor %}</table></details>
 {% endif %}
 <div class="gallery">
 {% for fig in figures if fig.notebook == "findings" %}
@@ -278,6 +292,7 @@ def write_index(
         png_message=report.figures.png_message,
         parameters=str(parameters) if parameters else "",
         f=findings or Findings(),
+        figure_by_name={fig["name"]: fig for fig in figures if fig["notebook"] == "findings"},
     )
     report.index.write_text(text, encoding="utf-8")
     return report.index

@@ -184,7 +184,7 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
     runs = load_runs(report.runs)
     scaling = compute_window_scaling(runs.steps, by=("method", "dataset"), n_boot=0)
     for row in scaling[scaling["method"] != "none"].to_dict("records"):
-        assert f"<td>{row['speedup']:.2f}x [" in index, row
+        assert f"<td>{row['speedup']:.2f}x (" in index, row
     page = report.out / "figures" / "findings" / "survival_vs_published.html"
     assert "published: " in page.read_text(encoding="utf-8")
 

@@ -1,0 +1,179 @@
+"""The index's headline findings: at most five sentences with their numbers and intervals.
+
+Each headline is one question a reader asks, answered from frames the findings already
+computed (:mod:`dsparklab.report.findings`), never from new counts:
+
+1. did speculation pay, and where did the time go (speedup at each method's best window;
+   the window attribution's largest component);
+2. which n (the best window, or that the windows cannot be told apart);
+3. where the drafter loses its tokens (the position where survival falls below one half);
+4. the seeds' question, answered on these runs;
+5. what these runs cannot tell.
+
+A headline whose evidence does not separate says so rather than naming a winner. Numbers
+are written ``0.84x (0.79-0.90)``: the value, then its 95 % interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# the components of the window attribution, as a reader names them
+COMPONENT_WORDS = {
+    "tokens": "tokens per step",
+    "draft": "draft cost",
+    "verify": "verify cost",
+    "other": "the rest of the step",
+}
+
+
+def with_interval(value: float, lo: float, hi: float, unit: str = "") -> str:
+    """``0.84x (0.79–0.90)``, ``-0.14 (-0.17 to -0.12)`` when a bound is negative; the
+    interval left out where it is unknown."""
+    if pd.isna(value):
+        return "n/a"
+    if pd.isna(lo) or pd.isna(hi):
+        return f"{value:.2f}{unit}"
+    between = " to " if lo < 0 else "–"
+    return f"{value:.2f}{unit} ({lo:.2f}{between}{hi:.2f})"
+
+
+def _who(row: Any) -> str:
+    run_set = f"{row['run_set']}: " if row.get("run_set") else ""
+    return f"{row['method']} on {run_set}{row['dataset']}"
+
+
+def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any] | None:
+    """Speedup at each (run set, dataset, method)'s best window, and where the speedup
+    went between its windows (the attribution's largest component by magnitude)."""
+    if best.empty:
+        return None
+    paid = best[best["speedup_lo"] > 1.0]
+    lost = best[best["speedup_hi"] < 1.0]
+    parts = [
+        f"{_who(r)}: {with_interval(r['speedup'], r['speedup_lo'], r['speedup_hi'], 'x')} "
+        f"at n = {int(r['best_n'])}"
+        for r in best.to_dict("records")
+    ]
+    unclear = len(best) - len(paid) - len(lost)
+    verdict = (
+        f"Speculation paid (the whole interval above 1x) for {len(paid)} of {len(best)}, "
+        f"cost time for {len(lost)}"
+        + (f", and cannot be told from 1x for {unclear}" if unclear else "")
+    )
+    text = f"{verdict}: {'; '.join(parts)}."
+    if not attribution.empty:
+        moves = []
+        for (method, dataset), part in attribution.groupby(["method", "dataset"], sort=True):
+            top = part.loc[part["delta_log_speedup"].abs().idxmax()]
+            direction = "raised" if top["delta_log_speedup"] > 0 else "lowered"
+            separated = not (top["lo"] <= 0.0 <= top["hi"]) if pd.notna(top["lo"]) else False
+            moves.append(
+                f"{method} on {dataset}, n = {int(top['low_n'])} → {int(top['high_n'])}: "
+                f"{COMPONENT_WORDS.get(str(top['component']), top['component'])} {direction} "
+                f"log speedup most ({with_interval(top['delta_log_speedup'], top['lo'], top['hi'])}"
+                + (")" if separated else "; its interval includes 0)")
+            )
+        text += " Where the time went as the window grew: " + "; ".join(moves) + "."
+    return {"title": "Did speculation pay, and where did the time go?", "text": text}
+
+
+def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
+    """The best window per (run set, dataset, method), or the windows that tie with it."""
+    if best.empty:
+        return None
+    parts = []
+    for r in best.to_dict("records"):
+        tied = [int(n) for n in str(r["indistinguishable"]).split()]
+        if len(tied) > 1:
+            parts.append(
+                f"{_who(r)}: n = {', '.join(map(str, tied))} cannot be told apart "
+                f"(best measured n = {int(r['best_n'])})"
+            )
+        else:
+            parts.append(f"{_who(r)}: n = {int(r['best_n'])}")
+    return {"title": "Which n?", "text": "; ".join(parts) + "."}
+
+
+def loss_headline(by_position: pd.DataFrame) -> dict[str, Any] | None:
+    """Per method at its largest window (pooled over datasets when one run set): the first
+    draft position whose survival falls below one half, with its interval."""
+    if by_position.empty or "survival" not in by_position:
+        return None
+    parts = []
+    for keys, part in by_position.groupby(["method", "dataset"], sort=True):
+        top = part[part["n"] == part["n"].max()].sort_values("position")
+        below = top[top["survival"] < 0.5]
+        method, dataset = keys
+        if below.empty:
+            last = top.iloc[-1]
+            parts.append(
+                f"{method} on {dataset} keeps more than half its drafts through position "
+                f"{int(last['position'])} of n = {int(last['n'])}"
+            )
+            continue
+        first = below.iloc[0]
+        lo, hi = first.get("survival_lo", np.nan), first.get("survival_hi", np.nan)
+        parts.append(
+            f"{method} on {dataset}: survival falls below one half at position "
+            f"{int(first['position'])} (s = {with_interval(first['survival'], lo, hi)}, n = "
+            f"{int(first['n'])})"
+        )
+    text = "; ".join(parts) + ". The explorer lists the draft → target pairs lost there."
+    return {"title": "Where does the drafter lose its tokens?", "text": text}
+
+
+def seeds_headline(answer: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The seeds' question (DSpark's speedup rising from n = 3 to 7 while Eagle3's does
+    not), answered per dataset from the trend test."""
+    if not answer:
+        return None
+    shape = [a["dataset"] for a in answer if a["published_shape"]]
+    parts = [
+        f"{a['dataset']}: DSpark {a['dspark_trend']} ({a['dspark_change']:+.2f}x), Eagle3 "
+        f"{a['eagle3_trend']} ({a['eagle3_change']:+.2f}x)"
+        for a in answer
+    ]
+    verdict = (
+        f"the published shape shows on {', '.join(shape)}"
+        if shape
+        else "the published shape does not show on these runs"
+    )
+    return {
+        "title": "The seeds' question",
+        "text": f"Novita reports DSpark's speedup rising from n = 3 to 7 while Eagle3's stays "
+        f"flat or falls; here {verdict} (a trend counts only when the intervals separate): "
+        + "; ".join(parts)
+        + ".",
+    }
+
+
+def limits_headline(notes: list[str]) -> dict[str, Any] | None:
+    """What these runs cannot tell, in one sentence (the findings' notes, first ones)."""
+    if not notes:
+        return None
+    shown = "; ".join(note.rstrip(".") for note in notes[:2])
+    more = f" ({len(notes) - 2} more below)" if len(notes) > 2 else ""
+    return {"title": "What these runs cannot tell", "text": f"{shown}{more}."}
+
+
+def headlines(
+    *,
+    best: pd.DataFrame,
+    attribution: pd.DataFrame,
+    by_position: pd.DataFrame,
+    answer: list[dict[str, Any]],
+    notes: list[str],
+) -> list[dict[str, Any]]:
+    """The index's headlines, at most five, in the order a reader asks."""
+    made = [
+        pay_headline(best, attribution),
+        n_headline(best),
+        loss_headline(by_position),
+        seeds_headline(answer),
+        limits_headline(notes),
+    ]
+    return [h for h in made if h is not None][:5]

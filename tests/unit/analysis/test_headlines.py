@@ -1,0 +1,71 @@
+"""The index's headline sentences from known numbers (report.headlines)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dsparklab.report.headlines import headlines, n_headline, pay_headline, with_interval
+
+
+def _best() -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            # paid: the whole interval above 1x, at a window no other ties with
+            dict(run_set="tiny/reference", dataset="humaneval", method="dspark", best_n=3,
+                 speedup=1.30, speedup_lo=1.10, speedup_hi=1.50, indistinguishable="3"),
+            # cannot be told apart from 1x, and two windows tie
+            dict(run_set="tiny/reference", dataset="humaneval", method="eagle3", best_n=7,
+                 speedup=1.02, speedup_lo=0.90, speedup_hi=1.15, indistinguishable="3 7"),
+        ]
+    )  # fmt: skip
+
+
+def test_intervals_read_as_value_then_range() -> None:
+    assert with_interval(0.8412, 0.7899, 0.9001, "x") == "0.84x (0.79–0.90)"
+    assert with_interval(1.5, float("nan"), 2.0) == "1.50"
+
+
+def test_pay_counts_what_paid_and_names_the_largest_component() -> None:
+    attribution = pd.DataFrame(
+        [
+            dict(method="dspark", dataset="humaneval", component=c, delta_log_speedup=v,
+                 lo=v - 0.05, hi=v + 0.05, low_n=3, high_n=7)
+            for c, v in (("tokens", 0.10), ("draft", -0.01), ("verify", -0.30), ("other", 0.0))
+        ]
+    )  # fmt: skip
+    text = pay_headline(_best(), attribution)["text"]
+    assert text.startswith("Speculation paid (the whole interval above 1x) for 1 of 2")
+    assert "cannot be told from 1x for 1" in text
+    assert "dspark on tiny/reference: humaneval: 1.30x (1.10–1.50) at n = 3" in text
+    assert "verify cost lowered log speedup most (-0.30 (-0.35 to -0.25))" in text
+
+
+def test_which_n_does_not_name_a_winner_the_intervals_do_not_separate() -> None:
+    text = n_headline(_best())["text"]
+    assert "dspark on tiny/reference: humaneval: n = 3" in text
+    assert "n = 3, 7 cannot be told apart (best measured n = 7)" in text
+
+
+def test_at_most_five_in_the_readers_order() -> None:
+    by_position = pd.DataFrame(
+        dict(method="dspark", dataset="humaneval", n=3, position=[0, 1, 2],
+             survival=[0.8, 0.45, 0.2], survival_lo=[0.7, 0.3, 0.1], survival_hi=[0.9, 0.6, 0.3])
+    )  # fmt: skip
+    made = headlines(
+        best=_best(),
+        attribution=pd.DataFrame(),
+        by_position=by_position,
+        answer=[],
+        notes=["no baseline for prose", "one window for sql", "no timings for x"],
+    )
+    assert [h["title"] for h in made] == [
+        "Did speculation pay, and where did the time go?",
+        "Which n?",
+        "Where does the drafter lose its tokens?",
+        "What these runs cannot tell",
+    ]
+    assert (
+        "survival falls below one half at position 1 (s = 0.45 (0.30–0.60), n = 3)"
+        in (made[2]["text"])
+    )
+    assert made[3]["text"] == "no baseline for prose; one window for sql (1 more below)."
