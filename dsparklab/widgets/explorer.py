@@ -4,10 +4,12 @@ heatmap, survival curves, the request's position x step token strip).
 
 Every control writes one :class:`ExplorerState`; each change rebuilds the figures it
 touches with the ``dsparklab.plots`` builders (numbers come from the precomputed
-:mod:`dsparklab.analysis` frames; nothing is recomputed here) and copies them into the
-live ``FigureWidget``s in place (one batched restyle / relayout each), so the front end
-redraws without re-creating the plots. Clicking a heatmap cell selects its window n (the
-slider follows) and its draft position (outlined in the strip).
+:mod:`dsparklab.analysis` frames) and copies them into the live ``FigureWidget``s in place
+(one batched restyle / relayout each), so the front end redraws without re-creating the
+plots. The status line says the state, or the error a control's handler raised. Clicking a
+heatmap cell selects its window n (the slider follows) and its draft position (outlined in
+the strip), and lists the draft -> target pairs rejected there
+(:func:`dsparklab.analysis.rejected_pairs` on the selected run's rows).
 
 Without a front end (papermill drops widget state) :meth:`Explorer.display` shows the same
 three figures statically, and no widget is ever created.
