@@ -88,7 +88,7 @@ def collect(
     out: Annotated[
         str,
         typer.Option(
-            help="Output root (a directory or s3://bucket/prefix); runs go to OUT/<set>/<run>."
+            help="Output root (a directory or s3://bucket/prefix); one run per (set, method, n)."
         ),
     ] = "runs",
     temperature: Annotated[float, typer.Option(help="0 = greedy; > 0 = rejection sampling.")] = 0.0,

@@ -2,10 +2,16 @@
 
 ``dsparklab collect --method dspark,eagle3,none --n 3..7 --dataset humaneval,prose``
 makes one run per (dataset, method, n) -- one ``none`` run per dataset, since the
-target-only baseline drafts nothing -- named ``<dataset>/<method>-n<k>``
-(``<dataset>/none``; ``-t<T>`` appended when sampling): its run_id, by which the store
-``<out>`` (in the table layout, :mod:`dsparklab.store.layout`) holds it. Every engine's
+target-only baseline drafts nothing -- named ``<engine>/<dataset>/<method>-n<k>``
+(``<engine>/<dataset>/none``; ``-t<T>`` appended when sampling): its run_id, by which the
+store ``<out>`` (in the table layout, :mod:`dsparklab.store.layout`) holds it. Every engine's
 ``collect`` takes one :class:`CollectOptions` (plus the few settings only that engine has).
+
+A run's identity (:meth:`CollectOptions.identity`: engine, target, drafter, decoding settings
+and prompt limit) is recorded in its run.json. A collect skips a complete run only when the
+identity recorded is its own; a complete run of another identity under the same run_id is
+refused with one line naming the field (exit 2), never skipped nor overwritten unasked.
+The engine is in the run_id, so runs of two engines coexist in one store.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
 from dsparklab.store import read_run_json
@@ -29,12 +36,14 @@ DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run to collect: a dataset, a method and its n (0 for 'none')."""
+    """One run to collect: a dataset, a method and its n (0 for 'none'), by one engine
+    (a key of ``dsparklab collect --engine``: reference, vllm, vllm-serve; or vllm-harness)."""
 
     dataset: str
     method: str
     n: int
     temperature: float = 0.0
+    engine: str = "reference"
 
     @property
     def dataset_dir(self) -> str:
@@ -45,11 +54,12 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        """``<dataset>/<method>-n<k>`` (``<dataset>/none`` for the baseline)."""
+        """``<engine>/<dataset>/<method>-n<k>`` (``<engine>/<dataset>/none`` for the
+        baseline; ``-t<T>`` appended when sampling)."""
         leaf = "none" if self.method == "none" else f"{self.method}-n{self.n}"
         if self.temperature:
             leaf += f"-t{self.temperature:g}"
-        return f"{self.dataset_dir}/{leaf}"
+        return f"{self.engine}/{self.dataset_dir}/{leaf}"
 
     def location(self, out: Where) -> Location:
         """Where the run of this spec lives in the store ``out`` (its run.json's directory);
@@ -104,8 +114,9 @@ def plan_runs(
     datasets: Sequence[str],
     *,
     temperature: float = 0.0,
+    engine: str = "reference",
 ) -> list[RunSpec]:
-    """Every run of a collect request, dataset-major, baseline first."""
+    """Every run of a collect request by ``engine``, dataset-major, baseline first."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UnknownMethodError(
@@ -117,16 +128,22 @@ def plan_runs(
     for dataset in datasets:
         for method in ordered:
             for n in [0] if method == "none" else ns:
-                runs.append(RunSpec(dataset, method, n, temperature))
+                runs.append(RunSpec(dataset, method, n, temperature, engine))
     return runs
+
+
+def complete_run_json(run_dir: Where) -> dict[str, Any] | None:
+    """The run.json in ``run_dir`` when it is readable and its status is 'complete'."""
+    try:
+        meta = read_run_json(run_dir)
+    except TraceSchemaError:
+        return None
+    return meta if meta["status"] == "complete" else None
 
 
 def is_complete(run_dir: Where) -> bool:
     """True when ``run_dir`` holds a readable run.json with status 'complete'."""
-    try:
-        return read_run_json(run_dir)["status"] == "complete"
-    except TraceSchemaError:
-        return False
+    return complete_run_json(run_dir) is not None
 
 
 @dataclass(frozen=True)
@@ -156,6 +173,8 @@ class CollectOptions:
     tier
         The tier run.json records; None: the models' zoo tier (``smol-target`` ->
         ``smol``; a served model outside the zoo: ``custom``).
+    engine
+        The engine that collects (its key names the runs); each collector sets its own.
     """
 
     methods: Sequence[str]
@@ -173,6 +192,7 @@ class CollectOptions:
     overwrite: bool = False
     progress: bool = True
     tier: str | None = None
+    engine: str = "reference"
 
     @property
     def drafters(self) -> dict[str, str | Path]:
@@ -181,15 +201,51 @@ class CollectOptions:
 
     def runs(self) -> list[RunSpec]:
         """Every run these options name (:func:`plan_runs`)."""
-        return plan_runs(self.methods, self.ns, self.datasets, temperature=self.temperature)
+        return plan_runs(
+            self.methods, self.ns, self.datasets, temperature=self.temperature, engine=self.engine
+        )
+
+    def identity(self, spec: RunSpec) -> dict[str, Any]:
+        """What makes ``spec``'s run this run and no other, as its run.json records it:
+        engine, target, the method's drafter, decoding settings and the prompt limit (the
+        seed only when sampling: greedy runs do not depend on it)."""
+        drafter = self.drafters.get(spec.method)
+        identity: dict[str, Any] = {
+            "engine": spec.engine,
+            "target": str(self.target),
+            "drafter": None if drafter is None else str(drafter),
+            "temperature": float(spec.temperature),
+            "max_new_tokens": int(self.max_new_tokens),
+            "limit": self.limit,
+        }
+        if spec.temperature:
+            identity["seed"] = int(self.seed)
+        return identity
 
     def todo(self) -> list[RunSpec]:
-        """The runs to make: all with ``overwrite``, else those not complete in ``out``."""
+        """The runs to make: all with ``overwrite``, else those not complete in ``out``.
+
+        Raises
+        ------
+        ConfigError
+            A complete run of ``out`` has this run_id but another identity (one line
+            naming its run.json and the first field that differs).
+        """
         Location.of(self.out).check_bucket()  # before any model loads
         todo = []
         for spec in self.runs():
-            if self.overwrite or not is_complete(spec.location(self.out)):
+            where = spec.location(self.out)
+            meta = None if self.overwrite else complete_run_json(where)
+            if meta is None:
                 todo.append(spec)
-            else:
-                logger.info("skipping %s: already complete", spec.location(self.out))
+                continue
+            wanted, recorded = self.identity(spec), meta.get("identity") or {}
+            differ = next((key for key in wanted if recorded.get(key) != wanted[key]), None)
+            if differ is not None:
+                raise ConfigError(
+                    f"{where / 'run.json'}: identity.{differ} is {recorded.get(differ)!r}, "
+                    f"this collect's is {wanted[differ]!r}; collect into another --out, or "
+                    f"--overwrite to replace {spec.name}"
+                )
+            logger.info("skipping %s: already complete", where)
         return todo

@@ -45,11 +45,11 @@ def test_collect_writes_valid_runs(runs: Path) -> None:
     reports = validate_trace(runs)
     names = sorted(read_run_json(r.path)["run_id"] for r in reports)
     assert names == [
-        "humaneval/dspark-n3",
-        "humaneval/dspark-n7",
-        "humaneval/eagle3-n3",
-        "humaneval/eagle3-n7",
-        "humaneval/none",
+        "reference/humaneval/dspark-n3",
+        "reference/humaneval/dspark-n7",
+        "reference/humaneval/eagle3-n3",
+        "reference/humaneval/eagle3-n7",
+        "reference/humaneval/none",
     ]
     for report in reports:
         assert report.ok and report.complete, [str(v) for v in report.violations]
@@ -143,9 +143,30 @@ def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
     lines = result.output.strip().splitlines()
     leaves = ["none", "dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"]
     assert lines[-6] == str(runs), result.output
-    assert [line.split(":")[0] for line in lines[-5:]] == [f"humaneval/{k}" for k in leaves]
+    assert [line.split(":")[0] for line in lines[-5:]] == [f"reference/humaneval/{k}" for k in leaves]
     after = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
     assert after == before  # every run was complete: nothing redone
+
+
+def test_cli_refuses_a_complete_run_of_another_identity(runs: Path, zoo: Zoo) -> None:
+    """Issue 33: a collect whose run_id is a complete run made with other settings neither
+    skips it nor overwrites it: one line naming the run.json and the field, exit 2."""
+    import subprocess
+    import sys
+
+    before = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
+    cli = Path(sys.executable).with_name("dsparklab")
+    args = [
+        "collect", "--engine", "reference", "--method", "eagle3", "--n", "3",
+        "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "16", "--out", str(runs),
+        "--target", str(zoo.target_path), "--eagle3", str(zoo.eagle3_path),
+    ]  # fmt: skip
+    result = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "run.json: identity.max_new_tokens is 24, this collect's is 16" in line, line
+    assert "--overwrite" in line and "reference/humaneval/eagle3-n3" in line, line
+    assert {p: read_run_json(p)["created_at"] for p in find_runs(runs)} == before
 
 
 def test_cli_rejects_unknown_engine_and_method(tmp_path: Path) -> None:

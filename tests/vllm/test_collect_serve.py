@@ -91,7 +91,7 @@ def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_pat
     out = tmp_path / "runs"
     proc = collect_served(eagle3_server, out, *SMALL)  # no --method, no --n
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = Path(RunSpec("humaneval", "eagle3", N).location(out).path)
+    run_dir = Path(RunSpec("humaneval", "eagle3", N, engine="vllm-serve").location(out).path)
     meta = read_run_json(run_dir)
     (report,) = validate_trace(run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
@@ -119,7 +119,7 @@ def test_served_run_is_labelled_by_what_served_it(eagle3_server: Server, tmp_pat
     totals = read_trace(run_dir, "totals")
     line = _summary(proc.stdout)
     match = re.fullmatch(
-        rf"humaneval/eagle3-n{N}: {PROMPTS} requests, (\d+) steps, AL (\d+\.\d\d); "
+        rf"vllm-serve/humaneval/eagle3-n{N}: {PROMPTS} requests, (\d+) steps, AL (\d+\.\d\d); "
         rf"per-request totals agree with the server's \({PROMPTS} of {PROMPTS}\)",
         line,
     )
@@ -159,7 +159,7 @@ def test_served_steps_carry_their_share_of_each_engine_step(
     out = tmp_path / "runs"
     proc = collect_served(server, out, *SMALL)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = Path(RunSpec("humaneval", "eagle3", N).location(out).path)
+    run_dir = Path(RunSpec("humaneval", "eagle3", N, engine="vllm-serve").location(out).path)
     steps = read_trace(run_dir, "steps")
     requests = read_trace(run_dir, "requests")
     assert len(requests) == PROMPTS and len(steps) > 0
@@ -270,7 +270,7 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     assert "runs no speculative decoding" in refused.stderr, refused.stderr
     assert not (tmp_path / "refused").exists()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = Path(RunSpec("humaneval", "none", 0).location(tmp_path / "runs").path)
+    run_dir = Path(RunSpec("humaneval", "none", 0, engine="vllm-serve").location(tmp_path / "runs").path)
     meta = read_run_json(run_dir)
     assert (meta["method"], meta["num_speculative_tokens"], meta["drafter"]) == ("none", 0, None)
     assert meta["tier"] == "tiny"
@@ -278,7 +278,7 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     (report,) = validate_trace(run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
     assert re.fullmatch(
-        rf"humaneval/none: {PROMPTS} requests, \d+ steps, target only", _summary(proc.stdout)
+        rf"vllm-serve/humaneval/none: {PROMPTS} requests, \d+ steps, target only", _summary(proc.stdout)
     ), proc.stdout
     assert meta["checks"]["requests_without_taps"] == [] and meta["checks"]["tap_vs_vllm"] == []
     steps = read_trace(run_dir, "steps")

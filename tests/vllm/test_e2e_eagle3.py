@@ -73,7 +73,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     from dsparklab.engines.reference.collect import collect as reference_collect
 
-    reference_collect(CollectOptions(out=root / "reference", **common))
+    # into the same store: the two engines' runs of one (dataset, method, n) coexist
+    reference_collect(CollectOptions(out=root / "vllm", **common))
     # the target-only baseline through vLLM (its steps recorded by the plugin too)
     collect(
         CollectOptions(out=root / "vllm", **{**common, "methods": ["none"], "eagle3": None}),
@@ -89,11 +90,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     return {
         "sampled_taps": root / "sampled-taps",
-        "sampled": Path(RunSpec("humaneval", "eagle3", N).location(root / "sampled").path),
-        "vllm": Path(RunSpec("humaneval", "eagle3", N).location(root / "vllm").path),
-        "reference": Path(RunSpec("humaneval", "eagle3", N).location(root / "reference").path),
+        "sampled": Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(root / "sampled").path),
+        "vllm": Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(root / "vllm").path),
+        "reference": Path(RunSpec("humaneval", "eagle3", N).location(root / "vllm").path),
         "taps": root / "taps",
-        "baseline": Path(RunSpec("humaneval", "none", 0).location(root / "vllm").path),
+        "baseline": Path(RunSpec("humaneval", "none", 0, engine="vllm").location(root / "vllm").path),
         "baseline_taps": root / "baseline-taps",
     }
 
@@ -136,6 +137,26 @@ def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
         assert context[0] == prompt_len[rid] + 1
         grown = [c + a + 1 for c, a in zip(context, group["accepted_len"], strict=True)]
         assert context[1:] == grown[:-1]
+
+
+def test_reference_and_vllm_runs_coexist_in_one_store(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 33: the same dataset, method and n by two engines into one store are two runs
+    (the engine is in the run_id, the identity in run.json), both in the report's findings."""
+    from dsparklab.report.findings import compute_findings
+    from dsparklab.store.location import Location
+
+    store = runs["vllm"].parents[4]
+    ids = {read_run_json(runs[k])["run_id"]: k for k in ("vllm", "reference")}
+    assert ids == {"vllm/humaneval/eagle3-n3": "vllm", "reference/humaneval/eagle3-n3": "reference"}
+    identities = {k: read_run_json(runs[k])["identity"] for k in ("vllm", "reference")}
+    assert {i["engine"] for i in identities.values()} == {"vllm", "reference"}
+    assert identities["vllm"]["limit"] == identities["reference"]["limit"] == LIMIT
+    findings = compute_findings([Location.of(store)], tmp_path, n_boot=0)
+    assert {"tiny/vllm", "tiny/reference"} <= set(findings.run_sets)
+    shown = {(row["run set"], row["method"]) for row in findings.acceptance}
+    assert {("tiny/vllm", "eagle3"), ("tiny/reference", "eagle3")} <= shown, shown
 
 
 def test_prometheus_per_position_equals_trace(runs: dict[str, Path]) -> None:

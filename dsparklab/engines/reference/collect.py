@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import platform
+from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -104,6 +106,7 @@ class RunRecorder:
         models: ModelSet,
         *,
         config: ReferenceConfig,
+        identity: Mapping[str, Any],
         tier: str | None = None,
         overwrite: bool = True,
     ) -> None:
@@ -129,6 +132,7 @@ class RunRecorder:
             config=config.to_json(),
             config_descriptions=ReferenceConfig.describe(),
             provenance=provenance(),
+            identity=dict(identity),
         )
         self.stats = DraftStats.new(spec.n)
         self.requests = 0
@@ -174,6 +178,7 @@ def collect(options: CollectOptions) -> Location:
     apart from the shipped ``smol`` traces made in another sitting. Returns the output
     root.
     """
+    options = replace(options, engine=ENGINE_NAME)
     out = Location.of(options.out)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -200,6 +205,7 @@ def collect(options: CollectOptions) -> Location:
                             temperature=options.temperature,
                             seed=options.seed,
                         ),
+                        identity=options.identity(spec),
                         tier=options.tier,
                         overwrite=True,
                     )

@@ -72,6 +72,8 @@ from dsparklab.store.schema import POSITIONS_SCHEMA, RUN_JSON
 logger = logging.getLogger(__name__)
 
 ENGINE_NAME = "vllm"
+# the run_id's engine of runs sent to a running server (``collect --engine vllm-serve``)
+SERVE_ENGINE = "vllm-serve"
 ENV_SERVER_URL = "DSPARKLAB_VLLM_URL"
 CPU_KV_CACHE_BYTES = 256 << 20
 # A response's timing (``metrics``, ``PerRequestMetrics`` in
@@ -602,6 +604,7 @@ def _run_json(
         config={"max_new_tokens": options.max_new_tokens, **dict(extra or {})},
         provenance=provenance(),
         dsparklab_version=dsparklab.__version__,
+        identity=options.identity(spec),
         **fields,
     )
 
@@ -687,6 +690,7 @@ def collect(
     """
     import torch
 
+    options = replace(options, engine=ENGINE_NAME)
     out = Location.of(options.out)
     if options.threads is not None and not torch.cuda.is_available():
         torch.set_num_threads(options.threads)
@@ -1060,6 +1064,7 @@ def collect_serve(
     ``concurrency`` requests are in flight at once; ``tap_timeout`` bounds each wait for
     the taps' rows; ``tokenize`` (prompt -> token ids) sends token ids instead of text.
     """
+    options = replace(options, engine=SERVE_ENGINE)
     out = Location.of(options.out)
     url = default_server_url(server_url)
     taps = default_tap_dir(tap_dir)

