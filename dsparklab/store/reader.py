@@ -298,10 +298,27 @@ def _float_or_nan(value: Any) -> float:
 
 def list_runs(root: Where) -> pd.DataFrame:
     """One row per run below ``root``: run-level columns, status, granularity, the fraction
-    of requests it recorded (``sample``) and path."""
+    of requests it recorded (``sample``) and path.
+
+    Raises
+    ------
+    TraceSchemaError
+        Two runs hold one run_id (a compaction killed midway leaves a run in both layouts;
+        every table joins the runs on run_id, so both would count twice): one line naming
+        both run.json files.
+    """
     rows = []
+    seen: dict[str, Location] = {}
     for run_dir in find_runs(root):
         meta = read_run_json(run_dir)
+        first = seen.setdefault(str(meta["run_id"]), run_dir)
+        if first != run_dir:
+            raise TraceSchemaError(
+                f"run_id {meta['run_id']!r} is also the run_id of {first / RUN_JSON}: a store "
+                "holds each run once (remove one copy; `dsparklab compact` leaves one)",
+                path=run_dir / RUN_JSON,
+                field="run_id",
+            )
         rows.append(
             {
                 **run_columns(meta),
