@@ -128,10 +128,6 @@ def test_telemetry_is_off(seaweed: SeaweedS3) -> None:
     assert all(ipaddress.ip_address(ip).is_loopback for ip in remote), remote
 
 
-def test_startup_is_quick(seaweed: SeaweedS3) -> None:
-    assert 0 < seaweed.startup_s < 15, f"SeaweedFS took {seaweed.startup_s:.1f} s to start"
-
-
 def test_pyarrow_ignores_the_endpoint_variables(
     seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,20 +194,24 @@ def test_down_refuses_connections_and_keeps_the_data(seaweed: SeaweedS3, s3_buck
         socket.create_connection(("127.0.0.1", seaweed.ports["s3"]), timeout=2).close()
     with pytest.raises(OSError, match="connect|Connection refused|NETWORK_CONNECTION"):
         filesystem.get_file_info(path)
-    restart_s = seaweed.start()
-    assert restart_s < 10, f"the gateway took {restart_s:.1f} s to come back"
+    seaweed.start()  # how long it takes: benchmarks/object_store_startup.py
     assert pq.read_table(path, filesystem=filesystem).equals(_table())
 
 
-def test_a_test_left_paused_is_restored_for_the_next(seaweed: SeaweedS3) -> None:
-    seaweed.pause()  # the autouse fixture resumes it; the next test would hang otherwise
-
-
-def test_the_store_answers_after_the_previous_test(seaweed: SeaweedS3) -> None:
-    assert not seaweed.is_paused
+@pytest.mark.parametrize("left", ["paused", "stopped"])
+def test_what_a_test_leaves_is_undone_for_the_next(seaweed: SeaweedS3, left: str) -> None:
+    """The autouse fixture calls ensure_running after each test that used the store: from a
+    paused or a stopped gateway it gives one that answers within 2 s."""
     fast = seaweed.filesystem(
-        request_timeout=2.0, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1)
+        request_timeout=2.0,
+        connect_timeout=2.0,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
     )
+    seaweed.pause() if left == "paused" else seaweed.stop()
+    with pytest.raises(OSError):
+        fast.get_file_info(seaweed.bucket)
+    seaweed.ensure_running()
+    assert not seaweed.is_paused and seaweed.is_up
     assert fast.get_file_info(seaweed.bucket).type == pafs.FileType.Directory
 
 
