@@ -143,7 +143,9 @@ def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
     lines = result.output.strip().splitlines()
     leaves = ["none", "dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"]
     assert lines[-6] == str(runs), result.output
-    assert [line.split(":")[0] for line in lines[-5:]] == [f"reference/humaneval/{k}" for k in leaves]
+    assert [line.split(":")[0] for line in lines[-5:]] == [
+        f"reference/humaneval/{k}" for k in leaves
+    ]
     after = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
     assert after == before  # every run was complete: nothing redone
 

@@ -270,7 +270,9 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     assert "runs no speculative decoding" in refused.stderr, refused.stderr
     assert not (tmp_path / "refused").exists()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    run_dir = Path(RunSpec("humaneval", "none", 0, engine="vllm-serve").location(tmp_path / "runs").path)
+    run_dir = Path(
+        RunSpec("humaneval", "none", 0, engine="vllm-serve").location(tmp_path / "runs").path
+    )
     meta = read_run_json(run_dir)
     assert (meta["method"], meta["num_speculative_tokens"], meta["drafter"]) == ("none", 0, None)
     assert meta["tier"] == "tiny"
@@ -278,7 +280,8 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     (report,) = validate_trace(run_dir)
     assert report.ok and report.complete, [str(v) for v in report.violations]
     assert re.fullmatch(
-        rf"vllm-serve/humaneval/none: {PROMPTS} requests, \d+ steps, target only", _summary(proc.stdout)
+        rf"vllm-serve/humaneval/none: {PROMPTS} requests, \d+ steps, target only",
+        _summary(proc.stdout),
     ), proc.stdout
     assert meta["checks"]["requests_without_taps"] == [] and meta["checks"]["tap_vs_vllm"] == []
     steps = read_trace(run_dir, "steps")

@@ -90,11 +90,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     return {
         "sampled_taps": root / "sampled-taps",
-        "sampled": Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(root / "sampled").path),
+        "sampled": Path(
+            RunSpec("humaneval", "eagle3", N, engine="vllm").location(root / "sampled").path
+        ),
         "vllm": Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(root / "vllm").path),
         "reference": Path(RunSpec("humaneval", "eagle3", N).location(root / "vllm").path),
         "taps": root / "taps",
-        "baseline": Path(RunSpec("humaneval", "none", 0, engine="vllm").location(root / "vllm").path),
+        "baseline": Path(
+            RunSpec("humaneval", "none", 0, engine="vllm").location(root / "vllm").path
+        ),
         "baseline_taps": root / "baseline-taps",
     }
 
