@@ -337,11 +337,26 @@ class Runs:
             runs=self.runs[self.runs["dataset"].isin(wanted)].reset_index(drop=True),
         )
 
-    def acceptance_counts(self) -> pd.DataFrame:
+    def acceptance_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
         """Per-request acceptance counters of the method runs over every request they
         hold, sampled or not (:func:`count_runs`): what the acceptance functions take in
-        place of ``positions``."""
-        return count_runs(self.runs[self.runs["method"] != BASELINE_METHOD], "acceptance")
+        place of ``positions``. ``by``: a bin of the step's context or output depth
+        (``context_bin``, ``depth_bin``) kept among the keys."""
+        method_runs = self.runs[self.runs["method"] != BASELINE_METHOD]
+        return count_runs(method_runs, "acceptance", by=by)
+
+    def acceptance_by_bin(
+        self, column: str, *, n_boot: int = 1000
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Acceptance by position and the acceptance length per bin of ``column``
+        (``depth_bin`` or ``context_bin``), method, window n and dataset, with bootstrap
+        intervals over requests, counted over every request (:meth:`acceptance_counts`)."""
+        from dsparklab.analysis import compute_acceptance_by_position, compute_acceptance_length
+
+        counts = self.acceptance_counts(by=(column,))
+        keys = ("method", "n", "dataset", column)
+        by_position = compute_acceptance_by_position(counts, by=keys, n_boot=n_boot)
+        return by_position, compute_acceptance_length(counts, by=keys, n_boot=n_boot)
 
     def step_time_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
         """Per-request step-time counters of every run, baselines included

@@ -6,6 +6,7 @@ One ``plot_<view>`` per figure; none computes beyond selecting and reshaping, no
 """
 
 from dsparklab.plots.acceptance import (
+    plot_acceptance_by_bin,
     plot_acceptance_heatmap,
     plot_prompt_strips,
     plot_request_strip,
@@ -57,6 +58,7 @@ __all__ = [
     "PlotSettings",
     "method_color",
     "plot_accept_len_over_time",
+    "plot_acceptance_by_bin",
     "plot_acceptance_heatmap",
     "plot_acceptance_over_time",
     "plot_adaptive_whatif",

@@ -24,8 +24,10 @@ from dsparklab.plots._common import (
     finish,
     fmt,
     interval,
+    interval_bars,
     label,
     levels,
+    method_window_lines,
     panel_column,
     require,
     select,
@@ -55,6 +57,12 @@ ACCEPTANCE_SHORT: dict[str, str] = {
     "accept_rate": "a_i (conditional)",
     "survival": "s_i (survival)",
 }
+# what a heatmap's rows can be, as its y axis says
+HEATMAP_ROWS: dict[str, str] = {
+    "n": "window n",
+    "context_bin": "context (tokens, from)",
+    "depth_bin": "output depth (tokens, from)",
+}
 # a heatmap cell resting on fewer reached drafts than this is faded
 MIN_REACHED = 10
 
@@ -68,8 +76,12 @@ def plot_acceptance_heatmap(
     highlight_n: int | None = None,
     title: str | None = None,
     min_reached: int = MIN_REACHED,
+    rows: str = "n",
 ) -> go.Figure:
     """Heatmap of acceptance by draft position (x) and window n (y), one panel per group.
+
+    ``rows`` puts another column on y instead of n: a bin of the step's context
+    (``context_bin``) or output depth (``depth_bin``), each named by its lower edge.
 
     Each cell's hover gives its evidence: the drafts that reached the position and those
     accepted, and the 95 % interval where the frame has one; a cell resting on fewer than
@@ -96,19 +108,20 @@ def plot_acceptance_heatmap(
     plotly.graph_objects.Figure
     """
     axis_label = choose("acceptance value", value, ACCEPTANCE_VALUES)
-    require(by_position, ["n", "position", value], what="plot_acceptance_heatmap")
+    row_label = choose("heatmap rows", rows, HEATMAP_ROWS)
+    require(by_position, [rows, "position", value], what="plot_acceptance_heatmap")
     data = select(by_position, method=methods, dataset=datasets)
     title = title or f"Acceptance by position and window — {axis_label}"
     if data.empty:
         return empty_figure(
             "no drafted positions in this selection", title=title, name="acceptance_heatmap"
         )
-    rows, cols = levels(data, "dataset"), levels(data, "method")
-    fig = facet_grid(rows, cols, row_name="dataset", col_name="method")
-    ns = levels(data, "n")
+    datasets_shown, cols = levels(data, "dataset"), levels(data, "method")
+    fig = facet_grid(datasets_shown, cols, row_name="dataset", col_name="method")
+    ns = levels(data.dropna(subset=[rows]), rows)
     n_pos = int(data["position"].max()) + 1
     veils = []
-    for r, dataset in enumerate(rows, start=1):
+    for r, dataset in enumerate(datasets_shown, start=1):
         for c, method in enumerate(cols, start=1):
             panel = select(data, dataset=dataset, method=method)
 
@@ -116,7 +129,7 @@ def plot_acceptance_heatmap(
                 if column not in panel:
                     return np.full((len(ns), n_pos), np.nan)
                 table = panel.pivot_table(
-                    index="n", columns="position", values=column, aggfunc="first"
+                    index=rows, columns="position", values=column, aggfunc="first"
                 )
                 return table.reindex(index=ns, columns=range(n_pos)).to_numpy(dtype=float)
 
@@ -141,7 +154,7 @@ def plot_acceptance_heatmap(
                     customdata=hover,
                     hovertemplate=(
                         f"{label({'method': method, 'dataset': dataset})}<br>"
-                        "n=%{y} position=%{x}<br>"
+                        f"{rows}=%{{y}} position=%{{x}}<br>"
                         + ACCEPTANCE_SHORT[value]
                         + " = %{z:.3f}%{customdata}<extra></extra>"
                     ),
@@ -152,7 +165,7 @@ def plot_acceptance_heatmap(
             )
             few = (np.nan_to_num(reached, nan=0.0) < min_reached) & ~np.isnan(z)
             veils += [(r, c, int(k), int(p)) for k, p in np.argwhere(few)]
-            if highlight_n is not None and highlight_n in ns:
+            if rows == "n" and highlight_n is not None and highlight_n in ns:
                 k = ns.index(highlight_n)
                 fig.add_shape(
                     type="rect",
@@ -185,13 +198,13 @@ def plot_acceptance_heatmap(
             colorbar=dict(title=dict(text=ACCEPTANCE_SHORT[value], side="right")),
         ),
     )
-    fig.update_xaxes(title_text="draft position", dtick=1, row=len(rows))
-    fig.update_yaxes(title_text="window n", type="category", col=1)
+    fig.update_xaxes(title_text="draft position", dtick=1, row=len(datasets_shown))
+    fig.update_yaxes(title_text=row_label, type="category", col=1)
     if highlight_n is not None:
         title = f"{title} (n = {highlight_n} outlined)"
     if veils:
         title = f"{title}<br><sup>faded: fewer than {min_reached} drafts reached the cell</sup>"
-    return finish(fig, title=title, n_rows=len(rows), name="acceptance_heatmap")
+    return finish(fig, title=title, n_rows=len(datasets_shown), name="acceptance_heatmap")
 
 
 def _cell_evidence(reached: float, accepted: float, lo: float, hi: float) -> str:
@@ -592,3 +605,54 @@ def plot_prompt_strips(
     return _finish_strips(
         fig, title, n_rows=len(ids), n_pos=n_pos, min_height=300, name="prompt_strips"
     )
+
+
+def plot_acceptance_by_bin(
+    lengths: pd.DataFrame, *, bin_column: str = "depth_bin", title: str | None = None
+) -> go.Figure:
+    """Acceptance length against a bin of the step's context or output depth: one panel
+    per dataset, one line per method and window n, the 95 % interval as error bars.
+
+    Parameters
+    ----------
+    lengths
+        ``compute_acceptance_length(counts, by=("method", "n", "dataset", bin_column))``.
+    bin_column
+        ``context_bin`` or ``depth_bin`` (each bin named by its lower edge, in tokens).
+    title
+        Figure title.
+    """
+    axis = choose("bin", bin_column, {k: v for k, v in HEATMAP_ROWS.items() if k != "n"})
+    require(lengths, [bin_column, "accept_len"], what="plot_acceptance_by_bin")
+    data = lengths.dropna(subset=[bin_column])
+    title = title or f"Acceptance length by {axis.split(' (')[0]}"
+    if data.empty:
+        return empty_figure(
+            f"no step of these runs has a {bin_column}", title=title, name="acceptance_by_bin"
+        )
+    datasets = levels(data, "dataset")
+    fig = panel_column([str(d) for d in datasets], show_titles=len(datasets) > 1)
+    edges = [str(int(b)) for b in levels(data, bin_column)]
+    for r, dataset in enumerate(datasets, start=1):
+        panel = select(data, dataset=dataset)
+        for line, color, name in method_window_lines(
+            panel, sort_by=bin_column, default_method="dspark"
+        ):
+            fig.add_trace(
+                go.Scatter(
+                    x=[str(int(b)) for b in line[bin_column]],
+                    y=line["accept_len"],
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=r == 1,
+                    line=dict(color=color),
+                    error_y=interval_bars(line, "accept_len", color=color),
+                ),
+                row=r,
+                col=1,
+            )
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=edges, row=r)
+        fig.update_yaxes(title_text="AL", row=r, col=1)
+    fig.update_xaxes(title_text=axis, row=len(datasets))
+    return finish(fig, title=title, n_rows=len(datasets), name="acceptance_by_bin")

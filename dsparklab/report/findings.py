@@ -48,6 +48,7 @@ class Findings:
     # the numbers the headlines are written from
     best_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
     attribution_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
+    depth_lengths: pd.DataFrame = field(default_factory=pd.DataFrame)  # AL by output depth
 
 
 def _interval(value: float, lo: float, hi: float, suffix: str = "") -> str:
@@ -116,6 +117,7 @@ def compute_findings(
     """
     from dsparklab.analysis import (
         compute_acceptance_by_position_any,
+        compute_acceptance_length,
         compute_acceptance_length_any,
     )
     from dsparklab.lab.notebook import (
@@ -156,6 +158,13 @@ def compute_findings(
     )
     by_position = compute_acceptance_by_position_any(  # intervals: the headlines cite them
         counters=frames["counters"], counts=counts, by=by, n_boot=n_boot
+    )
+    depth = _label(count_runs(runs, "acceptance", by=("depth_bin",)), labels)
+    depth = depth.dropna(subset=["depth_bin"])  # steps without a context length
+    findings.depth_lengths = (
+        compute_acceptance_length(depth, by=(*by, "depth_bin"), n_boot=n_boot)
+        if len(depth)
+        else pd.DataFrame()
     )
     findings.acceptance = _acceptance_rows(lengths, by_position)
     _window_findings(findings, lengths, roots, n_boot, figures_dir)
@@ -217,15 +226,18 @@ def _headlines(findings: Findings, by_position: pd.DataFrame) -> list[dict[str, 
     """The index's headlines (:mod:`dsparklab.report.headlines`), each with its figure."""
     from dsparklab.report.headlines import headlines
 
-    positions = by_position
-    if len(positions) and positions["run_set"].nunique() > 1:
-        positions = positions.assign(dataset=positions["run_set"] + ": " + positions["dataset"])
+    def one_label(frame: pd.DataFrame) -> pd.DataFrame:  # several run sets: name them
+        if len(frame) and frame["run_set"].nunique() > 1:
+            return frame.assign(dataset=frame["run_set"] + ": " + frame["dataset"])
+        return frame
+
     made = headlines(
         best=findings.best_frame,
         attribution=findings.attribution_frame,
-        by_position=positions,
+        by_position=one_label(by_position),
         answer=findings.answer,
         notes=findings.notes,
+        depth_lengths=one_label(findings.depth_lengths),
     )
     figure = {
         "Did speculation pay, and where did the time go?": "speedup_by_window",

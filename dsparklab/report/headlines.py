@@ -6,7 +6,8 @@ computed (:mod:`dsparklab.report.findings`), never from new counts:
 1. did speculation pay, and where did the time go (speedup at each method's best window;
    the window attribution's largest component);
 2. which n (the best window, or that the windows cannot be told apart);
-3. where the drafter loses its tokens (the position where survival falls below one half);
+3. where the drafter loses its tokens (the position where survival falls below one half, and
+   how acceptance changes with output depth);
 4. the seeds' question, answered on these runs;
 5. what these runs cannot tell.
 
@@ -98,9 +99,40 @@ def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
     return {"title": "Which n?", "text": "; ".join(parts) + "."}
 
 
-def loss_headline(by_position: pd.DataFrame) -> dict[str, Any] | None:
+def depth_sentence(depth_lengths: pd.DataFrame) -> str:
+    """Per method and dataset at the largest window: AL in the first output-depth bin
+    against the deepest one, and whether the intervals separate (a fall, a rise, or
+    nothing these runs can tell)."""
+    parts = []
+    for (method, dataset), part in depth_lengths.dropna(subset=["depth_bin"]).groupby(
+        ["method", "dataset"], sort=True
+    ):
+        top = part[part["n"] == part["n"].max()].sort_values("depth_bin")
+        if len(top) < 2:
+            continue
+        first, last = top.iloc[0], top.iloc[-1]
+        if last["accept_len_hi"] < first["accept_len_lo"]:
+            verdict = "falls"
+        elif last["accept_len_lo"] > first["accept_len_hi"]:
+            verdict = "rises"
+        else:
+            verdict = "does not change measurably (the intervals overlap)"
+        parts.append(
+            f"{method} on {dataset} (n = {int(first['n'])}): AL {verdict} from "
+            f"{with_interval(first['accept_len'], first['accept_len_lo'], first['accept_len_hi'])}"
+            f" in the first output tokens to "
+            f"{with_interval(last['accept_len'], last['accept_len_lo'], last['accept_len_hi'])}"
+            f" from token {int(last['depth_bin'])} on"
+        )
+    return " With output depth: " + "; ".join(parts) + "." if parts else ""
+
+
+def loss_headline(
+    by_position: pd.DataFrame, depth_lengths: pd.DataFrame | None = None
+) -> dict[str, Any] | None:
     """Per method at its largest window (pooled over datasets when one run set): the first
-    draft position whose survival falls below one half, with its interval."""
+    draft position whose survival falls below one half, with its interval; and how AL
+    changes with output depth (:func:`depth_sentence`) where the runs tell it."""
     if by_position.empty or "survival" not in by_position:
         return None
     parts = []
@@ -123,6 +155,8 @@ def loss_headline(by_position: pd.DataFrame) -> dict[str, Any] | None:
             f"{int(first['n'])})"
         )
     text = "; ".join(parts) + ". The explorer lists the draft → target pairs lost there."
+    if depth_lengths is not None and len(depth_lengths):
+        text += depth_sentence(depth_lengths)
     return {"title": "Where does the drafter lose its tokens?", "text": text}
 
 
@@ -167,12 +201,13 @@ def headlines(
     by_position: pd.DataFrame,
     answer: list[dict[str, Any]],
     notes: list[str],
+    depth_lengths: pd.DataFrame | None = None,
 ) -> list[dict[str, Any]]:
     """The index's headlines, at most five, in the order a reader asks."""
     made = [
         pay_headline(best, attribution),
         n_headline(best),
-        loss_headline(by_position),
+        loss_headline(by_position, depth_lengths),
         seeds_headline(answer),
         limits_headline(notes),
     ]

@@ -175,6 +175,13 @@ def test_acceptance_heatmaps_records(report: ReportResult, tables):
         tables.positions, steps=tables.steps, by=("method", "n", "dataset"), n_boot=0
     )
     assert_frame_matches(records["accept_len"], lengths, ["method", "n", "dataset"], "accept_len")
+    # by output depth and context: each step binned (the counts equal a recount from the
+    # parquet: tests/unit/analysis/test_binned_acceptance.py)
+    for column in ("depth", "context"):
+        binned = pd.DataFrame(records[f"accept_len_by_{column}"])
+        assert binned[f"{column}_bin"].notna().all() and binned[f"{column}_bin"].nunique() > 1
+        assert set(binned["method"]) == {"dspark", "eagle3"}
+        assert binned["accept_len"].between(1, binned["n"] + 1).all()
 
 
 def test_window_scaling_records(report: ReportResult, tables):

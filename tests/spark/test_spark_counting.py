@@ -75,3 +75,16 @@ def test_spark_reads_a_freshly_written_store_natively(spark: Any, stores: dict[s
     assert result.exit_code == 0, result.output
     duck = CliRunner().invoke(app, ["count", written, "--by", "method,n"])
     assert result.output == duck.output  # the same finished table from either engine
+
+
+def test_spark_bins_steps_by_depth_and_context_as_duckdb_does(
+    spark: object, stores: dict[str, str]
+) -> None:
+    """The bins' SQL (a CASE ladder, the depth's window over each request's steps) is the
+    same text on both engines, with the same counts."""
+    for column in ("depth_bin", "context_bin"):
+        by = ("method", "n", column)
+        on_spark = aggregate_store(stores["table"], engine="spark", by=by)
+        on_duckdb = aggregate_store(stores["table"], by=by)
+        pd.testing.assert_frame_equal(on_spark, on_duckdb, check_dtype=False)
+        assert len(on_duckdb) > 0

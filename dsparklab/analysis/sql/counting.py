@@ -28,7 +28,13 @@ from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns
 from dsparklab.analysis.acceptance import ACCEPTANCE_COUNTERS
 from dsparklab.analysis.calibration import CALIBRATION_COUNTERS
 from dsparklab.analysis.sql.engines import ENGINES, open_engine
-from dsparklab.analysis.sql.queries import COUNTERS, ROW_COLUMNS, SCORE_ROWS, render
+from dsparklab.analysis.sql.queries import (
+    BIN_EDGES,
+    COUNTERS,
+    ROW_COLUMNS,
+    SCORE_ROWS,
+    render,
+)
 from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 from dsparklab.store.location import Location
@@ -85,10 +91,17 @@ def _check(
                 f"unknown calibration score {name!r}; valid scores are {sorted(SCORE_ROWS)}"
             )
     for name in by:
-        if name not in RUN_COLUMNS and name not in ROW_COLUMNS:
+        if name in BIN_EDGES:
+            if metric != "acceptance" or source != "steps":
+                raise DSparkLabError(
+                    f"aggregate_store groups by {name!r} only for acceptance counted from "
+                    "the steps (metric='acceptance', source='steps')"
+                )
+        elif name not in RUN_COLUMNS and name not in ROW_COLUMNS:
             raise DSparkLabError(
                 f"aggregate_store cannot group by {name!r}; use run columns "
-                f"{list(RUN_COLUMNS)} or {list(ROW_COLUMNS)}, or read the rows with read_trace"
+                f"{list(RUN_COLUMNS)}, {list(ROW_COLUMNS)} or the bins {list(BIN_EDGES)}, "
+                "or read the rows with read_trace"
             )
     for name in filters:
         if name not in RUN_COLUMNS:
@@ -169,6 +182,8 @@ def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
 def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The dtypes of the in-process tables (SQL results carry the engines' own)."""
     ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n"}
+    bins = {name for name in BIN_EDGES if name in frame}  # NULL where context_len is
+    frame = frame.astype({name: "Int64" for name in bins})
     floats = {"bin_lo", "bin_hi", "level", "sum_score", "sum_score_sq", "temperature"}
     floats |= set(STEP_TIME_COUNTERS) - {"n_steps"}
     out = {}

@@ -45,6 +45,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
         "request_id",
         "prompt_id",
         "step",
+        "context_len",  # the context and depth bins
         "num_drafted",
         "num_verified",
         "accepted_len",

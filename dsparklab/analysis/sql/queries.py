@@ -35,6 +35,15 @@ from dsparklab.errors import DSparkLabError
 # Row-level grouping columns besides the run columns, and the relation each comes from in
 # the positions queries (``t``: positions; ``u``: the step, i.e. the steps table's row).
 ROW_COLUMNS = ("request_id", "prompt_id")
+# Binned step columns acceptance can be counted by (from the steps table): the context a
+# step drafted from (prompt plus tokens emitted so far, ``context_len``) and the output
+# depth (tokens the request had emitted when the step's draft began: its ``context_len``
+# less the request's first). Each bin is named by its lower edge; the last is open.
+BIN_EDGES: dict[str, tuple[int, ...]] = {
+    "context_bin": (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
+    "depth_bin": (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+}
+BIN_SOURCES = {"context_bin": "s.context_len", "depth_bin": "s.depth"}
 _POSITION_ROW_ALIAS = {"request_id": "t", "prompt_id": "s"}
 _PREFIX_ROW_ALIAS = {"request_id": "u", "prompt_id": "u"}
 NAN = "CAST('NaN' AS DOUBLE)"
@@ -45,13 +54,13 @@ NAN = "CAST('NaN' AS DOUBLE)"
 # histogrammed by (run, row keys, D, L, A), so the run columns join the few histogram cells
 # rather than every step; then the cells are spread over positions.
 ACCEPTANCE_STEPS = """
-WITH h0 AS (
+WITH {bins}h0 AS (
   SELECT s.run_id AS run_id, {row_keys}
     s.num_drafted AS d,
     LEAST(s.num_verified, s.num_drafted) AS l,
     LEAST(s.accepted_len, s.num_verified, s.num_drafted) AS a,
     COUNT(*) AS c
-  FROM steps s
+  FROM {step_rows} s
   WHERE s.num_drafted > 0
   GROUP BY s.run_id, {row_group}
     s.num_drafted,
@@ -270,11 +279,19 @@ def render(
             keys, dict.fromkeys(keys, name)
         )
     if counter == "acceptance_steps":
-        rows = [k for k in keys if k in ROW_COLUMNS]
+        rows = [k for k in keys if k in ROW_COLUMNS or k in BIN_EDGES]
         fields["row_keys"], fields["row_group"] = _key_lists(rows, dict.fromkeys(rows, "s"))
-        fields["keys"], fields["group"] = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "h0"))
+        fields["keys"], fields["group"] = _key_lists(
+            keys, dict.fromkeys([*ROW_COLUMNS, *BIN_EDGES], "h0")
+        )
         fields["grid"] = _grid(width)
+        fields["bins"], fields["step_rows"] = _binned_steps([k for k in keys if k in BIN_EDGES])
         return COUNTERS[counter].template.format(**fields)
+    if any(k in BIN_EDGES for k in keys):
+        raise DSparkLabError(
+            f"{counter} cannot group by {[k for k in keys if k in BIN_EDGES]}: the bins are "
+            "counted from the steps table (acceptance_steps)"
+        )
     if counter == "step_times":
         if not keys:
             raise DSparkLabError("step_times needs at least one key column")
@@ -333,6 +350,32 @@ def _pivot(width: int) -> dict[str, str]:
         "prefix_score": at("pp"),
         "grid": _grid(width),
     }
+
+
+def _bin_case(column: str, edges: Sequence[int]) -> str:
+    """``CASE``: the lower edge of the bin ``column`` falls in (NULL stays NULL)."""
+    ladder = " ".join(
+        f"WHEN {column} < {hi} THEN {lo}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+    )
+    return f"CASE WHEN {column} IS NULL THEN NULL {ladder} ELSE {edges[-1]} END"
+
+
+def _binned_steps(bins: Sequence[str]) -> tuple[str, str]:
+    """The CTEs that add ``bins`` to the steps rows, and the relation to read them from
+    (``steps`` itself when no bin is asked for). The depth needs each request's first
+    context (a window over its steps), so it is only computed when asked for."""
+    if not bins:
+        return "", "steps"
+    depth = (
+        ", s.context_len - MIN(s.context_len) OVER (PARTITION BY s.run_id, s.request_id) AS depth"
+        if "depth_bin" in bins
+        else ""
+    )
+    cases = "".join(f", {_bin_case(BIN_SOURCES[b], BIN_EDGES[b])} AS {b}" for b in bins)
+    return (
+        f"sd AS (SELECT s.*{depth} FROM steps s),\nsb AS (SELECT s.*{cases} FROM sd s),\n",
+        "sb",
+    )
 
 
 def _grid(width: int) -> str:
