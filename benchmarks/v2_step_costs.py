@@ -137,7 +137,7 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
                 )
                 if traced:
                     runs.close_worker()
-                config = spec.name.split("/", 1)[1]
+                config = spec.name.rsplit("/", 1)[1]  # <method>-n<k>
                 for index, step in enumerate(run.timeline):
                     rows.append(
                         {

@@ -48,7 +48,8 @@ class Findings:
     # the numbers the headlines are written from
     best_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
     attribution_frame: pd.DataFrame = field(default_factory=pd.DataFrame)
-    depth_lengths: pd.DataFrame = field(default_factory=pd.DataFrame)  # AL by output depth
+    # AL per output-depth and context-length bin (bin column -> frame)
+    binned_lengths: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def _interval(value: float, lo: float, hi: float, suffix: str = "") -> str:
@@ -120,6 +121,7 @@ def compute_findings(
         compute_acceptance_length,
         compute_acceptance_length_any,
     )
+    from dsparklab.analysis.sql.queries import BIN_EDGES
     from dsparklab.lab.notebook import (
         count_runs,
         load_any_runs,
@@ -159,13 +161,13 @@ def compute_findings(
     by_position = compute_acceptance_by_position_any(  # intervals: the headlines cite them
         counters=frames["counters"], counts=counts, by=by, n_boot=n_boot
     )
-    depth = _label(count_runs(runs, "acceptance", by=("depth_bin",)), labels)
-    depth = depth.dropna(subset=["depth_bin"])  # steps without a context length
-    findings.depth_lengths = (
-        compute_acceptance_length(depth, by=(*by, "depth_bin"), n_boot=n_boot)
-        if len(depth)
-        else pd.DataFrame()
-    )
+    for column in BIN_EDGES:
+        binned = _label(count_runs(runs, "acceptance", by=(column,)), labels)
+        binned = binned.dropna(subset=[column])  # steps without a context length
+        if len(binned):
+            findings.binned_lengths[column] = compute_acceptance_length(
+                binned, by=(*by, column), n_boot=n_boot
+            )
     findings.acceptance = _acceptance_rows(lengths, by_position)
     _window_findings(findings, lengths, roots, n_boot, figures_dir)
 
@@ -237,7 +239,7 @@ def _headlines(findings: Findings, by_position: pd.DataFrame) -> list[dict[str, 
         by_position=one_label(by_position),
         answer=findings.answer,
         notes=findings.notes,
-        depth_lengths=one_label(findings.depth_lengths),
+        binned={k: one_label(v) for k, v in findings.binned_lengths.items()},
     )
     figure = {
         "Did speculation pay, and where did the time go?": "speedup_by_window",

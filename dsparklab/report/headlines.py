@@ -17,6 +17,7 @@ are written ``0.84x (0.79-0.90)``: the value, then its 95 % interval.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -99,15 +100,23 @@ def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
     return {"title": "Which n?", "text": "; ".join(parts) + "."}
 
 
-def depth_sentence(depth_lengths: pd.DataFrame) -> str:
-    """Per method and dataset at the largest window: AL in the first output-depth bin
-    against the deepest one, and whether the intervals separate (a fall, a rise, or
-    nothing these runs can tell)."""
+# per bin column: what it is, the first bin's words, the last bin's ({edge}: its lower edge)
+BIN_WORDS = {
+    "depth_bin": ("output depth", "in the first output tokens", "from output token {edge} on"),
+    "context_bin": ("context length", "at the shortest contexts", "from {edge} context tokens on"),
+}
+
+
+def bin_sentence(lengths: pd.DataFrame, column: str) -> str:
+    """Per method and dataset at the largest window: AL in the first bin of ``column``
+    (``depth_bin`` or ``context_bin``) against the last one, and whether the intervals
+    separate (a fall, a rise, or nothing these runs can tell)."""
+    what, first_words, last_words = BIN_WORDS[column]
     parts = []
-    for (method, dataset), part in depth_lengths.dropna(subset=["depth_bin"]).groupby(
+    for (method, dataset), part in lengths.dropna(subset=[column]).groupby(
         ["method", "dataset"], sort=True
     ):
-        top = part[part["n"] == part["n"].max()].sort_values("depth_bin")
+        top = part[part["n"] == part["n"].max()].sort_values(column)
         if len(top) < 2:
             continue
         first, last = top.iloc[0], top.iloc[-1]
@@ -120,19 +129,20 @@ def depth_sentence(depth_lengths: pd.DataFrame) -> str:
         parts.append(
             f"{method} on {dataset} (n = {int(first['n'])}): AL {verdict} from "
             f"{with_interval(first['accept_len'], first['accept_len_lo'], first['accept_len_hi'])}"
-            f" in the first output tokens to "
+            f" {first_words} to "
             f"{with_interval(last['accept_len'], last['accept_len_lo'], last['accept_len_hi'])}"
-            f" from token {int(last['depth_bin'])} on"
+            f" {last_words.format(edge=int(last[column]))}"
         )
-    return " With output depth: " + "; ".join(parts) + "." if parts else ""
+    return f" With {what}: " + "; ".join(parts) + "." if parts else ""
 
 
 def loss_headline(
-    by_position: pd.DataFrame, depth_lengths: pd.DataFrame | None = None
+    by_position: pd.DataFrame, binned: Mapping[str, pd.DataFrame] | None = None
 ) -> dict[str, Any] | None:
     """Per method at its largest window (pooled over datasets when one run set): the first
     draft position whose survival falls below one half, with its interval; and how AL
-    changes with output depth (:func:`depth_sentence`) where the runs tell it."""
+    changes with output depth and context length (:func:`bin_sentence`; ``binned``: bin
+    column -> AL per bin) where the runs tell it."""
     if by_position.empty or "survival" not in by_position:
         return None
     parts = []
@@ -155,8 +165,9 @@ def loss_headline(
             f"{int(first['n'])})"
         )
     text = "; ".join(parts) + ". The explorer lists the draft → target pairs lost there."
-    if depth_lengths is not None and len(depth_lengths):
-        text += depth_sentence(depth_lengths)
+    for column, lengths in (binned or {}).items():
+        if len(lengths):
+            text += bin_sentence(lengths, column)
     return {"title": "Where does the drafter lose its tokens?", "text": text}
 
 
@@ -201,13 +212,13 @@ def headlines(
     by_position: pd.DataFrame,
     answer: list[dict[str, Any]],
     notes: list[str],
-    depth_lengths: pd.DataFrame | None = None,
+    binned: Mapping[str, pd.DataFrame] | None = None,
 ) -> list[dict[str, Any]]:
     """The index's headlines, at most five, in the order a reader asks."""
     made = [
         pay_headline(best, attribution),
         n_headline(best),
-        loss_headline(by_position, depth_lengths),
+        loss_headline(by_position, binned),
         seeds_headline(answer),
         limits_headline(notes),
     ]

@@ -8,17 +8,18 @@ import re
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 from lab_support import TEST_PARAMETERS
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from typer.testing import CliRunner
 
 from dsparklab.cli.app import app
-from dsparklab.report import ReportError, ReportResult, build_report, remote_resources
-from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
 from dsparklab.lab.notebook import read_records
 from dsparklab.lab.resources import notebooks_dir
 from dsparklab.lab.server import LOOPBACK, lab_command
+from dsparklab.report import ReportError, ReportResult, build_report, remote_resources
+from dsparklab.report.figures import PLOTLYJS_NAME, find_chromium
 from dsparklab.store import list_runs, read_run_json
 from tests.conftest import copy_run
 
@@ -187,6 +188,20 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
         assert f"<td>{row['speedup']:.2f}x (" in index, row
     page = report.out / "figures" / "findings" / "survival_vs_published.html"
     assert "published: " in page.read_text(encoding="utf-8")
+    # where acceptance falls with depth and context: the loss headline's first-bin ALs are
+    # notebook 01's recorded ones (the counts: tests/unit/analysis/test_binned_acceptance.py)
+    text = _findings_text(index)
+    page_01 = next(nb.executed for nb in report.notebooks if nb.name == "01_acceptance_heatmaps")
+    for column, what in (("depth", "output depth"), ("context", "context length")):
+        sentence = text.split(f"With {what}: ")[1].split(" With ")[0]
+        recorded = pd.DataFrame(read_records(page_01)[f"accept_len_by_{column}"])
+        top = recorded[recorded["n"] == recorded.groupby("method")["n"].transform("max")]
+        told = [(k, part) for k, part in top.groupby(["method", "dataset"]) if len(part) > 1]
+        assert told, f"no run spans two {what} bins"
+        for (method, dataset), part in told:
+            first = part.sort_values(f"{column}_bin").iloc[0]
+            said = rf"{method} on {dataset} \(n = {first['n']}\): AL [a-z ()]*?from "
+            assert re.search(said + rf"{first['accept_len']:.2f} \(", sentence), (said, sentence)
 
 
 def _import_fixture_runs(runs: Path) -> None:

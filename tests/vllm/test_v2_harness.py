@@ -291,10 +291,10 @@ def test_the_harness_drafts_and_verifies_as_the_reference_engine(
     """Greedy, the same drafters: vLLM's Markov stage and Eagle3 head over the reference
     backbones give the reference engine's drafts, verdicts and values, request by request,
     and every output equals plain greedy decoding (the baseline)."""
-    keys = ["run_id", "request_id", "step"]
+    keys = ["method", "n", "request_id", "step"]  # the run_ids name their engines
     got = read_trace(harness_runs["v2"], "steps").sort_values(keys)
     want = read_trace(reference_runs, "steps").sort_values(keys)
-    cols = ["run_id", "request_id", "step", "context_len", "num_drafted", "accepted_len", "emitted"]
+    cols = [*keys, "context_len", "num_drafted", "accepted_len", "emitted"]
     assert got[cols].reset_index(drop=True).equals(want[cols].reset_index(drop=True))
     outputs = read_trace(harness_runs["v2"], "requests").groupby("request_id")["output_token_ids"]
     assert (outputs.apply(lambda s: len({tuple(x) for x in s})) == 1).all(), "lossless"

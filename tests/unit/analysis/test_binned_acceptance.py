@@ -12,7 +12,7 @@ import pytest
 from dsparklab.analysis.sql import aggregate_store
 from dsparklab.analysis.sql.queries import BIN_EDGES
 from dsparklab.errors import DSparkLabError
-from dsparklab.lab.notebook import MAX_ROWS_ENV, load_runs
+from dsparklab.lab.notebook import MAX_ROWS_ENV, SHIPPED_TRACES, load_runs
 from dsparklab.store import read_trace
 from tests.notebooks.lab_synth import write_synthetic_run
 
@@ -56,7 +56,12 @@ def recount(store: Path, column: str) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("column", list(BIN_EDGES))
-def test_binned_counts_equal_a_recount_from_the_parquet(store: Path, column: str) -> None:
+@pytest.mark.parametrize("where", ["synthetic", "shipped"])
+def test_binned_counts_equal_a_recount_from_the_parquet(
+    store: Path, column: str, where: str
+) -> None:
+    if where == "shipped":
+        store = SHIPPED_TRACES  # the smol traces the project ships
     counted = aggregate_store(store, metric="acceptance", by=("run_id", column))
     want = recount(store, column)
     got = counted.astype({column: "int64"})[want.columns].reset_index(drop=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from dsparklab.report.headlines import headlines, n_headline, pay_headline, with_interval
 
@@ -71,18 +72,26 @@ def test_at_most_five_in_the_readers_order() -> None:
     assert made[3]["text"] == "no baseline for prose; one window for sql (1 more below)."
 
 
-def test_acceptance_with_depth_says_whether_the_intervals_separate() -> None:
-    from dsparklab.report.headlines import depth_sentence
+@pytest.mark.parametrize(
+    ("column", "first", "last"),
+    [
+        ("depth_bin", "in the first output tokens", "from output token 256 on"),
+        ("context_bin", "at the shortest contexts", "from 256 context tokens on"),
+    ],
+)
+def test_acceptance_with_depth_or_context_says_whether_the_intervals_separate(
+    column: str, first: str, last: str
+) -> None:
+    from dsparklab.report.headlines import bin_sentence
 
     def lengths(last_lo: float, last: float, last_hi: float) -> pd.DataFrame:
         return pd.DataFrame(
-            dict(method="dspark", dataset="humaneval", n=7, depth_bin=[0, 16, 256],
+            dict(method="dspark", dataset="humaneval", n=7, **{column: [0, 16, 256]},
                  accept_len=[2.0, 1.8, last], accept_len_lo=[1.9, 1.6, last_lo],
                  accept_len_hi=[2.1, 2.0, last_hi])
         )  # fmt: skip
 
-    falls = depth_sentence(lengths(1.2, 1.4, 1.6))
-    assert "AL falls from 2.00 (1.90–2.10) in the first output tokens to 1.40 (1.20–1.60)" in falls
-    assert "from token 256 on" in falls
-    assert "does not change measurably" in depth_sentence(lengths(1.8, 1.95, 2.1))
-    assert depth_sentence(lengths(1.8, 1.95, 2.1).iloc[:1]) == ""
+    falls = bin_sentence(lengths(1.2, 1.4, 1.6), column)
+    assert f"AL falls from 2.00 (1.90–2.10) {first} to 1.40 (1.20–1.60) {last}" in falls
+    assert "does not change measurably" in bin_sentence(lengths(1.8, 1.95, 2.1), column)
+    assert bin_sentence(lengths(1.8, 1.95, 2.1).iloc[:1], column) == ""
