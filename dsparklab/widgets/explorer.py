@@ -1,6 +1,8 @@
 """The explorer dashboard: dataset / method dropdowns, an n slider, a conditional / survival
-toggle and a request picker, bound to three linked plotly ``FigureWidget``s (position x n
-heatmap, survival curves, the request's position x step token strip).
+toggle, a heatmap-rows toggle and a request picker, bound to three linked plotly
+``FigureWidget``s (position x n heatmap, survival curves, the request's position x step token
+strip). The heatmap's rows are the windows n, or (given ``binned`` acceptance) the output
+depth or context length of the steps at the slider's n.
 
 Every control writes one :class:`ExplorerState`; each change rebuilds the figures it
 touches with the ``dsparklab.plots`` builders (numbers come from the precomputed
@@ -49,6 +51,12 @@ View = Literal["conditional", "survival"]
 FigureName = Literal["heatmap", "survival", "strip"]
 # toggle label -> the acceptance value it shows
 VIEWS: dict[str, str] = {"conditional": "accept_rate", "survival": "survival"}
+# heatmap-rows toggle label -> the column on the heatmap's y axis
+ROWS: dict[str, str] = {
+    "window n": "n",
+    "output depth": "depth_bin",
+    "context length": "context_bin",
+}
 FIGURES: tuple[FigureName, ...] = get_args(FigureName)
 # the CSS class of each figure's widget (the browser tests find the figures by it)
 FIGURE_CLASSES: dict[str, str] = {name: f"dsparklab-explorer-{name}" for name in FIGURES}
@@ -77,6 +85,7 @@ class ExplorerState:
     view: View = "conditional"
     request: str | None = None
     position: int | None = None  # the draft position picked on the heatmap
+    rows: str = "window n"  # the heatmap's y axis (a ROWS label)
 
     @property
     def value(self) -> str:
@@ -181,6 +190,10 @@ class Explorer(Dashboard):
     dataset, method, n, view
         Initial control values (default: the first of each; ``view`` is
         ``"conditional"`` or ``"survival"``).
+    binned
+        Bin column (``depth_bin``, ``context_bin``) -> ``compute_acceptance_by_position(...,
+        by=("method", "n", "dataset", column))``: the heatmap's other rows (none: windows
+        only).
     """
 
     figure_prefix = "explorer"
@@ -195,6 +208,7 @@ class Explorer(Dashboard):
         method: str | None = None,
         n: int | None = None,
         view: View = "conditional",
+        binned: Mapping[str, pd.DataFrame] | None = None,
     ) -> None:
         super().__init__()
         for name in ("method", "n", "dataset", "position"):
@@ -214,6 +228,11 @@ class Explorer(Dashboard):
         self.by_position = by_position
         self.annotated = annotated
         self.token_labels = token_labels
+        self.binned = {
+            label: binned[column]
+            for label, column in ROWS.items()
+            if column != "n" and binned is not None and len(binned.get(column, ()))
+        }
         self._set_options(by_position)
         self.state = ExplorerState(
             dataset=self._pick("dataset", dataset, self.datasets),
@@ -266,8 +285,22 @@ class Explorer(Dashboard):
         ids = self.requests()
         return self.state.request if self.state.request in ids else (ids[0] if ids else None)
 
+    def row_choices(self) -> list[str]:
+        """The heatmap's possible rows (the rows toggle's options)."""
+        return ["window n", *self.binned]
+
     def heatmap(self) -> go.Figure:
         s = self.state
+        if s.rows != "window n":
+            frame = self.binned[s.rows]
+            return plot_acceptance_heatmap(
+                frame[frame["n"] == s.n],
+                value=s.value,
+                methods=[s.method],
+                datasets=[s.dataset],
+                rows=ROWS[s.rows],
+                title=f"{ACCEPTANCE_SHORT[s.value]} by position and {s.rows} · n = {s.n}",
+            )
         return plot_acceptance_heatmap(
             self.by_position,
             value=s.value,
@@ -362,6 +395,7 @@ class Explorer(Dashboard):
         s = self.state
         text = f"<b>{s.method}</b> · n = {s.n} · {s.dataset} · {s.view} · request {s.request}"
         text += f" · position {s.position}" if s.position is not None else ""
+        text += f" · rows by {s.rows}" if s.rows != "window n" else ""
         if self.error:
             text += f"<br><span style='color:#b00020'>{html.escape(self.error)}</span>"
         return text
@@ -399,6 +433,9 @@ class Explorer(Dashboard):
             options=self.windows(), value=s.n, description="n", continuous_update=False
         )
         self.view = W.ToggleButtons(options=list(VIEWS), value=s.view, description="show")
+        self.rows = W.ToggleButtons(
+            options=self.row_choices(), value=s.rows, description="rows"
+        )
         self.request = W.Dropdown(options=self.requests(), value=s.request, description="request")
         self.status = W.HTML(self.status_text())
         self.losses_view = W.HTML(self.losses_html())
@@ -411,11 +448,13 @@ class Explorer(Dashboard):
         for control in (self.dataset, self.method, self.n):
             control.observe(self._on_run_change, names="value")
         self.view.observe(self._on_view_change, names="value")
+        self.rows.observe(self._on_rows_change, names="value")
         self.request.observe(self._on_request_change, names="value")
         box = W.VBox(
             [
                 W.HBox([self.dataset, self.method, self.n]),
                 W.HBox([self.view, self.request]),
+                self.rows,
                 self.status,
                 W.HBox(
                     [self.figure_widgets["heatmap"], self.figure_widgets["strip"]],
@@ -486,17 +525,24 @@ class Explorer(Dashboard):
         self.redraw(("heatmap", "survival"))
 
     @_shows_errors
+    def _on_rows_change(self, change: Mapping[str, Any]) -> None:
+        self.state.rows = self.rows.value
+        self.redraw(("heatmap",))
+
+    @_shows_errors
     def _on_request_change(self, change: Mapping[str, Any]) -> None:
         self.state.request = self.request.value
         self.redraw(("strip",))
 
     @_shows_errors
     def _on_heatmap_click(self, trace: Any, points: Any, selector: Any) -> None:
-        """A heatmap cell: its row's n goes to the slider, its position to the strip."""
+        """A heatmap cell: its position goes to the strip and the losses; with windows for
+        rows, its row's n goes to the slider."""
         if not points.point_inds:
             return
-        n, position = int(points.ys[0]), int(points.xs[0])
+        position = int(points.xs[0])
         self.state.position = position
+        n = int(points.ys[0]) if self.state.rows == "window n" else self.n.value
         if n != self.n.value and n in self.windows():
             self.n.value = n  # -> _on_run_change redraws everything
         else:

@@ -274,9 +274,21 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         stderr = page.locator("[data-mime-type='application/vnd.jupyter.stderr']")
         assert stderr.count() == 0, stderr.all_inner_texts()[:2]
         page.screenshot(path=str(screenshots / "lab_explorer_click_n6.png"))
+        # the heatmap's rows: the steps' output depth at the slider's n
+        depth = page.locator(".dsparklab-explorer .widget-toggle-button", has_text="output depth")
+        act(
+            "rows",
+            depth.click,
+            f"{heatmap}.layout.title.text.includes('output depth · n = 6')",
+            f"{heatmap}.data[0].y.length > 1",
+            f"{status}.includes('rows by output depth')",
+        )
+        page.screenshot(path=str(screenshots / "lab_explorer_rows_depth.png"))
         # each interaction's redraw time, for the record (timings are benchmarks' business)
         (screenshots / "explorer_redraws.json").write_text(json.dumps(redraws, indent=1))
-        assert set(redraws) == {"dataset", "method", "n", "view", "request", "heatmap click"}
+        assert set(redraws) == {
+            "dataset", "method", "n", "view", "request", "heatmap click", "rows"
+        }  # fmt: skip
     finally:
         page.close()
         server.stop()

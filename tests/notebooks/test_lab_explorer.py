@@ -231,3 +231,34 @@ def test_a_heatmap_click_lists_the_tokens_the_drafter_loses_there(explorer: Expl
     view = explorer.losses_view.value
     assert "position 1" in view and "most frequent first" in view
     assert view.count("<tr>") == len(losses) + 1
+
+
+def test_the_rows_toggle_puts_depth_or_context_on_the_heatmap(tmp_path: Path):
+    """With binned acceptance, the heatmap's rows become the output-depth or context bins at
+    the slider's n (its cells the binned frame's values); a click then picks a position and
+    leaves n alone; back on windows, the heatmap is the windows' again."""
+    root = write_synthetic_runs(tmp_path / "runs", n_requests=4, tokens_per_request=200)
+    runs = load_runs(root)
+    by_position = A.compute_acceptance_by_position(
+        runs.acceptance_counts(), by=("method", "n", "dataset"), n_boot=0
+    )
+    binned = {c: runs.acceptance_by_bin(c, n_boot=0)[0] for c in ("depth_bin", "context_bin")}
+    explorer = Explorer(by_position, None, binned=binned)
+    explorer.widget  # noqa: B018
+    assert explorer.rows.options == ("window n", "output depth", "context length")
+    n = explorer.state.n
+    explorer.rows.value = "output depth"
+    assert explorer.error is None and "rows by output depth" in explorer.status.value
+    heat = explorer.figure_widgets["heatmap"]
+    assert f"output depth · n = {n}" in heat.layout.title.text
+    s = explorer.state
+    want = binned["depth_bin"]
+    want = want[(want["method"] == s.method) & (want["dataset"] == s.dataset) & (want["n"] == n)]
+    bins = sorted(int(v) for v in want["depth_bin"].unique())
+    assert list(map(int, heat.data[0].y)) == bins and len(bins) > 1
+    top = want[want["depth_bin"] == want["depth_bin"].min()].sort_values("position")
+    assert heat.data[0].z[0][: len(top)] == pytest.approx(list(top["accept_rate"]))
+    explorer._on_heatmap_click(heat.data[0], Points(point_inds=[0], xs=[1], ys=[64]), None)
+    assert explorer.state.position == 1 and explorer.state.n == n == explorer.n.value
+    explorer.rows.value = "window n"
+    assert list(map(int, explorer.figure_widgets["heatmap"].data[0].y)) == explorer.windows()
