@@ -27,7 +27,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +317,8 @@ class Runs:
     positions: pd.DataFrame
     steps: pd.DataFrame
     runs: pd.DataFrame
+    # runs of the selection left out for their status (list_runs columns): named, not read
+    left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def dataset_labels(self, datasets: Sequence[str] = ()) -> list[str]:
         """The ``dataset`` labels present for these plain dataset names (empty: all), in
@@ -335,6 +337,7 @@ class Runs:
             positions=self.positions[self.positions["dataset"].isin(wanted)],
             steps=self.steps[self.steps["dataset"].isin(wanted)],
             runs=self.runs[self.runs["dataset"].isin(wanted)].reset_index(drop=True),
+            left_out=self.left_out,
         )
 
     def acceptance_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
@@ -369,8 +372,11 @@ class Runs:
         return int(self.positions["n"].max())
 
     def summary(self) -> pd.DataFrame:
-        """The runs in one line per (tier, engine, dataset, method): windows and status."""
-        table = self.runs.assign(n=self.runs["n"].astype(int))
+        """The runs in one line per (tier, engine, dataset, method): windows and status;
+        the runs left out for their status on lines of their own."""
+        left_out = self.left_out.assign(status=lambda t: t["status"] + " (left out)")
+        table = pd.concat([self.runs, left_out], ignore_index=True)
+        table = table.assign(n=table["n"].astype(int))
         return (
             table.groupby(["tier", "engine", "dataset", "method"], sort=True)
             .agg(
@@ -381,6 +387,9 @@ class Runs:
             .reset_index()
         )
 
+
+# the run statuses the lab reads unless asked for others (a partial run biases every rate)
+READ_STATUSES: tuple[str, ...] = ("complete",)
 
 # Figures list the realistic tier first.
 TIER_ORDER = {"smol": 0, "tiny": 1}
@@ -401,6 +410,7 @@ def load_runs(
     tiers: Sequence[str] = (),
     single_tier: bool = False,
     selection: Mapping[str, Any] | None = None,
+    statuses: Collection[str] = READ_STATUSES,
 ) -> Runs:
     """Read the positions and steps of the selected runs (empty selection = everything).
 
@@ -428,6 +438,10 @@ def load_runs(
         Keep only method runs whose run.json matches (:func:`dsparklab.store.
         matches_selection`): run columns or dotted fields, e.g. ``{"drafter.content_hash":
         "3f2a", "engine.version": "0.32.0"}``.
+    statuses
+        Read runs of these statuses (default: complete ones only; a failed, running or
+        incomplete run is named in ``left_out`` and in a warning, not read; pass
+        ``dsparklab.store.schema.STATUSES`` for every run).
 
     Raises
     ------
@@ -445,6 +459,7 @@ def load_runs(
         single_tier=single_tier,
         selection=selection,
     )
+    selected, left_out = by_status(selected, statuses)
     fraction = _read_fraction(selected)
     positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], fraction)
     steps = _read_runs("steps", selected, fraction)
@@ -455,7 +470,7 @@ def load_runs(
     if selected["tier"].nunique() > 1:
         for frame in frames:
             frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
-    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected)
+    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected, left_out=left_out)
 
 
 def token_runs(runs: str | Path | Location, *, shipped: bool = False) -> pd.DataFrame:
@@ -634,6 +649,7 @@ class AnyRuns:
     counters: pd.DataFrame
     totals: pd.DataFrame
     calibration: pd.DataFrame
+    left_out: pd.DataFrame = field(default_factory=pd.DataFrame)  # as Runs.left_out
 
 
 def load_any_runs(
@@ -645,6 +661,7 @@ def load_any_runs(
     shipped: bool = False,
     tiers: Sequence[str] = (),
     tables: Collection[str] = ANY_TABLES,
+    statuses: Collection[str] = READ_STATUSES,
 ) -> AnyRuns:
     """Read the tables of the selected runs (empty selection = everything).
 
@@ -652,7 +669,7 @@ def load_any_runs(
     ``dsparklab import`` or recorded by ``dsparklab watch``) and never adds baselines.
     ``tables``: those of :data:`ANY_TABLES` to read (the others are left empty, and
     without positions or steps the row budget does not apply: what is counted is counted
-    by :func:`count_runs`).
+    by :func:`count_runs`). ``statuses`` as in :func:`load_runs`.
     """
     roots = _roots(runs, shipped)
     table = _run_table(roots)
@@ -660,13 +677,36 @@ def load_any_runs(
     keep = (table["method"] != BASELINE_METHOD) & _matching(table, selection)
     if not keep.any():
         raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
-    selected = table.loc[keep].reset_index(drop=True)
+    selected, left_out = by_status(table.loc[keep], statuses)
+    if selected.empty:
+        wanted = " or ".join(sorted(statuses))
+        raise MissingInputError(f"no selected run is {wanted}: {left_out_text(left_out)}")
     fraction = _read_fraction(selected) if {"positions", "steps"} & set(tables) else 1.0
-    frames = (
+    frames = [
         _read_runs(name, selected, fraction) if name in tables else pd.DataFrame()
         for name in ANY_TABLES
-    )
-    return AnyRuns(roots[0], _sampled(selected, fraction), *frames)
+    ]
+    read = AnyRuns(roots[0], _sampled(selected, fraction), *frames)
+    return replace(read, left_out=left_out)
+
+
+def by_status(
+    table: pd.DataFrame, statuses: Collection[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the runs of ``table`` whose status is in ``statuses``, the others): a failed,
+    running or incomplete run read like a complete one would bias every rate, so the lab
+    reads complete runs unless asked, and names the ones it leaves out (a warning)."""
+    keep = table["status"].isin(list(statuses))
+    left_out = table.loc[~keep].reset_index(drop=True)
+    if len(left_out):
+        logger.warning("%s", left_out_text(left_out))
+    return table.loc[keep].reset_index(drop=True), left_out
+
+
+def left_out_text(left_out: pd.DataFrame) -> str:
+    """One line naming the runs left out for their status."""
+    names = ", ".join(f"{r.run_id} ({r.status})" for r in left_out.itertuples())
+    return f"{len(left_out)} run(s) left out for their status: {names}"
 
 
 def _run_table(roots: Sequence[Location]) -> pd.DataFrame:

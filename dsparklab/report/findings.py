@@ -124,6 +124,7 @@ def compute_findings(
     from dsparklab.analysis.sql.queries import BIN_EDGES
     from dsparklab.lab.notebook import (
         count_runs,
+        left_out_text,
         load_any_runs,
         load_published_curves,
         save_figure,
@@ -139,6 +140,10 @@ def compute_findings(
             tables.append(load_any_runs(root, tables=("counters", "totals")))
         except DSparkLabError as err:
             findings.notes.append(f"{root}: {err}")
+            continue
+        if len(tables[-1].left_out):
+            left_out = left_out_text(tables[-1].left_out)
+            findings.notes.append(f"{root}: {left_out}; no finding counts them")
     if not tables:
         return findings
     runs = pd.concat([t.runs for t in tables], ignore_index=True)
