@@ -44,13 +44,20 @@ def compact(
         "", "--out", help="Write the compacted store here instead of in place."
     ),
     file_rows: int = typer.Option(32_000_000, "--file-rows", min=1, help="Rows per file at most."),
+    stale_after: float | None = typer.Option(
+        None,
+        "--stale-after",
+        min=0,
+        help="Also compact a run written as running whose lease lapsed more than this many "
+        "seconds ago (its writer taken for dead); default: never.",
+    ),
 ) -> None:
     """Rewrite every finished run into the table layout, as large files sorted by (request,
     step, position); a run in the old layout is moved into it. Readers see each run's old
     files or its new ones, never both."""
     from dsparklab.store.compact import compact_store
 
-    results = compact_store(path, out=out or None, file_rows=file_rows)
+    results = compact_store(path, out=out or None, file_rows=file_rows, stale_after_s=stale_after)
     for result in results:
         if result.skipped:
             typer.echo(f"{result.source}: skipped ({result.skipped})")

@@ -17,14 +17,19 @@ by (request_id, step, position), with row groups of ``row_group_rows``:
 
 A compaction killed midway leaves parts run.json does not name; running it again
 replaces them. An engine reading a partition directory by itself during step 3 may see
-both generations: compact before a query, not during one. Runs still being written
-(status ``running`` with a live lease) are left alone. Peak memory is one run's table.
+both generations: compact before a query, not during one. Peak memory is one run's table.
+
+A run written as ``running`` is left alone, even one whose lease lapsed (it reads as
+``incomplete``): its writer may be alive but slow, and its next run.json, which knows no
+compaction, would hide the compacted rows and name parts already deleted. ``stale_after_s``
+compacts such a run once its lease lapsed that long ago (its writer is taken for dead).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -73,20 +78,23 @@ def compact_store(
     out: Where | None = None,
     file_rows: int = FILE_ROWS,
     row_group_rows: int = ROW_GROUP_ROWS,
+    stale_after_s: float | None = None,
 ) -> list[Compacted]:
     """Rewrite every finished run below ``store`` into ``out`` (default: ``store`` itself,
     in place) in the table layout, as large files sorted by (request_id, step, position).
 
-    Returns one :class:`Compacted` per run (``skipped`` says why a run was left alone).
+    A run written as ``running`` is left alone unless its lease lapsed more than
+    ``stale_after_s`` seconds ago (None: never). Returns one :class:`Compacted` per run
+    (``skipped`` says why a run was left alone).
     """
     store = Location.of(store)
     dest_store = Location.of(out) if out is not None else None
     results = []
     for run in find_runs(store):
-        meta = read_run_json(run)
-        if meta["status"] == "running":
-            results.append(Compacted(run, run, 0, {}, {}, skipped="still being written"))
-            logger.info("skipping %s: still being written", run)
+        why = _still_written(read_run_json(run, derive_status=False), stale_after_s)
+        if why:
+            results.append(Compacted(run, run, 0, {}, {}, skipped=why))
+            logger.info("skipping %s: %s", run, why)
             continue
         # in place: a run of the table layout stays in its store; one of the old layout
         # moves into the table layout of the store compacted
@@ -95,6 +103,25 @@ def compact_store(
         if dest_store is None and not is_partitioned(run):
             _remove_moved(run, store)
     return results
+
+
+def _still_written(written: dict[str, Any], stale_after_s: float | None) -> str:
+    """Why a run written as ``running`` must be left alone ('' when it may be compacted)."""
+    if written["status"] != "running":
+        return ""
+    lease = written.get("lease_expires_at")
+    try:
+        lapsed = (datetime.now(timezone.utc) - datetime.fromisoformat(str(lease))).total_seconds()
+    except ValueError:
+        lapsed = None  # no lease: a writer that never published one
+    if lapsed is None or lapsed <= 0:
+        return "still being written"
+    if stale_after_s is not None and lapsed > stale_after_s:
+        return ""
+    return (
+        f"written as running, its lease lapsed {lapsed:.0f} s ago: its writer may be alive "
+        "(--stale-after compacts it once taken for dead)"
+    )
 
 
 def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: int) -> Compacted:
