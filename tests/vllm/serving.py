@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,9 +189,11 @@ def serve(
     eagle3: bool = True,
     trace_dir: str | None = "",
     env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[Server]:
     """`dsparklab serve` of the zoo target (+ Eagle3, n = N) with the taps in root/taps,
-    or in ``trace_dir`` (an ``s3://`` URI; None: untraced); ``env`` adds variables."""
+    or in ``trace_dir`` (an ``s3://`` URI; None: untraced); ``env`` adds variables,
+    ``args`` options of vllm serve."""
     target = zoo_path("tiny-target")
     drafter = zoo_path("tiny-eagle3") if eagle3 else None
     port = free_port()
@@ -200,7 +202,7 @@ def serve(
     cmd = [DSPARKLAB, "serve", str(target), "--port", str(port)]
     if trace_dir is not None:
         cmd += ["--trace-dir", trace_dir or str(taps)]
-    cmd += CPU_FLAGS + TIMING_FLAGS
+    cmd += CPU_FLAGS + TIMING_FLAGS + list(args)
     if drafter is not None:
         spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": N}
         cmd += ["--speculative-config", json.dumps(spec)]
@@ -216,10 +218,15 @@ def serve(
         server.stop()
 
 
-def collect_served(server: Server, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`dsparklab collect --engine vllm-serve` against ``server`` into ``out`` (+ ``args``)."""
+def collect_served(
+    server: Server, out: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`dsparklab collect --engine vllm-serve` against ``server`` into ``out`` (+ ``args``;
+    ``env`` adds variables)."""
     cmd = [
         DSPARKLAB, "collect", "--engine", "vllm-serve", "--server-url", server.url,
         "--tap-dir", str(server.taps), "--out", str(out), *args,
     ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env={**ENV, **(env or {})}
+    )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +44,9 @@ from dsparklab.store.sampling import ALWAYS_RECORDED
 
 logger = logging.getLogger(__name__)
 
+# the server's API key, read as `vllm serve` reads it when --api-key is not given; never an
+# option of ours (a command line is recorded in run.json)
+API_KEY_ENV = "VLLM_API_KEY"
 PROBE_PROMPT = "dsparklab probe"
 PROBE_TOKENS = 2  # the prefill's token, then one verified draft
 HTTP_TIMEOUT_S = 30.0
@@ -72,9 +76,15 @@ def http_text(
     headers: Mapping[str, str] | None = None,
     timeout: float = HTTP_TIMEOUT_S,
 ) -> str:
+    """GET (no payload) or POST ``payload`` as JSON; the answer's text. With
+    ``$VLLM_API_KEY`` set, the request carries it as a bearer token (a server started with
+    ``--api-key`` refuses requests without it)."""
     data = None if payload is None else json.dumps(payload).encode()
+    auth = {"Authorization": f"Bearer {key}"} if (key := os.environ.get(API_KEY_ENV)) else {}
     request = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json", **dict(headers or {})}
+        url,
+        data=data,
+        headers={"Content-Type": "application/json", **auth, **dict(headers or {})},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
