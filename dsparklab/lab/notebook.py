@@ -690,9 +690,7 @@ def load_any_runs(
     return replace(read, left_out=left_out)
 
 
-def by_status(
-    table: pd.DataFrame, statuses: Collection[str]
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def by_status(table: pd.DataFrame, statuses: Collection[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the runs of ``table`` whose status is in ``statuses``, the others): a failed,
     running or incomplete run read like a complete one would bias every rate, so the lab
     reads complete runs unless asked, and names the ones it leaves out (a warning)."""

@@ -433,9 +433,7 @@ class Explorer(Dashboard):
             options=self.windows(), value=s.n, description="n", continuous_update=False
         )
         self.view = W.ToggleButtons(options=list(VIEWS), value=s.view, description="show")
-        self.rows = W.ToggleButtons(
-            options=self.row_choices(), value=s.rows, description="rows"
-        )
+        self.rows = W.ToggleButtons(options=self.row_choices(), value=s.rows, description="rows")
         self.request = W.Dropdown(options=self.requests(), value=s.request, description="request")
         self.status = W.HTML(self.status_text())
         self.losses_view = W.HTML(self.losses_html())
