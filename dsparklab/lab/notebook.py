@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import numpy as np
 import pandas as pd
 
 from dsparklab.errors import (
@@ -460,10 +461,10 @@ def load_runs(
         selection=selection,
     )
     selected, left_out = by_status(selected, statuses)
-    fraction = _read_fraction(selected)
-    positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], fraction)
-    steps = _read_runs("steps", selected, fraction)
-    selected = _sampled(selected, fraction).reset_index(drop=True)
+    kept = _read_sample(selected, _read_fraction(selected))
+    positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], kept)
+    steps = _read_runs("steps", selected, kept)
+    selected = _sampled(selected, kept).reset_index(drop=True)
     frames = [positions, steps, selected]
     for frame in frames:
         frame["raw_dataset"] = frame["dataset"]
@@ -681,12 +682,13 @@ def load_any_runs(
     if selected.empty:
         wanted = " or ".join(sorted(statuses))
         raise MissingInputError(f"no selected run is {wanted}: {left_out_text(left_out)}")
-    fraction = _read_fraction(selected) if {"positions", "steps"} & set(tables) else 1.0
+    token_level = {"positions", "steps"} & set(tables)
+    kept = _read_sample(selected, _read_fraction(selected)) if token_level else None
     frames = [
-        _read_runs(name, selected, fraction) if name in tables else pd.DataFrame()
+        _read_runs(name, selected, kept) if name in tables else pd.DataFrame()
         for name in ANY_TABLES
     ]
-    read = AnyRuns(roots[0], _sampled(selected, fraction), *frames)
+    read = AnyRuns(roots[0], _sampled(selected, kept), *frames)
     return replace(read, left_out=left_out)
 
 
@@ -780,27 +782,68 @@ def _read_fraction(rows: pd.DataFrame) -> float:
     return 1.0 if total <= max_rows() else max_rows() / total
 
 
-def _sampled(rows: pd.DataFrame, fraction: float) -> pd.DataFrame:
-    """``rows`` with ``sample`` (the fraction of each run's requests the tables hold)
-    scaled by the fraction read."""
-    return rows if fraction >= 1.0 else rows.assign(sample=rows["sample"] * fraction)
+@dataclass(frozen=True)
+class ReadSample:
+    """The requests read of runs past the row budget (:func:`_read_sample`)."""
+
+    request_ids: dict[str, list[str]]  # root -> the request ids read there
+    shares: dict[str, float]  # run_id -> the share of its recorded requests read
 
 
-def _read_runs(name: str, rows: pd.DataFrame, fraction: float = 1.0) -> pd.DataFrame:
-    """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined);
-    ``fraction`` < 1 reads only the requests whose prompt id
-    :func:`~dsparklab.store.sampling.request_sampled` keeps at that fraction (each whole:
-    its steps and positions; the same prompts in every run)."""
+def _read_sample(rows: pd.DataFrame, fraction: float) -> ReadSample | None:
+    """Which requests to read so that ``fraction`` of the recorded ones are (None: all).
+
+    The same prompts in every run: a prompt is read when its point
+    (:func:`~dsparklab.store.sampling.request_unit` of its prompt id) lies below the
+    ``fraction`` quantile of the recorded requests' points. A quantile, not ``fraction``
+    itself: a store recorded as a sample (``DSPARKLAB_SAMPLE``) may hold only the requests
+    whose points are already small, and a fixed threshold would then read all of them,
+    past the budget, under a wrong label.
+    """
     from dsparklab.store import read_trace
-    from dsparklab.store.sampling import request_sampled
+    from dsparklab.store.sampling import request_unit
+
+    if fraction >= 1.0:
+        return None
+    frames = []
+    for root, group in rows.groupby("root", sort=False):
+        filters = {"run_id": group["run_id"].tolist()}
+        ids = read_trace(root, "requests", columns=["request_id", "prompt_id"], filters=filters)
+        frames.append(ids.assign(root=root))
+    ids = pd.concat(frames, ignore_index=True)
+    points = ids["prompt_id"].astype(str).map(request_unit)
+    keep = points < np.quantile(points, fraction) if len(points) else points.astype(bool)
+    read = ids[keep]
+    shares = read.groupby("run_id").size().reindex(rows["run_id"], fill_value=0) / (
+        ids.groupby("run_id").size().reindex(rows["run_id"]).clip(lower=1)
+    )
+    return ReadSample(
+        request_ids={
+            str(root): group["request_id"].unique().tolist()
+            for root, group in read.groupby("root", sort=False)
+        },
+        shares={str(k): float(v) for k, v in shares.items()},
+    )
+
+
+def _sampled(rows: pd.DataFrame, kept: ReadSample | None) -> pd.DataFrame:
+    """``rows`` with ``sample`` (the fraction of each run's requests the tables hold)
+    scaled by the share of its recorded requests read."""
+    if kept is None:
+        return rows
+    return rows.assign(sample=rows["sample"] * rows["run_id"].astype(str).map(kept.shares))
+
+
+def _read_runs(name: str, rows: pd.DataFrame, kept: ReadSample | None = None) -> pd.DataFrame:
+    """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined);
+    with ``kept``, only the requests it names (each whole: its steps and positions)."""
+    from dsparklab.store import read_trace
 
     frames = []
     for root, group in rows.groupby("root", sort=False):
         filters: dict[str, Any] = {"run_id": group["run_id"].tolist()}
-        if fraction < 1.0 and name in ("positions", "steps", "requests"):
-            ids = read_trace(root, "requests", columns=["request_id", "prompt_id"], filters=filters)
-            kept = ids["prompt_id"].map(lambda p: request_sampled(str(p), fraction))
-            filters["request_id"] = ids.loc[kept, "request_id"].unique().tolist()
+        if kept is not None and name in ("positions", "steps", "requests"):
+            filters["request_id"] = kept.request_ids.get(str(root), [])
         frames.append(read_trace(root, name, filters=filters))
     return pd.concat(frames, ignore_index=True)
 

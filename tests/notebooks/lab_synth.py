@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store.sampling import request_sampled
 
 VOCAB = 64
 BASE_ACCEPT = {"humaneval": 0.86, "prose": 0.72}
@@ -44,8 +45,11 @@ def write_synthetic_run(
     tokens_per_request: int = 40,
     seed: int = 0,
     tier: str = "synthetic",
+    sample: float = 1.0,
 ) -> Path:
-    """One run written into the store ``root``; returns its run.json's directory."""
+    """One run written into the store ``root``; returns its run.json's directory. ``sample``
+    < 1 records only the requests whose prompt id a ``DSPARKLAB_SAMPLE`` of that fraction
+    keeps, and says so in run.json."""
     key = f"{method}/{n}/{dataset}/{seed}".encode()
     rng = np.random.default_rng(zlib.crc32(key))
     leaf = "none" if method == "none" else f"{method}-n{n}"
@@ -62,12 +66,15 @@ def write_synthetic_run(
         sampling={"temperature": 0.0, "seed": seed},
         tier=tier,
         synthetic=True,
+        **({"sample": {"fraction": sample}} if sample < 1.0 else {}),
     )
     probs = _accept_probs(method, dataset, n) if method != "none" else np.zeros(0)
     with TraceWriter(root, meta) as writer:
         for r in range(n_requests):
             request_id = f"req{r:03d}"
             prompt_id = f"{dataset}/{r:03d}"
+            if not request_sampled(prompt_id, sample):
+                continue
             # a per-prompt difficulty, shared by every run of the same dataset
             hardness = np.random.default_rng(zlib.crc32(prompt_id.encode())).normal(0, 0.06)
             # the prefill's token opens the output; each step then emits accepted_len + 1

@@ -14,7 +14,7 @@ from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
 from dsparklab.report.findings import compute_findings, sampled_notes
 from dsparklab.store import read_trace
 from dsparklab.store.location import Location
-from dsparklab.store.sampling import request_sampled
+from dsparklab.store.sampling import request_unit
 from tests.notebooks.lab_synth import write_synthetic_run
 
 
@@ -33,13 +33,11 @@ def test_past_the_budget_whole_requests_are_read_and_the_fraction_said(
     assert (full.runs["sample"] == 1.0).all()
     monkeypatch.setenv(MAX_ROWS_ENV, str(total // 4))
     runs = load_runs(store)
-    fraction = (total // 4) / total
-    assert runs.runs["sample"].tolist() == pytest.approx([fraction] * len(runs.runs))
-    prompts = full.steps.drop_duplicates("request_id")
-    kept = set(
-        prompts.loc[prompts["prompt_id"].map(lambda p: request_sampled(p, fraction)), "request_id"]
-    )
-    assert 0 < len(kept) < full.steps["request_id"].nunique()
+    # the quarter of the prompts with the smallest points, the same in every run
+    prompts = full.steps.drop_duplicates("request_id").set_index("request_id")["prompt_id"]
+    points = prompts.map(request_unit).sort_values()
+    kept = set(points.index[: len(points) // 4])
+    assert runs.runs["sample"].tolist() == pytest.approx([len(kept) / len(points)] * 3)
     assert set(runs.positions["request_id"]) | set(runs.steps["request_id"]) == kept
     for table, keys in ((runs.positions, ["run_id", "request_id", "step", "position"]),
                         (runs.steps, ["run_id", "request_id", "step"])):  # fmt: skip
@@ -54,6 +52,28 @@ def test_past_the_budget_whole_requests_are_read_and_the_fraction_said(
     (note,) = sampled_notes(any_runs.runs, labels)
     assert "hold a sample" in note and "DSPARKLAB_MAX_ROWS" in note
     assert len(read_trace(store, "positions")) == total  # the store itself is untouched
+
+
+def test_a_store_recorded_as_a_sample_is_read_within_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: runs recorded with DSPARKLAB_SAMPLE=0.1 hold only prompts whose points lie
+    below 0.1; past the budget the lab reads half of those (not all of them, at twice the
+    budget) and labels each run with the share its tables hold."""
+    for method, n in (("dspark", 3), ("eagle3", 3), ("none", 0)):
+        write_synthetic_run(
+            tmp_path, method=method, n=n, dataset="prose", n_requests=400, sample=0.1
+        )
+    full = load_runs(tmp_path)
+    assert (full.runs["sample"] == 0.1).all()
+    recorded = full.steps["request_id"].nunique()
+    assert 20 < recorded < 60
+    monkeypatch.setenv(MAX_ROWS_ENV, str(len(full.positions) // 2))
+    runs = load_runs(tmp_path)
+    read = runs.steps["request_id"].nunique()
+    assert len(runs.positions) <= len(full.positions) // 2 + 200  # the budget, to a request
+    assert abs(read - recorded / 2) <= 1
+    assert runs.runs["sample"].tolist() == pytest.approx([0.1 * read / recorded] * 3)
 
 
 def test_a_bad_budget_is_one_line(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
