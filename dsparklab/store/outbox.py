@@ -5,10 +5,13 @@ refusing credentials or missing its bucket must not change vLLM's tokens or hold
 step. The writer hands each finished file (a part, or run.json) to an :class:`Outbox`,
 which sends them in order from its own thread and retries a failing send with back-off.
 While the store is away, files queue up to ``max_bytes``; past that, the oldest parts are
-dropped and counted, a whole flush at a time (a step and its positions stay together), and
-run.json is never dropped: only its newest version is kept. When the store answers again,
-everything still queued is sent. One log line says when the store went away and one when
-it came back, with what was dropped.
+dropped and counted, a whole flush at a time (a step and its positions stay together; a
+flush whose first part was sent is never cut), and run.json is never dropped: only its
+newest version is kept. A live run.json takes the place of the queued one it replaces, so a
+steady stream of parts never keeps pushing it back (its lease and its drop counts land); the
+final one goes last, after every part it counts. When the store answers again, everything
+still queued is sent. One log line says when the store went away and one when it came back,
+with what was dropped.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Outbox:
         self._closed = False
         self._down_since: float | None = None
         self._dropped_in_outage = 0
+        self._started: set[int] = set()  # batches with a part sent and parts still queued
         self._thread = threading.Thread(target=self._run, name=f"dsparklab-{name}", daemon=True)
         self._thread.start()
 
@@ -87,34 +91,48 @@ class Outbox:
         table: str | None,
         rows: int = 0,
         batch: int | None = None,
+        final: bool = False,
     ) -> None:
-        """Queue one file; a newer run.json replaces a queued older one. Parts given one
-        ``batch`` are dropped together."""
+        """Queue one file. A newer run.json (``table`` None) replaces a queued older one: in
+        its place while the run is live, at the back when ``final`` (the closing one, sent
+        after every part). Parts given one ``batch`` are dropped together."""
         with self._cond:
-            if table is None:
-                in_flight = self._queue[0] if self._busy and self._queue else None
-                for old in [i for i in self._queue if i.location == location]:
-                    if old is not in_flight:
-                        self._queue.remove(old)
-                        self._bytes -= len(old.data)
+            if table is None and self._replace_run_json(location, data, final):
+                self._cond.notify_all()
+                return
             self._queue.append(_Item(location, data, table, rows, batch))
             self._bytes += len(data)
             self._drop_over_bound()
             self._cond.notify_all()
 
+    def _replace_run_json(self, location: Location, data: bytes, final: bool) -> bool:
+        """Drop the queued (not in flight) older versions of this run.json; a live one
+        takes the first one's place (True: placed), a final one is appended by the caller."""
+        in_flight = self._queue[0] if self._busy and self._queue else None
+        queued = [i for i in self._queue if i.location == location and i is not in_flight]
+        placed = bool(queued) and not final
+        if placed:
+            first, queued = queued[0], queued[1:]
+            self._bytes += len(data) - len(first.data)
+            first.data = data
+        for old in queued:
+            self._queue.remove(old)
+            self._bytes -= len(old.data)
+        return placed
+
     def _drop_over_bound(self) -> None:
-        """Oldest flush first, whole; never the one being sent (it would land in part), and
-        never run.json (it says what was dropped)."""
+        """Oldest flush first, whole; never one being sent or partly sent (it would land in
+        part), and never run.json (it says what was dropped)."""
         while self._bytes > self.max_bytes:
             in_flight = self._queue[0] if self._busy and self._queue else None
-            sending = in_flight.batch if in_flight is not None else None
+            begun = self._started | ({in_flight.batch} if in_flight is not None else set())
             victim = next(
                 (
                     i
                     for i in self._queue
                     if i.table is not None
                     and i is not in_flight
-                    and (i.batch != sending or i.batch is None)
+                    and (i.batch is None or i.batch not in begun)
                 ),
                 None,
             )
@@ -189,6 +207,11 @@ class Outbox:
                 if self._queue and self._queue[0] is item:
                     self._queue.popleft()
                     self._bytes -= len(item.data)
+                if item.batch is not None:  # a flush begun stays whole until it is all sent
+                    if any(i.batch == item.batch for i in self._queue):
+                        self._started.add(item.batch)
+                    else:
+                        self._started.discard(item.batch)
                 if item.table is not None:
                     counts = self.counts
                     counts.sent_parts[item.table] = counts.sent_parts.get(item.table, 0) + 1

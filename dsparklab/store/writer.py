@@ -380,7 +380,7 @@ class TraceWriter:
             if self._outbox is None:
                 target.write_bytes(data)
             else:
-                self._outbox.put(target, data, table=None)
+                self._outbox.put(target, data, table=None, final=not self._open)
 
 
 def write_run_json(run: Where, meta: Mapping[str, Any]) -> None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -136,6 +137,46 @@ def test_outbox_buffers_while_the_store_fails_and_sends_the_rest(
     assert len(read_trace(run, "steps")) == 10
     text = caplog.text
     assert "unreachable" in text and "is back after" in text
+
+
+def test_a_live_run_json_keeps_its_place_and_the_final_one_goes_last(tmp_path: Path) -> None:
+    """Issue 33: each new live run.json used to go to the back of the queue, so under a slow
+    store with parts always queued it never landed (nor its lease and drop counts)."""
+    run, blocker = _blocked(tmp_path)
+    outbox = Outbox(max_bytes=2**30, name="test store")
+    meta, parts = run / "run.json", [run / f"steps-{i}.parquet" for i in range(3)]
+    outbox.put(meta, b'{"v": 1}', table=None)
+    for i, part in enumerate(parts):
+        outbox.put(part, b"rows", table="steps", rows=1, batch=i)
+        outbox.put(meta, b'{"v": %d}' % (i + 2), table=None)
+    blocker.unlink()
+    assert outbox.drain(30.0)
+    sent_at = {p.name: Path(p.path).stat().st_mtime_ns for p in [meta, *parts]}
+    assert meta.read_bytes() == b'{"v": 4}'  # the newest, in the first one's place
+    assert sent_at["run.json"] <= min(sent_at[p.name] for p in parts)
+    outbox.put(parts[0], b"more", table="steps", rows=1, batch=3)
+    outbox.put(meta, b'{"v": "final"}', table=None, final=True)
+    assert outbox.close(30.0)
+    assert Path(meta.path).stat().st_mtime_ns >= Path(parts[0].path).stat().st_mtime_ns
+
+
+def test_a_flush_whose_first_part_was_sent_is_never_cut(tmp_path: Path) -> None:
+    """Issue 33: with the store failing between a flush's parts, the bound used to drop the
+    rest of a flush already half sent; it drops a whole later flush instead."""
+    good, (late, blocker) = Location.of(tmp_path / "good"), _blocked(tmp_path)
+    outbox = Outbox(max_bytes=2**30, name="test store")
+    outbox.put(good / "steps-0.parquet", b"steps", table="steps", rows=2, batch=0)
+    outbox.put(late / "positions-0.parquet", b"positions", table="positions", rows=8, batch=0)
+    deadline = time.monotonic() + 10
+    while not (outbox.counts.sent_parts and outbox.counts.failures) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outbox.counts.sent_parts == {"steps": 1} and outbox.counts.failures
+    outbox.max_bytes = len(b"positions")  # room for the half-sent flush's rest only
+    outbox.put(good / "steps-1.parquet", b"steps", table="steps", rows=2, batch=1)
+    assert outbox.counts.dropped_parts == {"steps": 1}, "the later flush, whole"
+    blocker.unlink()
+    assert outbox.close(30.0)
+    assert (late / "positions-0.parquet").read_bytes() == b"positions"
 
 
 def test_outbox_drops_the_oldest_parts_past_its_bound_and_counts_them(tmp_path: Path) -> None:
