@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -62,3 +63,16 @@ class ProvenanceError(DSparkLabError, ValueError):
 
 class ConfigError(DSparkLabError, ValueError):
     """A configuration value out of range or inconsistent with the models it runs."""
+
+
+class InputFormatError(TraceSchemaError):
+    """An input file an importer cannot read: names the file (and line) and the field."""
+
+
+def input_error(
+    where: Path | str, message: str, *, field: str | None = None, line: int | None = None
+) -> InputFormatError:
+    """The error for bad input at ``where`` (a file or URL), on ``line`` when known."""
+    return InputFormatError(
+        message, path=where if line is None else f"{where} line {line}", field=field
+    )

@@ -21,7 +21,7 @@ import numpy as np
 
 import dsparklab
 from dsparklab.analysis.definitions import Check, check
-from dsparklab.errors import DSparkLabError, TraceSchemaError
+from dsparklab.errors import DSparkLabError, InputFormatError, TraceSchemaError, input_error
 from dsparklab.provenance import hash_path
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
 from dsparklab.store.layout import run_location
@@ -31,19 +31,6 @@ from dsparklab.store.schema import RUN_JSON
 
 DEFAULT_DATASET = "imported"
 DEFAULT_METHOD = "unknown"
-
-
-class InputFormatError(TraceSchemaError):
-    """An input file an importer cannot read: names the file (and line) and the field."""
-
-
-def input_error(
-    where: Path | str, message: str, *, field: str | None = None, line: int | None = None
-) -> InputFormatError:
-    """The error for bad input at ``where`` (a file or URL), on ``line`` when known."""
-    return InputFormatError(
-        message, path=where if line is None else f"{where} line {line}", field=field
-    )
 
 
 # -- inputs ---------------------------------------------------------------------------------

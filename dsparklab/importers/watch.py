@@ -29,13 +29,8 @@ from typing import Any
 import dsparklab
 from dsparklab.errors import DSparkLabError
 from dsparklab.importers._common import DEFAULT_DATASET, DEFAULT_METHOD, InputFormatError
-from dsparklab.importers.prometheus import (
-    PER_POS,
-    SpecDecodeCounters,
-    counter_rows,
-    delta_totals,
-    spec_decode_counters,
-)
+from dsparklab.importers.prometheus import counter_rows, delta_totals
+from dsparklab.prometheus import PER_POS, SpecDecodeCounters, spec_decode_counters
 from dsparklab.store import TraceWriter, new_run_json
 
 ENGINE = {"name": "vllm", "version": "unknown", "mode": "live"}

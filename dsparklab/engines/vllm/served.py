@@ -144,7 +144,7 @@ class ServedConfig:
 def speculative_tokens_from_metrics(text: str) -> int | None:
     """n from a ``/metrics`` page: its per-position counters (0: no spec-decode counters
     on a vLLM page; None: not a vLLM page, or one without stats, ``--disable-log-stats``)."""
-    from dsparklab.importers.prometheus import parse_exposition, spec_decode_counters
+    from dsparklab.prometheus import parse_exposition, spec_decode_counters
 
     try:
         return spec_decode_counters(text, "/metrics").n
