@@ -17,6 +17,10 @@ from dsparklab.store.layout import run_tables, store_of, table_location
 from dsparklab.store.location import Location
 from dsparklab.store.schema import ALL_TABLES, RUN_JSON
 
+# one headless chromium for the session, whichever directory opens a page first (two
+# Playwright sessions cannot share a thread)
+from tests.browser_fixtures import browser, chromium, screenshots  # noqa: F401
+
 TESTS = Path(__file__).parent
 # The tiers (pyproject.toml's markers say what each means). Every test below one of these
 # directories carries its marker, whatever its module declares ...

@@ -146,6 +146,12 @@ position was reached, before and after sequential temperature scaling
 </div>
 
 <h2>Notebooks</h2>
+<p class="notebook-links">{% for nb in notebooks %}{% if nb.html %}<a href="{{ nb.html }}">
+{{- nb.name }}</a>{% else %}{{ nb.name }}{% endif %}
+<span class="{{ 'ok' if nb.ok else 'failed' }}">{{ 'ok' if nb.ok else 'failed' }}</span>
+{{- " · " if not loop.last }}{% endfor %}</p>
+<details id="notebook-details"><summary>Each notebook's status, time, figures and executed
+notebook</summary>
 <table id="notebooks">
 <tr><th>notebook</th><th>status</th><th>time</th><th>figures</th><th>executed</th></tr>
 {% for nb in notebooks %}
@@ -160,6 +166,7 @@ section(s) not computed</summary><ul>{% for s in nb.not_computed %}
 <td>{% if nb.executed %}<a href="{{ nb.executed }}">.ipynb</a>{% endif %}</td></tr>
 {% endfor %}
 </table>
+</details>
 
 <h2>Figures</h2>
 {% if png_message %}<p class="note">{{ png_message }}</p>{% endif %}

@@ -1,4 +1,5 @@
-"""Fixtures of the browser tests: Debian's chromium (found or installed), the built report.
+"""Fixtures of the browser tests: the built report (chromium and its page fixtures are the
+root conftest's: tests/browser_fixtures.py).
 
 The report and the run set are the notebook tests' (tests/notebooks/lab_support.py, built
 once per session whichever directory asks first).
@@ -6,77 +7,11 @@ once per session whichever directory asks first).
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 
 # the notebook tests' fixtures: the same run set and report
 from lab_support import report, runs_dir  # noqa: E402, F401
 
-CHROMIUM = "/usr/bin/chromium"
-# Playwright's own browser download cannot be used here: drive Debian's build headless.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _install_chromium() -> str:
-    """Try apt-get; return '' on success, else why it failed."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if hasattr(os, "geteuid") and os.geteuid() != 0:
-        return "not root, cannot apt-get install chromium"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"],
-    ):
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return f"{' '.join(command)}: {err}"
-        if done.returncode != 0:
-            return f"{' '.join(command)} exited {done.returncode}: {done.stderr[-300:]}"
-    return ""
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    """The chromium executable; installed with apt-get when missing, else a visible skip."""
-    path = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).is_file() else None)
-    if path is None:
-        reason = _install_chromium()
-        path = shutil.which("chromium")
-        if path is None:
-            pytest.skip(f"chromium is not installed and could not be installed: {reason}")
-    return path
-
-
-@pytest.fixture(scope="session")
-def browser(chromium: str):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        try:
-            yield instance
-        finally:
-            instance.close()
-
-
-@pytest.fixture(scope="session")
-def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the screenshots go (printed by the tests, kept with pytest's temp dirs)."""
-    return tmp_path_factory.mktemp("screenshots")
