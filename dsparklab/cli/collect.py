@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 ENGINES: dict[str, str] = {
     "reference": "dsparklab.engines.reference.collect:collect",
     "vllm": "dsparklab.engines.vllm.collect:collect",
-    "vllm-serve": "dsparklab.engines.vllm.collect:collect_serve",
+    "vllm-serve": "dsparklab.engines.vllm.serve_client:collect_serve",
 }
 
 
@@ -174,7 +174,7 @@ def _collect_served(
     named: dict[str, str | None],
 ) -> tuple[Path, CollectOptions]:
     """Ask the server what it runs, refuse options that disagree, then collect."""
-    from dsparklab.engines.vllm.collect import (
+    from dsparklab.engines.vllm.serve_client import (
         default_server_url,
         default_tap_dir,
         served_options,

@@ -26,7 +26,7 @@ def lab(
     open_browser: Annotated[bool, typer.Option(help="Open a web browser.")] = False,
 ) -> None:
     """Open JupyterLab on the notebooks; Ctrl-C, SIGTERM or SIGHUP stops it and its kernels."""
-    from dsparklab.lab.notebook import resolve_runs, shipped_traces
+    from dsparklab.lab.runs import resolve_runs, shipped_traces
     from dsparklab.lab.server import start_lab
 
     runs_dir = resolve_runs(runs or "")

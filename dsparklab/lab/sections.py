@@ -1,6 +1,6 @@
 """Notebook sections that say why they were not computed, instead of failing the page.
 
-A cell that starts with ``%%section <title>`` (the magic :func:`dsparklab.lab.notebook.setup`
+A cell that starts with ``%%section <title>`` (the magic :func:`dsparklab.lab.display.setup`
 registers) runs its body like any cell, except:
 
 - when the body raises :class:`~dsparklab.errors.MissingInputError` (the runs lack a

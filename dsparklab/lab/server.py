@@ -3,8 +3,8 @@
 JupyterLab serves the notebooks shipped with the package (in a checkout, ``notebooks/``;
 see :mod:`dsparklab.lab.resources`). The runs directory reaches them through
 ``$DSPARKLAB_RUNS``, which their parameters cell reads when ``RUNS`` is empty (see
-:func:`dsparklab.lab.notebook.resolve_runs`), the shipped traces through
-``$DSPARKLAB_SHIPPED`` (:func:`dsparklab.lab.notebook.shipped_traces`); both absolute, as
+:func:`dsparklab.lab.runs.resolve_runs`), the shipped traces through
+``$DSPARKLAB_SHIPPED`` (:func:`dsparklab.lab.runs.shipped_traces`); both absolute, as
 the kernels run in the notebooks' directory.
 :func:`start_lab` is what the CLI and the browser tests use; the caller owns the process
 and must stop it (:meth:`LabServer.stop`).
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.lab.notebook import HEADLESS_ENV, RUNS_ENV, SHIPPED_ENV, resolve_runs
+from dsparklab.lab.display import HEADLESS_ENV
 from dsparklab.lab.resources import notebooks_dir
+from dsparklab.lab.runs import RUNS_ENV, SHIPPED_ENV, resolve_runs
 from dsparklab.store.location import Location
 from dsparklab.zoo.load import ZOO_DIR, ZOO_ENV
 

@@ -247,7 +247,7 @@ def plot_survival_curves(
     title
         Figure title.
     published
-        From :func:`dsparklab.lab.notebook.load_published_curves`: the published curves of the
+        From :func:`dsparklab.lab.published.load_published_curves`: the published curves of the
         comparable kind (``marginal`` beside survival, ``teacher-forced accuracy`` beside
         the conditional rate) are drawn in grey, dotted, named "published: ...".
     """
@@ -474,7 +474,7 @@ def plot_request_strip(
         Select runs (request ids are unique only within a run).
     token_labels
         ``token id -> text`` (a mapping or a callable, e.g.
-        ``dsparklab.lab.notebook.load_token_text``) for the cell labels; default: the ids.
+        ``dsparklab.lab.tokens.load_token_text``) for the cell labels; default: the ids.
     width
         The figure's width in pixels (default: the settings'); cell labels are drawn only
         where a cell is wide enough to read them, else the tokens are in the hover.

@@ -2,7 +2,7 @@
 
 Numbers come from :func:`dsparklab.analysis.compute_window_scaling` and
 :func:`dsparklab.analysis.compute_speedup_model`; the published table is read by
-:func:`dsparklab.lab.notebook.load_published`. The builders only select and reshape.
+:func:`dsparklab.lab.published.load_published`. The builders only select and reshape.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def plot_published_comparison(
         Speedup per method and n, e.g. ``compute_window_scaling(steps, by=("method",))``
         (one line per method; a ``dataset`` column, when present, is drawn dashed).
     published
-        :func:`dsparklab.lab.notebook.load_published` (target, drafter, method, benchmark, n,
+        :func:`dsparklab.lab.published.load_published` (target, drafter, method, benchmark, n,
         speedup, source).
     benchmark
         Which published benchmark to draw (``"mean6"``: the unweighted mean of six sets).

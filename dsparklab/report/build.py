@@ -32,15 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.lab.notebook import (
-    HEADLESS_ENV,
-    PLOTLY_MIMETYPE,
-    SHIPPED_ENV,
-    resolve_runs,
-    shipped_traces,
-    within,
-)
+from dsparklab.lab.display import HEADLESS_ENV, PLOTLY_MIMETYPE
 from dsparklab.lab.resources import notebooks_dir as shipped_notebooks
+from dsparklab.lab.runs import SHIPPED_ENV, resolve_runs, shipped_traces, within
 from dsparklab.report.figures import render_figures
 from dsparklab.report.html import export_html
 from dsparklab.report.index import write_index
@@ -164,7 +158,7 @@ def execute_notebook(
         result.n_plotly_outputs = _count_plotly_outputs(executed)
     result.figures = sorted(p.stem for p in figures_dir.glob("*.json"))
     if executed.is_file():
-        from dsparklab.lab.notebook import SECTIONS_RECORD, read_records
+        from dsparklab.lab.display import SECTIONS_RECORD, read_records
 
         result.not_computed = list(read_records(executed).get(SECTIONS_RECORD) or [])
     return result
@@ -190,7 +184,7 @@ def build_report(
     Parameters
     ----------
     runs
-        A directory of run directories (see :func:`dsparklab.lab.notebook.resolve_runs`).
+        A directory of run directories (see :func:`dsparklab.lab.runs.resolve_runs`).
     out
         The report directory (created; files of a previous report are replaced).
     notebooks_dir, names
@@ -199,7 +193,7 @@ def build_report(
     shipped
         Traces read beside ``runs`` (the demo passes the ones shipped in ``data/traces``).
         None: only ``runs``, unless the ``SHIPPED`` parameter is True, which adds
-        :func:`dsparklab.lab.notebook.shipped_traces`. The notebooks get ``SHIPPED``
+        :func:`dsparklab.lab.runs.shipped_traces`. The notebooks get ``SHIPPED``
         set to whether traces were added.
     zoo_dir
         The zoo whose cards give the findings' learning curves and calibration (default:

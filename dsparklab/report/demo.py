@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparklab.lab.notebook import DEFAULT_RUNS
+from dsparklab.lab.runs import DEFAULT_RUNS
 from dsparklab.report.build import build_report
 from dsparklab.report.results import ReportResult
 
@@ -170,7 +170,7 @@ def run_demo(
     )
     collected = time.perf_counter()
     logger.info("demo runs ready in %.0f s (%s)", collected - start, runs)
-    from dsparklab.lab.notebook import shipped_traces
+    from dsparklab.lab.runs import shipped_traces
 
     report = build_report(
         runs,

@@ -113,7 +113,7 @@ def compute_findings(
     leaves its table empty and adds one note saying why.
 
     Acceptance and step times are counted by DuckDB over every request the runs hold
-    (:func:`dsparklab.lab.notebook.count_runs`); only the small tables of imported and
+    (:func:`dsparklab.lab.runs.count_runs`); only the small tables of imported and
     live runs (counters, totals) are read into memory.
     """
     from dsparklab.analysis import (
@@ -122,13 +122,9 @@ def compute_findings(
         compute_acceptance_length_any,
     )
     from dsparklab.analysis.sql.queries import BIN_EDGES
-    from dsparklab.lab.notebook import (
-        count_runs,
-        left_out_text,
-        load_any_runs,
-        load_published_curves,
-        save_figure,
-    )
+    from dsparklab.lab.display import save_figure
+    from dsparklab.lab.published import load_published_curves
+    from dsparklab.lab.runs import count_runs, left_out_text, load_any_runs
     from dsparklab.plots import plot_survival_curves
     from dsparklab.plots.training import plot_learning_curve
     from dsparklab.zoo import ZOO_DIR
@@ -293,7 +289,7 @@ def _window_findings(
     from dsparklab.analysis import compute_best_n, compute_speedup_model, compute_window_scaling
     from dsparklab.analysis.findings import seeds_answer, speedup_trend
     from dsparklab.errors import MissingInputError
-    from dsparklab.lab.notebook import count_runs, token_runs
+    from dsparklab.lab.runs import count_runs, token_runs
 
     keys = ["run_set", "dataset", "method"]
     windows = lengths.groupby(keys)["n"].transform("nunique")
@@ -364,7 +360,7 @@ def _window_findings(
             for r in findings.best_frame.to_dict("records")
         ]
         labelled = scaling.assign(dataset=scaling["run_set"] + ": " + scaling["dataset"])
-        from dsparklab.lab.notebook import save_figure
+        from dsparklab.lab.display import save_figure
         from dsparklab.plots import plot_window_scaling
 
         figure = plot_window_scaling(

@@ -107,6 +107,14 @@ BIN_WORDS = {
 }
 
 
+def _bin_al(row: pd.Series) -> str:
+    """A bin's AL with its interval, or with "one request" where a single request fills the
+    bin (the bootstrap over requests has nothing to vary)."""
+    if int(row.get("n_requests", 2)) < 2:
+        return f"{row['accept_len']:.2f} (one request)"
+    return with_interval(row["accept_len"], row["accept_len_lo"], row["accept_len_hi"])
+
+
 def bin_sentence(lengths: pd.DataFrame, column: str) -> str:
     """Per method and dataset at the largest window: AL in the first bin of ``column``
     (``depth_bin`` or ``context_bin``) against the last one, and whether the intervals
@@ -128,10 +136,8 @@ def bin_sentence(lengths: pd.DataFrame, column: str) -> str:
             verdict = "does not change measurably (the intervals overlap)"
         parts.append(
             f"{method} on {dataset} (n = {int(first['n'])}): AL {verdict} from "
-            f"{with_interval(first['accept_len'], first['accept_len_lo'], first['accept_len_hi'])}"
-            f" {first_words} to "
-            f"{with_interval(last['accept_len'], last['accept_len_lo'], last['accept_len_hi'])}"
-            f" {last_words.format(edge=int(last[column]))}"
+            f"{_bin_al(first)} {first_words} to {_bin_al(last)} "
+            f"{last_words.format(edge=int(last[column]))}"
         )
     return f" With {what}: " + "; ".join(parts) + "." if parts else ""
 

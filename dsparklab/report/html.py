@@ -2,7 +2,7 @@
 
 nbconvert's ``lab`` template, less the scripts it would load from a CDN (see
 ``templates/dsparklab_offline``); plotly.js is already embedded in the notebook by
-:func:`dsparklab.lab.notebook.setup`, and images are inlined.
+:func:`dsparklab.lab.display.setup`, and images are inlined.
 """
 
 from __future__ import annotations

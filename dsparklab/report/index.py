@@ -148,7 +148,7 @@ position was reached, before and after sequential temperature scaling
 <h2>Notebooks</h2>
 <p class="notebook-links">{% for nb in notebooks %}{% if nb.html %}<a href="{{ nb.html }}">
 {{- nb.name }}</a>{% else %}{{ nb.name }}{% endif %}
-<span class="{{ 'ok' if nb.ok else 'failed' }}">{{ 'ok' if nb.ok else 'failed' }}</span>
+{%- if not nb.ok %} <span class="failed">failed</span>{% endif %}
 {{- " · " if not loop.last }}{% endfor %}</p>
 <details id="notebook-details"><summary>Each notebook's status, time, figures and executed
 notebook</summary>

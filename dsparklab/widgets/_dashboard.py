@@ -14,7 +14,7 @@ class Dashboard(ABC):
     """Base of the widget dashboards; subclasses build ``figures()`` and ``_build()``.
 
     ``figure_prefix`` names the static figures (``<prefix>_<figure>``) that
-    :func:`dsparklab.lab.notebook.show` records.
+    :func:`dsparklab.lab.display.show` records.
     """
 
     figure_prefix = "dashboard"
@@ -49,7 +49,7 @@ class Dashboard(ABC):
             display(self.widget)
             self._on_displayed()
             return
-        from dsparklab.lab.notebook import show
+        from dsparklab.lab.display import show
 
         for name, fig in self.figures().items():
             show(fig, f"{self.figure_prefix}_{name}", out_dir=out_dir)

@@ -186,7 +186,7 @@ class Explorer(Dashboard):
         ``annotate_positions(positions, steps=steps)`` (for the request strips); None for
         runs without token-level rows (the strip says there are none).
     token_labels
-        Token id -> text for the strips (``dsparklab.lab.notebook.load_token_text``).
+        Token id -> text for the strips (``dsparklab.lab.tokens.load_token_text``).
     dataset, method, n, view
         Initial control values (default: the first of each; ``view`` is
         ``"conditional"`` or ``"survival"``).

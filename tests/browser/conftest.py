@@ -14,4 +14,3 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 
 # the notebook tests' fixtures: the same run set and report
 from lab_support import report, runs_dir  # noqa: E402, F401
-

@@ -42,7 +42,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsparklab.analysis import count_acceptance_any  # noqa: E402
-from dsparklab.engines.vllm.collect import read_tap_runs  # noqa: E402
+from dsparklab.engines.vllm.join import read_tap_runs  # noqa: E402
 from dsparklab.engines.vllm.recorder import SETTLED_MARKER  # noqa: E402
 from dsparklab.importers import import_files  # noqa: E402
 from dsparklab.prompts import load_prompts  # noqa: E402

@@ -562,7 +562,8 @@ def test_importing_the_engine_does_not_import_vllm() -> None:
 
     code = (
         "import sys, dsparklab.engines.vllm, dsparklab.engines.vllm.plugin, "
-        "dsparklab.engines.vllm.collect; print('vllm' in sys.modules)"
+        "dsparklab.engines.vllm.collect, dsparklab.engines.vllm.serve_client, "
+        "dsparklab.engines.vllm.join; print('vllm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

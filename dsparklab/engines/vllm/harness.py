@@ -528,7 +528,7 @@ def serve(
     off uninstalls it, so the same code runs without any wrapper.
     """
     from dsparklab.engines.reference.core import eos_ids, truncate_output
-    from dsparklab.engines.vllm.collect import CollectedRequest
+    from dsparklab.engines.vllm.join import CollectedRequest
 
     if tap_config is None:
         patching.uninstall()
@@ -599,7 +599,7 @@ def collect(
     import vllm
 
     from dsparklab.engines.reference.collect import ModelSet
-    from dsparklab.engines.vllm.collect import _run_json, read_tap_runs, write_run
+    from dsparklab.engines.vllm.join import read_tap_runs, run_json, write_run
 
     options = replace(options, engine=HARNESS_ENGINE)
     models = ModelSet(options.target, options.drafters)
@@ -631,7 +631,7 @@ def collect(
             if partition_values(d)["run_id"].startswith(tap_config.run_name)
         )
         for run in group:
-            meta = _run_json(
+            meta = run_json(
                 run.spec,
                 models.target_ref,
                 models.drafter_ref(method),

@@ -95,3 +95,5 @@ def test_acceptance_with_depth_or_context_says_whether_the_intervals_separate(
     assert f"AL falls from 2.00 (1.90–2.10) {first} to 1.40 (1.20–1.60) {last}" in falls
     assert "does not change measurably" in bin_sentence(lengths(1.8, 1.95, 2.1), column)
     assert bin_sentence(lengths(1.8, 1.95, 2.1).iloc[:1], column) == ""
+    lonely = lengths(1.2, 1.4, 1.6).assign(n_requests=[5, 5, 1])
+    assert f"to 1.40 (one request) {last}" in bin_sentence(lonely, column)

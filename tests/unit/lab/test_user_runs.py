@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from dsparklab.cli.app import app
 from dsparklab.cli.report import parse_params
 from dsparklab.errors import MissingInputError
+from dsparklab.lab import display
 from dsparklab.lab import notebook as nb
 from dsparklab.lab.notebook import default_comparison, load_comparison, load_runs, read_records
 from dsparklab.lab.sections import SectionLog, run_section
@@ -58,7 +59,8 @@ def test_section_magic_in_a_real_kernel_shell_records_what_it_skipped(tmp_path: 
             "raise MissingInputError('nothing to see')"
         )
         assert result.success, "a missing input is not a cell error"
-        assert nb._SECTIONS.not_computed[-1] == {"section": "Lonely", "reason": "nothing to see"}
+        sections = display._SECTIONS  # the kernel's section log (one notebook per kernel)
+        assert sections.not_computed[-1] == {"section": "Lonely", "reason": "nothing to see"}
         assert not shell.run_cell("%%section Bad\nraise ValueError('real')").success
     finally:
         InteractiveShell.clear_instance()
