@@ -149,6 +149,7 @@ def collect(
         threads=threads,
         overwrite=overwrite,
         progress=True,
+        engine=engine,  # names the runs (each collector sets its own; the summary lines too)
     )
     if served:
         root, options = _collect_served(

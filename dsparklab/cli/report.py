@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -95,6 +96,13 @@ def report(
         Path | None,
         typer.Option(help="The zoo whose cards the findings read (default: data/zoo)."),
     ] = None,
+    statuses: Annotated[
+        str,
+        typer.Option(
+            help="Run statuses to read, comma-separated (default: complete; a live fleet's "
+            "runs read as running). Runs of other statuses are named, not counted."
+        ),
+    ] = "",
 ) -> None:
     """Execute the notebooks with papermill, export offline HTML, figures and an index.
 
@@ -104,9 +112,13 @@ def report(
     traces shipped with the lab. --param values are JSON or Python literals (True, None,
     ["humaneval"]) of the parameter's type; anything else is refused.
     """
+    from dsparklab.lab.runs import STATUSES_ENV, read_statuses
     from dsparklab.report import build_report
     from dsparklab.report.build import discover_notebooks, notebook_parameters
 
+    if statuses:  # the notebooks' kernels and the findings read it
+        os.environ[STATUSES_ENV] = statuses
+        read_statuses()  # an unknown status: one line, before any notebook runs
     declared = notebook_parameters(discover_notebooks(notebooks, notebook or None))
     result = build_report(
         runs,

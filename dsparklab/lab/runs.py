@@ -181,8 +181,28 @@ class Runs:
         )
 
 
-# the run statuses the lab reads unless asked for others (a partial run biases every rate)
+# the run statuses the lab reads unless asked for others (a partial run biases every rate);
+# $DSPARKLAB_STATUSES (``dsparklab report --statuses``) names others: a live fleet's runs
+# read as running while their servers serve
 READ_STATUSES: tuple[str, ...] = ("complete",)
+STATUSES_ENV = "DSPARKLAB_STATUSES"
+
+
+def read_statuses() -> tuple[str, ...]:
+    """The statuses the lab reads: ``$DSPARKLAB_STATUSES`` (a comma list), else
+    :data:`READ_STATUSES`."""
+    from dsparklab.store.schema import STATUSES
+
+    text = os.environ.get(STATUSES_ENV, "")
+    wanted = tuple(s.strip() for s in text.split(",") if s.strip()) or READ_STATUSES
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown:
+        raise ConfigError(
+            f"{STATUSES_ENV}={text!r}: unknown status {unknown[0]!r}; expected some of "
+            f"{', '.join(STATUSES)}"
+        )
+    return wanted
+
 
 # Figures list the realistic tier first.
 TIER_ORDER = {"smol": 0, "tiny": 1}
@@ -203,7 +223,7 @@ def load_runs(
     tiers: Sequence[str] = (),
     single_tier: bool = False,
     selection: Mapping[str, Any] | None = None,
-    statuses: Collection[str] = READ_STATUSES,
+    statuses: Collection[str] | None = None,
 ) -> Runs:
     """Read the positions and steps of the selected runs (empty selection = everything).
 
@@ -232,9 +252,9 @@ def load_runs(
         matches_selection`): run columns or dotted fields, e.g. ``{"drafter.content_hash":
         "3f2a", "engine.version": "0.32.0"}``.
     statuses
-        Read runs of these statuses (default: complete ones only; a failed, running or
-        incomplete run is named in ``left_out`` and in a warning, not read; pass
-        ``dsparklab.store.schema.STATUSES`` for every run).
+        Read runs of these statuses (default: :func:`read_statuses`, complete ones unless
+        ``$DSPARKLAB_STATUSES`` names others; a run left out is named in ``left_out`` and
+        in a warning, not read; pass ``dsparklab.store.schema.STATUSES`` for every run).
 
     Raises
     ------
@@ -252,7 +272,9 @@ def load_runs(
         single_tier=single_tier,
         selection=selection,
     )
-    selected, left_out = by_status(selected, statuses)
+    selected, left_out = by_status(selected, read_statuses() if statuses is None else statuses)
+    if not (selected["method"] != BASELINE_METHOD).any():
+        raise MissingInputError(f"no selected method run to read: {left_out_text(left_out)}")
     kept = _read_sample(selected, _read_fraction(selected))
     positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], kept)
     steps = _read_runs("steps", selected, kept)
@@ -454,7 +476,7 @@ def load_any_runs(
     shipped: bool = False,
     tiers: Sequence[str] = (),
     tables: Collection[str] = ANY_TABLES,
-    statuses: Collection[str] = READ_STATUSES,
+    statuses: Collection[str] | None = None,
 ) -> AnyRuns:
     """Read the tables of the selected runs (empty selection = everything).
 
@@ -470,6 +492,7 @@ def load_any_runs(
     keep = (table["method"] != BASELINE_METHOD) & _matching(table, selection)
     if not keep.any():
         raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
+    statuses = read_statuses() if statuses is None else statuses
     selected, left_out = by_status(table.loc[keep], statuses)
     if selected.empty:
         wanted = " or ".join(sorted(statuses))
@@ -496,9 +519,12 @@ def by_status(table: pd.DataFrame, statuses: Collection[str]) -> tuple[pd.DataFr
 
 
 def left_out_text(left_out: pd.DataFrame) -> str:
-    """One line naming the runs left out for their status."""
+    """One line naming the runs left out for their status, and how to read them."""
     names = ", ".join(f"{r.run_id} ({r.status})" for r in left_out.itertuples())
-    return f"{len(left_out)} run(s) left out for their status: {names}"
+    return (
+        f"{len(left_out)} run(s) left out for their status: {names} (read them with "
+        f"${STATUSES_ENV} or dsparklab report --statuses)"
+    )
 
 
 def _run_table(roots: Sequence[Location]) -> pd.DataFrame:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from counting_cases import write_store
 
-from dsparklab.lab.notebook import load_any_runs, load_runs
+from dsparklab.errors import ConfigError, MissingInputError
+from dsparklab.lab.runs import STATUSES_ENV, load_any_runs, load_runs
 from dsparklab.report.findings import compute_findings
 from dsparklab.store.location import Location
 from dsparklab.store.schema import STATUSES
@@ -42,3 +43,20 @@ def test_the_findings_count_no_failed_run_and_say_so(store: Path, tmp_path: Path
     findings = compute_findings([Location.of(store)], tmp_path, n_boot=0)
     notes = [note for note in findings.notes if CRASHED in note]
     assert len(notes) == 1 and "(failed)" in notes[0] and "no finding counts them" in notes[0]
+
+
+def test_statuses_are_asked_for_by_env_and_a_bad_one_is_one_line(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STATUSES_ENV, "complete,failed")
+    assert CRASHED in set(load_runs(store).steps["run_id"])
+    monkeypatch.setenv(STATUSES_ENV, "failed")
+    only = load_runs(store)
+    assert set(only.runs["run_id"]) == {CRASHED}
+    monkeypatch.setenv(STATUSES_ENV, "running")  # nothing selected is running
+    with pytest.raises(MissingInputError, match="left out for their status") as caught:
+        load_runs(store)
+    assert "\n" not in str(caught.value) and "DSPARKLAB_STATUSES" in str(caught.value)
+    monkeypatch.setenv(STATUSES_ENV, "done")
+    with pytest.raises(ConfigError, match="unknown status 'done'"):
+        load_runs(store)
