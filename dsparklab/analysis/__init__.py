@@ -20,11 +20,9 @@ from dsparklab.analysis.acceptance import (
 )
 from dsparklab.analysis.adaptive import compute_adaptive_verification
 from dsparklab.analysis.aggregate import (
-    ANALYSES,
     compute_acceptance_by_position_any,
     compute_acceptance_length_any,
     compute_acceptance_over_time,
-    compute_coverage,
     compute_rate_acceptance,
     count_acceptance_any,
     count_acceptance_from_counters,
@@ -46,6 +44,7 @@ from dsparklab.analysis.calibration import (
     compute_reported_reliability,
     count_calibration,
 )
+from dsparklab.analysis.coverage import ANALYSES, compute_coverage
 from dsparklab.analysis.diff import (
     compute_regression_diff,
     compute_token_class_acceptance,

@@ -4,7 +4,8 @@ notebook API in one namespace, each part in its own module.
 - showing and recording (:mod:`dsparklab.lab.display`): :func:`setup`, :func:`show`,
   :func:`save_figure`, :func:`record`, :func:`read_records`;
 - the runs (:mod:`dsparklab.lab.runs`): :func:`resolve_runs`, :func:`load_runs`,
-  :func:`load_any_runs`, :func:`load_comparison`, :func:`count_runs`;
+  :func:`load_any_runs`, :func:`count_runs`; two run sets compared
+  (:mod:`dsparklab.lab.comparison`): :func:`load_comparison`;
 - published figures and cost profiles (:mod:`dsparklab.lab.published`):
   :func:`load_published`, :func:`load_published_curves`, :func:`cost_table`;
 - token text (:mod:`dsparklab.lab.tokens`): :func:`load_token_text`.
@@ -14,6 +15,7 @@ The library imports from those modules; this one only gathers them for the noteb
 
 from __future__ import annotations
 
+from dsparklab.lab.comparison import Comparison, default_comparison, load_comparison
 from dsparklab.lab.display import (
     HEADLESS_ENV,
     MIMETYPE,
@@ -47,14 +49,11 @@ from dsparklab.lab.runs import (
     SHIPPED_TRACES,
     TIER_ORDER,
     AnyRuns,
-    Comparison,
     Runs,
     by_status,
     count_runs,
-    default_comparison,
     left_out_text,
     load_any_runs,
-    load_comparison,
     load_runs,
     max_rows,
     resolve_runs,
