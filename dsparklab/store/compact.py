@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -44,7 +43,13 @@ from dsparklab.store.layout import (
     table_location,
 )
 from dsparklab.store.location import Location, Where
-from dsparklab.store.reader import find_runs, part_files, read_parts, read_run_json
+from dsparklab.store.reader import (
+    find_runs,
+    lease_lapsed_s,
+    part_files,
+    read_parts,
+    read_run_json,
+)
 from dsparklab.store.schema import ALL_TABLES, RUN_JSON
 from dsparklab.store.writer import part_bytes, utc_now, write_run_json
 
@@ -109,11 +114,7 @@ def _still_written(written: dict[str, Any], stale_after_s: float | None) -> str:
     """Why a run written as ``running`` must be left alone ('' when it may be compacted)."""
     if written["status"] != "running":
         return ""
-    lease = written.get("lease_expires_at")
-    try:
-        lapsed = (datetime.now(timezone.utc) - datetime.fromisoformat(str(lease))).total_seconds()
-    except ValueError:
-        lapsed = None  # no lease: a writer that never published one
+    lapsed = lease_lapsed_s(written)
     if lapsed is None or lapsed <= 0:
         return "still being written"
     if stale_after_s is not None and lapsed > stale_after_s:

@@ -123,14 +123,21 @@ def resolve_run(where: Where) -> Location:
     return runs[0]
 
 
-def _lease_expired(meta: Mapping[str, Any]) -> bool:
+def lease_lapsed_s(meta: Mapping[str, Any]) -> float | None:
+    """Seconds since a run's lease ended (negative while it holds); None without a lease
+    (a writer that never published one, or a closed run)."""
     lease = meta.get("lease_expires_at")
     if not isinstance(lease, str):
-        return False
+        return None
     try:
-        return datetime.fromisoformat(lease) < datetime.now(timezone.utc)
+        return (datetime.now(timezone.utc) - datetime.fromisoformat(lease)).total_seconds()
     except ValueError:
-        return False
+        return None
+
+
+def _lease_expired(meta: Mapping[str, Any]) -> bool:
+    lapsed = lease_lapsed_s(meta)
+    return lapsed is not None and lapsed > 0
 
 
 def run_granularity(meta: Mapping[str, Any]) -> str:
