@@ -14,7 +14,8 @@ from dsparklab.provenance import (
     redact_argv,
     redact_mapping,
 )
-from dsparklab.store import TraceWriter, new_run_json
+from dsparklab.store import TraceWriter
+from tests.conftest import make_run_json
 
 
 @pytest.mark.parametrize(
@@ -73,16 +74,8 @@ def test_a_run_json_holds_no_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     secrets = ("sk-live-123", "hf_abc", "pw-1")
     monkeypatch.setattr("sys.argv", ["dsparklab", "serve", "m", "--api-key", "sk-live-123"])
     assert "sk-live-123" not in json.dumps(provenance())
-    meta = new_run_json(
-        run_id="r",
-        engine={"name": "vllm"},
-        method="none",
-        num_speculative_tokens=0,
-        target={"name": "t"},
-        drafter=None,
-        dataset="d",
-        sampling={},
-        config={"engine_kwargs": {"hf_token": "hf_abc", "url": "http://u:pw-1@h/x"}},
+    meta = make_run_json(  # new_run_json, with the settings a served run keeps
+        config={"engine_kwargs": {"hf_token": "hf_abc", "url": "http://u:pw-1@h/x"}}
     )
     with TraceWriter(tmp_path / "store", meta):
         pass
