@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     dspark = runs.positions[runs.positions["method"] == "dspark"]
     if not dspark.empty:
         top = dspark[dspark["n"] == dspark["n"].max()]
-        temperatures = confidence_temperatures(runs.runs)
+        temperatures = confidence_temperatures(runs)
         scores = ("confidence", "confidence_calibrated") if temperatures else ("confidence",)
         if temperatures:
             top = calibrate_confidence(top, temperatures)

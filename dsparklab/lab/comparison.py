@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -14,8 +13,17 @@ import pandas as pd
 from dsparklab.errors import (
     MissingInputError,
 )
-from dsparklab.lab.runs import TIER_ORDER, Runs, load_runs, selected_by_run_json
-from dsparklab.store.location import Location
+from dsparklab.lab.runs import (
+    TIER_ORDER,
+    Runs,
+    RunsInput,
+    by_status,
+    load_runs,
+    open_catalog,
+    read_statuses,
+    token_runs,
+)
+from dsparklab.store.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +81,16 @@ def default_comparison(table: pd.DataFrame) -> tuple[dict[str, Any], dict[str, A
 
 
 def _choose_comparison(
-    methods: pd.DataFrame, base: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    catalog: Catalog,
+    methods: pd.DataFrame,
+    base: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """BASE, NEW and the one tier they are read from: the most realistic tier holding BASE,
     or, with no BASE and NEW given, the most realistic one that holds a comparison."""
     by_tier = sorted(methods["tier"].astype(str).unique(), key=lambda t: (TIER_ORDER.get(t, 99), t))
     if base and new:
-        held = [
-            t for t in by_tier if selected_by_run_json(methods[methods["tier"] == t], base).any()
-        ]
+        held = [t for t in by_tier if catalog.matching(base, methods[methods["tier"] == t]).any()]
         return dict(base), dict(new), held[:1]
     problem = MissingInputError("no runs to compare")
     for tier in by_tier:
@@ -95,7 +104,7 @@ def _choose_comparison(
 
 
 def load_comparison(
-    runs: str | Path | Location,
+    runs: RunsInput,
     base: Mapping[str, Any] | None = None,
     new: Mapping[str, Any] | None = None,
     *,
@@ -116,10 +125,12 @@ def load_comparison(
     datasets, shipped, tiers
         As in :func:`load_runs`; one tier is kept (token ids are compared).
     """
-    every = load_runs(runs, datasets=datasets, shipped=shipped, tiers=tiers, baseline=False)
-    base, new, tier = _choose_comparison(every.runs, base, new)
+    catalog = open_catalog(runs, shipped=shipped)
+    every = token_runs(catalog, datasets=datasets, tiers=tiers, baseline=False)
+    methods, _ = by_status(every, read_statuses())
+    base, new, tier = _choose_comparison(catalog, methods, base, new)
     sides = [
-        load_runs(runs, datasets=datasets, shipped=shipped, tiers=tier or tiers, selection=side)
+        load_runs(catalog, datasets=datasets, tiers=tier or tiers, selection=side)
         for side in (base, new)
     ]
     # prompts are paired within a dataset: keep the datasets both sides decoded

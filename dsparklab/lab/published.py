@@ -81,14 +81,12 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     return cost_table_from_profile(profile, methods=methods, ns=ns, source=str(path))
 
 
-def confidence_temperatures(runs: pd.DataFrame) -> dict[str, list[float]]:
+def confidence_temperatures(runs: Runs) -> dict[str, list[float]]:
     """run_id -> the drafter's confidence temperatures recorded in run.json (calibrated
     drafters only), for :func:`dsparklab.analysis.calibrate_confidence`."""
-    from dsparklab.store import read_run_json
-
     out = {}
-    for record in runs[["run_id", "path"]].drop_duplicates().to_dict("records"):
-        drafter = read_run_json(record["path"]).get("drafter") or {}
+    for record in runs.runs[["run_id", "path"]].drop_duplicates().to_dict("records"):
+        drafter = runs.catalog.run_json(record["path"]).get("drafter") or {}
         if drafter.get("confidence_temperatures"):
             out[str(record["run_id"])] = [float(t) for t in drafter["confidence_temperatures"]]
     return out

@@ -28,6 +28,7 @@ from dsparklab.errors import (
     MissingInputError,
     TraceSchemaError,
 )
+from dsparklab.store.catalog import Catalog
 from dsparklab.store.location import S3_SCHEME, Location
 
 logger = logging.getLogger(__name__)
@@ -84,13 +85,19 @@ def shipped_traces() -> Path | None:
     return SHIPPED_TRACES.resolve() if SHIPPED_TRACES.is_dir() else None
 
 
-def _roots(runs: str | Path | Location, shipped: bool) -> list[Location]:
-    """``runs`` resolved, then the shipped traces when ``shipped`` (and not already in)."""
+RunsInput = str | Path | Location | Catalog
+
+
+def open_catalog(runs: RunsInput, *, shipped: bool = False) -> Catalog:
+    """The catalog of ``runs`` resolved (:func:`resolve_runs`), then of the shipped traces
+    when ``shipped`` (and not already in); a catalog passed in is used as it is."""
+    if isinstance(runs, Catalog):
+        return runs
     roots = [resolve_runs(runs)]
     traces = shipped_traces() if shipped else None
     if traces is not None and not within(roots[0], traces):
         roots.append(Location.of(traces))
-    return roots
+    return Catalog.of(*roots)
 
 
 def within(root: Location, directory: Path) -> bool:
@@ -106,12 +113,17 @@ class Runs:
     several zoo tiers (see :func:`load_runs`); ``raw_dataset`` always the plain name.
     """
 
-    root: Location
+    catalog: Catalog  # every run found (selected or not), each run.json read once
     positions: pd.DataFrame
     steps: pd.DataFrame
     runs: pd.DataFrame
     # runs of the selection left out for their status (list_runs columns): named, not read
     left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def root(self) -> Location:
+        """The runs' root (the shipped traces, when read, come after it in the catalog)."""
+        return self.catalog.roots[0]
 
     def dataset_labels(self, datasets: Sequence[str] = ()) -> list[str]:
         """The ``dataset`` labels present for these plain dataset names (empty: all), in
@@ -126,7 +138,7 @@ class Runs:
         """These runs restricted to the ``dataset`` labels given."""
         wanted = list(datasets)
         return Runs(
-            root=self.root,
+            catalog=self.catalog,
             positions=self.positions[self.positions["dataset"].isin(wanted)],
             steps=self.steps[self.steps["dataset"].isin(wanted)],
             runs=self.runs[self.runs["dataset"].isin(wanted)].reset_index(drop=True),
@@ -139,7 +151,7 @@ class Runs:
         place of ``positions``. ``by``: a bin of the step's context or output depth
         (``context_bin``, ``depth_bin``) kept among the keys."""
         method_runs = self.runs[self.runs["method"] != BASELINE_METHOD]
-        return count_runs(method_runs, "acceptance", by=by)
+        return count_runs(self.catalog, method_runs, "acceptance", by=by)
 
     def acceptance_by_bin(
         self, column: str, *, n_boot: int = 1000
@@ -157,7 +169,7 @@ class Runs:
     def step_time_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
         """Per-request step-time counters of every run, baselines included
         (:func:`count_runs`): what the speedup functions take in place of ``steps``."""
-        return count_runs(self.runs, "step_times", by=by)
+        return count_runs(self.catalog, self.runs, "step_times", by=by)
 
     @property
     def largest_n(self) -> int:
@@ -213,7 +225,7 @@ def _tier_order(column: pd.Series) -> pd.Series:
 
 
 def load_runs(
-    runs: str | Path | Location,
+    runs: RunsInput,
     *,
     datasets: Sequence[str] = (),
     methods: Sequence[str] = (),
@@ -230,7 +242,8 @@ def load_runs(
     Parameters
     ----------
     runs
-        ``RUNS`` (see :func:`resolve_runs`).
+        ``RUNS`` (see :func:`resolve_runs`), or a catalog already opened (read once,
+        shared by several selections).
     datasets, methods, n_values
         Keep only these; the target-only baseline runs (method ``"none"``) of the selected
         datasets are added to ``steps`` when ``baseline`` (speedup needs them).
@@ -261,9 +274,9 @@ def load_runs(
     MissingInputError
         No token-level run matches the selection (the message lists what there is).
     """
-    roots = _roots(runs, shipped)
+    catalog = open_catalog(runs, shipped=shipped)
     selected = _token_runs(
-        roots,
+        catalog,
         datasets=datasets,
         methods=methods,
         n_values=n_values,
@@ -275,7 +288,7 @@ def load_runs(
     selected, left_out = by_status(selected, read_statuses() if statuses is None else statuses)
     if not (selected["method"] != BASELINE_METHOD).any():
         raise MissingInputError(f"no selected method run to read: {left_out_text(left_out)}")
-    kept = _read_sample(selected, _read_fraction(selected))
+    kept = _read_sample(selected, _read_fraction(catalog, selected))
     positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], kept)
     steps = _read_runs("steps", selected, kept)
     selected = _sampled(selected, kept).reset_index(drop=True)
@@ -285,17 +298,26 @@ def load_runs(
     if selected["tier"].nunique() > 1:
         for frame in frames:
             frame["dataset"] = frame["tier"].astype(str) + "/" + frame["raw_dataset"].astype(str)
-    return Runs(root=roots[0], positions=positions, steps=steps, runs=selected, left_out=left_out)
+    return Runs(catalog, positions=positions, steps=steps, runs=selected, left_out=left_out)
 
 
-def token_runs(runs: str | Path | Location, *, shipped: bool = False) -> pd.DataFrame:
-    """The run table (``list_runs`` columns and ``root``) of every token-level run
-    :func:`load_runs` reads with no selection, baselines included, without reading them."""
-    return _token_runs(_roots(runs, shipped))
+def token_runs(
+    runs: RunsInput,
+    *,
+    shipped: bool = False,
+    datasets: Sequence[str] = (),
+    tiers: Sequence[str] = (),
+    baseline: bool = True,
+) -> pd.DataFrame:
+    """The run table (``list_runs`` columns and ``root``) of the token-level runs
+    :func:`load_runs` reads with these parameters, without reading them."""
+    return _token_runs(
+        open_catalog(runs, shipped=shipped), datasets=datasets, tiers=tiers, baseline=baseline
+    )
 
 
 def _token_runs(
-    roots: Sequence[Location],
+    catalog: Catalog,
     *,
     datasets: Sequence[str] = (),
     methods: Sequence[str] = (),
@@ -306,7 +328,7 @@ def _token_runs(
     selection: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
     """The runs :func:`load_runs` reads, with its parameters."""
-    table = _run_table(roots)
+    table = catalog.runs
     if single_tier and not tiers:
         token_tiers = table.loc[table["granularity"] == "token", "tier"].astype(str)
         if len(token_tiers):
@@ -315,9 +337,9 @@ def _token_runs(
     is_base = table["method"] == BASELINE_METHOD
     chosen = keep & ~is_base & _matching(table, {"method": methods, "n": n_values})
     if selection:
-        chosen &= selected_by_run_json(table, selection)
+        chosen &= catalog.matching(selection)
     if not chosen.any():
-        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers, selection)
+        raise _nothing_matches(catalog, datasets, methods, n_values, tiers, selection)
     token = table["granularity"] == "token"
     if (chosen & ~token).any():
         other = table.loc[chosen & ~token]
@@ -345,7 +367,7 @@ class AnyRuns:
     when the source reported one). ``runs`` lists them all with their ``granularity``.
     """
 
-    root: Location
+    catalog: Catalog
     runs: pd.DataFrame
     positions: pd.DataFrame
     steps: pd.DataFrame
@@ -356,7 +378,7 @@ class AnyRuns:
 
 
 def load_any_runs(
-    runs: str | Path | Location,
+    runs: RunsInput,
     *,
     datasets: Sequence[str] = (),
     methods: Sequence[str] = (),
@@ -374,24 +396,24 @@ def load_any_runs(
     without positions or steps the row budget does not apply: what is counted is counted
     by :func:`count_runs`). ``statuses`` as in :func:`load_runs`.
     """
-    roots = _roots(runs, shipped)
-    table = _run_table(roots)
+    catalog = open_catalog(runs, shipped=shipped)
+    table = catalog.runs
     selection = {"dataset": datasets, "method": methods, "n": n_values, "tier": tiers}
     keep = (table["method"] != BASELINE_METHOD) & _matching(table, selection)
     if not keep.any():
-        raise _nothing_matches(roots, table, datasets, methods, n_values, tiers)
+        raise _nothing_matches(catalog, datasets, methods, n_values, tiers)
     statuses = read_statuses() if statuses is None else statuses
     selected, left_out = by_status(table.loc[keep], statuses)
     if selected.empty:
         wanted = " or ".join(sorted(statuses))
         raise MissingInputError(f"no selected run is {wanted}: {left_out_text(left_out)}")
     token_level = {"positions", "steps"} & set(tables)
-    kept = _read_sample(selected, _read_fraction(selected)) if token_level else None
+    kept = _read_sample(selected, _read_fraction(catalog, selected)) if token_level else None
     frames = [
         _read_runs(name, selected, kept) if name in tables else pd.DataFrame()
         for name in ANY_TABLES
     ]
-    read = AnyRuns(roots[0], _sampled(selected, kept), *frames)
+    read = AnyRuns(catalog, _sampled(selected, kept), *frames)
     return replace(read, left_out=left_out)
 
 
@@ -415,13 +437,6 @@ def left_out_text(left_out: pd.DataFrame) -> str:
     )
 
 
-def _run_table(roots: Sequence[Location]) -> pd.DataFrame:
-    """Every run below ``roots`` (``list_runs``), with the root it was found under."""
-    from dsparklab.store import list_runs
-
-    return pd.concat([list_runs(root).assign(root=str(root)) for root in roots], ignore_index=True)
-
-
 def _matching(table: pd.DataFrame, wanted: Mapping[str, Sequence[Any]]) -> pd.Series:
     """Runs whose column values are among those wanted (an empty selection keeps all)."""
     keep = pd.Series(True, index=table.index)
@@ -431,30 +446,19 @@ def _matching(table: pd.DataFrame, wanted: Mapping[str, Sequence[Any]]) -> pd.Se
     return keep
 
 
-def selected_by_run_json(table: pd.DataFrame, selection: Mapping[str, Any]) -> pd.Series:
-    """Runs of ``table`` whose run.json matches ``selection``."""
-    from dsparklab.store import matches_selection, read_run_json
-
-    return pd.Series(
-        [matches_selection(read_run_json(path), selection) for path in table["path"]],
-        index=table.index,
-        dtype=bool,
-    )
-
-
 def _nothing_matches(
-    roots: Sequence[Location],
-    table: pd.DataFrame,
+    catalog: Catalog,
     datasets: Sequence[str],
     methods: Sequence[str],
     n_values: Sequence[int],
     tiers: Sequence[str],
     selection: Mapping[str, Any] | None = None,
 ) -> MissingInputError:
-    available = table[["tier", "method", "n", "dataset"]].drop_duplicates().to_dict("records")
+    available = catalog.runs[["tier", "method", "n", "dataset"]].drop_duplicates()
+    available = available.to_dict("records")
     selected = f", selection={dict(selection)}" if selection else ""
     return MissingInputError(
-        f"no runs under {', '.join(map(str, roots))} match datasets={list(datasets)}, "
+        f"no runs under {', '.join(map(str, catalog.roots))} match datasets={list(datasets)}, "
         f"methods={list(methods)}, n={list(n_values)}, tiers={list(tiers)}{selected}; "
         f"available: {available}"
     )
@@ -479,12 +483,10 @@ def max_rows() -> int:
     return value
 
 
-def _read_fraction(rows: pd.DataFrame) -> float:
+def _read_fraction(catalog: Catalog, rows: pd.DataFrame) -> float:
     """The fraction of requests to read so the position rows of ``rows``' runs (their
     run.json's counts) fit :func:`max_rows`."""
-    from dsparklab.store import read_run_json
-
-    total = sum(int((read_run_json(p).get("rows") or {}).get("positions", 0)) for p in rows["path"])
+    total = catalog.recorded_rows(rows, "positions")
     return 1.0 if total <= max_rows() else max_rows() / total
 
 
@@ -569,9 +571,11 @@ COUNTED_RUN_COLUMNS = (
 )
 
 
-def count_runs(rows: pd.DataFrame, metric: str, *, by: Sequence[str] = ()) -> pd.DataFrame:
-    """Per-request counters of ``metric`` over every request of the runs in ``rows`` (a
-    run table: ``root``, ``run_id`` and run columns), counted by DuckDB root by root
+def count_runs(
+    catalog: Catalog, rows: pd.DataFrame, metric: str, *, by: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Per-request counters of ``metric`` over every request of the runs in ``rows`` (rows
+    of ``catalog.runs``), counted by DuckDB root by root
     (:func:`dsparklab.analysis.aggregate_store`), with the rows' run columns.
 
     Counting reads only the columns it counts, out of memory, so it takes every request
@@ -584,7 +588,7 @@ def count_runs(rows: pd.DataFrame, metric: str, *, by: Sequence[str] = ()) -> pd
     frames = []
     for root, group in rows.groupby("root", sort=False):
         counts = aggregate_store(
-            root,
+            catalog.only(str(root)),
             metric=metric,
             by=by,
             filters={"run_id": group["run_id"].tolist()},

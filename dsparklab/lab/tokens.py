@@ -8,25 +8,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from dsparklab.lab.runs import Runs
 
 logger = logging.getLogger(__name__)
 
 
-def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:
+def load_token_text(runs: Runs) -> Callable[[int], str]:
     """Token id -> text from the runs' target tokenizer (``tokenizer.json``); else ``str``.
 
-    The first run whose ``run.json`` target path holds a ``tokenizer.json`` decides (runs
-    compared in one notebook share a target). Without one (synthetic runs, a vLLM run
-    whose model lives elsewhere) the ids themselves are the text.
+    The first run whose target holds a ``tokenizer.json`` decides (runs compared in one
+    notebook share a target). Without one (synthetic runs, a vLLM run whose model lives
+    elsewhere) the ids themselves are the text.
     """
-    from dsparklab.store import read_run_json
-
-    table = runs.runs if isinstance(runs, Runs) else runs
-    for run_path in table.get("path", pd.Series(dtype=str)).tolist():
-        tokenizer_file = _find_tokenizer(Path(run_path), read_run_json(run_path))
+    for record in runs.runs[["path", "root"]].to_dict("records"):
+        meta = runs.catalog.run_json(record["path"])
+        tokenizer_file = _find_tokenizer(Path(record["path"]), Path(record["root"]), meta)
         if tokenizer_file is None:
             continue
         try:
@@ -38,17 +34,17 @@ def load_token_text(runs: Runs | pd.DataFrame) -> Callable[[int], str]:
     return str
 
 
-def _find_tokenizer(run_path: Path, meta: Mapping[str, Any]) -> Path | None:
+def _find_tokenizer(run_path: Path, root: Path, meta: Mapping[str, Any]) -> Path | None:
     """A run's ``tokenizer.json``: in its target directory as recorded, in the zoo under
-    the target's name, or beside the run in a parent directory (shipped traces carry
-    their target's tokenizer there, the target itself being too large to commit)."""
+    the target's name, or in a directory between the run and its root (shipped traces carry
+    their target's tokenizer in their store, the target itself being too large to commit)."""
     from dsparklab.zoo import ZOO_DIR
 
     target = meta.get("target") or {}
     candidates = [Path(str(target["path"]))] if target.get("path") else []
     if target.get("name"):
         candidates.append(ZOO_DIR / str(target["name"]))
-    candidates += list(run_path.parents)[:3]
+    candidates += [p for p in run_path.parents if p.is_relative_to(root)]
     return next(
         (c / "tokenizer.json" for c in candidates if (c / "tokenizer.json").is_file()), None
     )

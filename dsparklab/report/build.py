@@ -39,6 +39,7 @@ from dsparklab.report.figures import render_figures
 from dsparklab.report.html import export_html
 from dsparklab.report.index import write_index
 from dsparklab.report.results import NotebookResult, ReportResult
+from dsparklab.store.catalog import Catalog
 from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
@@ -268,8 +269,9 @@ def build_report(
     findings_dir = out / "figures" / FINDINGS_FIGURES
     for stale in findings_dir.glob("*"):
         stale.unlink()
+    catalog = Catalog.of(*roots)
     findings = compute_findings(
-        roots,
+        catalog,
         findings_dir,
         n_boot=int((parameters or {}).get("N_BOOT", 400)),
         zoo_dir=zoo,
@@ -278,7 +280,7 @@ def build_report(
     report = ReportResult(
         out=out,
         runs=runs_path,
-        roots=roots,
+        catalog=catalog,
         index=out / "index.html",
         notebooks=results,
         figures=figures,
@@ -305,13 +307,14 @@ def _directory(path: str | Path, what: str) -> Path:
 
 
 def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> None:
-    from dsparklab.provenance import hash_path, provenance
+    from dsparklab.provenance import provenance
     from dsparklab.store import write_json_atomic
 
     payload = {
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs": str(report.runs),
-        "inputs": {"runs": hash_path(report.runs)},
+        # run.json files and part names and sizes: one listing, no part read
+        "inputs": {"runs": report.catalog.fingerprint()},
         "parameters": parameters,
         "seconds": round(report.seconds, 2),
         "png": report.figures.png_message or f"{len(report.figures.png)} written",

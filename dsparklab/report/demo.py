@@ -77,14 +77,15 @@ def stale_runs(
     Returns one line per stale run saying what differs (empty: every run can be kept).
     """
     from dsparklab.engines.reference.collect import resolve_model
-    from dsparklab.store import list_runs, read_run_json
+    from dsparklab.store.catalog import Catalog, holds_runs
 
-    if not runs.is_dir() or not any(runs.rglob("run.json")):
+    if not holds_runs(runs):
         return []
     hashes = {role: resolve_model(ref).content_hash for role, ref in models.items()}
     stale = []
-    for record in list_runs(runs).to_dict("records"):
-        meta = read_run_json(record["path"])
+    catalog = Catalog.of(runs)
+    for record in catalog.runs.to_dict("records"):
+        meta = catalog.run_json(record["path"])
         wanted = {
             "target": hashes["target"],
             "drafter": hashes.get(str(meta.get("method"))),

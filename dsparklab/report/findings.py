@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from dsparklab.errors import DSparkLabError
-from dsparklab.store.location import Location
+from dsparklab.store.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +102,11 @@ def sampled_notes(runs: pd.DataFrame, labels: pd.Series) -> list[str]:
 
 
 def compute_findings(
-    roots: list[Location], figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
+    catalog: Catalog, figures_dir: Path, *, n_boot: int = 400, zoo_dir: Path | None = None
 ) -> Findings:
     """Everything the index's findings section shows; figures saved to ``figures_dir``.
 
-    Computed on the runs under ``roots``, per run set (:func:`run_set_labels`), dataset,
+    Computed on the runs of ``catalog``, per run set (:func:`run_set_labels`), dataset,
     method and n, whatever granularity each run has: acceptance by position and AL for
     every run; AL(n) where a run set holds two windows of one method; speedup where it
     also holds target-only baselines and step timings. A part the runs cannot give
@@ -131,9 +131,9 @@ def compute_findings(
 
     findings = Findings()
     tables = []
-    for root in roots:
+    for root in catalog.roots:
         try:
-            tables.append(load_any_runs(root, tables=("counters", "totals")))
+            tables.append(load_any_runs(catalog.only(root), tables=("counters", "totals")))
         except DSparkLabError as err:
             findings.notes.append(f"{root}: {err}")
             continue
@@ -148,7 +148,7 @@ def compute_findings(
         name: _label(pd.concat([getattr(t, name) for t in tables], ignore_index=True), labels)
         for name in ("counters", "totals")
     }
-    counts = _label(count_runs(runs, "acceptance"), labels)
+    counts = _label(count_runs(catalog, runs, "acceptance"), labels)
     findings.run_sets = sorted(set(labels))
     findings.notes += sampled_notes(runs, labels)
     by = ("run_set", "dataset", "method", "n")
@@ -163,14 +163,14 @@ def compute_findings(
         counters=frames["counters"], counts=counts, by=by, n_boot=n_boot
     )
     for column in BIN_EDGES:
-        binned = _label(count_runs(runs, "acceptance", by=(column,)), labels)
+        binned = _label(count_runs(catalog, runs, "acceptance", by=(column,)), labels)
         binned = binned.dropna(subset=[column])  # steps without a context length
         if len(binned):
             findings.binned_lengths[column] = compute_acceptance_length(
                 binned, by=(*by, column), n_boot=n_boot
             )
     findings.acceptance = _acceptance_rows(lengths, by_position)
-    _window_findings(findings, lengths, roots, n_boot, figures_dir)
+    _window_findings(findings, lengths, catalog, n_boot, figures_dir)
 
     if len(by_position):
         top = int(by_position["n"].max())
@@ -280,7 +280,7 @@ def _acceptance_rows(lengths: pd.DataFrame, by_position: pd.DataFrame) -> list[d
 def _window_findings(
     findings: Findings,
     lengths: pd.DataFrame,
-    roots: list[Location],
+    catalog: Catalog,
     n_boot: int,
     figures_dir: Path,
 ) -> None:
@@ -309,13 +309,14 @@ def _window_findings(
             row["accept_len"], row["accept_len_lo"], row["accept_len_hi"]
         )
     scalings, models = [], []
-    for root in roots:
+    for root in catalog.roots:
         try:
-            token = token_runs(root)
+            token = token_runs(catalog.only(root))
         except MissingInputError:
             continue
         # per prompt: the attribution pairs prompts
-        steps = _label(count_runs(token, "step_times", by=("prompt_id",)), run_set_labels(token))
+        steps = count_runs(catalog, token, "step_times", by=("prompt_id",))
+        steps = _label(steps, run_set_labels(token))
         for run_set, part in steps.groupby("run_set", sort=True):
             if (part["method"] != "none").sum() == 0:
                 continue

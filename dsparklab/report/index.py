@@ -11,7 +11,7 @@ import jinja2
 
 from dsparklab.report.findings import Findings
 from dsparklab.report.results import ReportResult
-from dsparklab.store.location import Location
+from dsparklab.store.catalog import Catalog
 
 INDEX_TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -212,13 +212,11 @@ def _short_hash(value: Any) -> str:
     return text.split(":", 1)[-1][:12] if text else ""
 
 
-def run_provenance(runs: Location) -> list[dict[str, str]]:
+def run_provenance(catalog: Catalog) -> list[dict[str, str]]:
     """One row per run: what it is, which models (name @ content hash), when, which commit."""
-    from dsparklab.store import list_runs, read_run_json
-
     rows = []
-    for record in list_runs(runs).to_dict("records"):
-        meta = read_run_json(record["path"])
+    for record in catalog.runs.to_dict("records"):
+        meta = catalog.run_json(record["path"])
         engine = meta.get("engine") or {}
         target = meta.get("target") or {}
         drafter = meta.get("drafter") or {}
@@ -285,8 +283,8 @@ def write_index(
     git = git_state()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     text = env.from_string(INDEX_TEMPLATE).render(
-        runs=", ".join(str(r) for r in report.roots),
-        run_rows=[row for r in report.roots for row in run_provenance(r)],
+        runs=", ".join(str(r) for r in report.catalog.roots),
+        run_rows=run_provenance(report.catalog),
         run_header=RUN_HEADER,
         built=time.strftime("%Y-%m-%d %H:%M:%S"),
         seconds=report.seconds,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsparklab.report.figures import FigureSet
+from dsparklab.store.catalog import Catalog
 from dsparklab.store.location import Location
 
 
@@ -31,12 +32,12 @@ class NotebookResult:
 
 @dataclass
 class ReportResult:
-    """Where everything went. ``roots``: the run directories read (``runs``, then the
-    shipped traces unless they were left out)."""
+    """Where everything went. ``catalog``: the runs read (below ``runs``, then the shipped
+    traces unless they were left out)."""
 
     out: Path
     runs: Location
-    roots: list[Location]
+    catalog: Catalog
     index: Path
     notebooks: list[NotebookResult]
     figures: FigureSet

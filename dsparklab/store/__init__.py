@@ -1,14 +1,12 @@
 """The trace store: schema v2, the writer engines use, readers and validation."""
 
+from dsparklab.store.catalog import Catalog, hive_table, list_runs, table_dataset
 from dsparklab.store.reader import (
     find_runs,
-    hive_table,
-    list_runs,
     matches_selection,
     read_run_json,
     read_trace,
     run_field,
-    table_dataset,
 )
 from dsparklab.store.schema import (
     POSITIONS_SCHEMA,
@@ -26,6 +24,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STEPS_SCHEMA",
     "TABLES",
+    "Catalog",
     "RunReport",
     "TraceWriter",
     "Violation",

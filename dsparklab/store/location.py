@@ -257,6 +257,19 @@ class Location:
             if info.type == pafs.FileType.File
         )
 
+    def file_sizes(self) -> list[tuple[str, int]]:
+        """(path relative to this directory, size in bytes) of every visible file below it,
+        in path order: one listing, no file opened."""
+        root = PurePosixPath(self.path)
+        found = []
+        for info in self._walk(recursive=True):
+            if info.type != pafs.FileType.File:
+                continue
+            parts = PurePosixPath(info.path).relative_to(root).parts
+            if not any(p.startswith(".") for p in parts):
+                found.append(("/".join(parts), int(info.size)))
+        return sorted(found)
+
     # -- reading -----------------------------------------------------------------------
     def read_bytes(self) -> bytes:
         try:

@@ -26,11 +26,9 @@ from dsparklab.store.layout import (
     current_parts,
     is_partitioned,
     partition_values,
-    store_of,
     table_location,
 )
 from dsparklab.store.location import Location, StoreAccessError, Where
-from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
     ALL_TABLES,
     DEFAULT_GRANULARITY,
@@ -303,42 +301,6 @@ def _float_or_nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def list_runs(root: Where) -> pd.DataFrame:
-    """One row per run below ``root``: run-level columns, status, granularity, the fraction
-    of requests it recorded (``sample``) and path.
-
-    Raises
-    ------
-    TraceSchemaError
-        Two runs hold one run_id (a compaction killed midway leaves a run in both layouts;
-        every table joins the runs on run_id, so both would count twice): one line naming
-        both run.json files.
-    """
-    rows = []
-    seen: dict[str, Location] = {}
-    for run_dir in find_runs(root):
-        meta = read_run_json(run_dir)
-        first = seen.setdefault(str(meta["run_id"]), run_dir)
-        if first != run_dir:
-            raise TraceSchemaError(
-                f"run_id {meta['run_id']!r} is also the run_id of {first / RUN_JSON}: a store "
-                "holds each run once (remove one copy; `dsparklab compact` leaves one)",
-                path=run_dir / RUN_JSON,
-                field="run_id",
-            )
-        rows.append(
-            {
-                **run_columns(meta),
-                "status": meta["status"],
-                "created_at": meta["created_at"],
-                "granularity": run_granularity(meta),
-                "sample": run_sample(meta),
-                "path": str(run_dir),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
 def run_field(meta: Mapping[str, Any], key: str) -> Any:
     """A run.json value by run column (``method``, ``n``, ``tier``...) or dotted path
     (``drafter.content_hash``, ``engine.version``, ``tags``); None when absent."""
@@ -464,60 +426,6 @@ def read_trace(
                 empty[name] = pd.Series(dtype=object)
         return empty
     return pd.concat(frames, ignore_index=True)
-
-
-# Run columns every table gets in :func:`table_dataset` (the table layout's partition keys).
-RUN_FIELDS = (
-    pa.field("dataset", pa.string()),
-    pa.field("method", pa.string()),
-    pa.field("n", pa.int64()),
-    pa.field("run_id", pa.string()),
-)
-
-
-def table_dataset(root: Where, table: str, *, statuses: Iterable[str] = STATUSES) -> ds.Dataset:
-    """Every run's parts of ``table`` below ``root`` as one pyarrow dataset, in either layout.
-
-    The schema is the contract's for ``table`` plus the run columns ``dataset``, ``method``,
-    ``n`` and ``run_id`` (:data:`RUN_FIELDS`), which each file gets from its run's run.json
-    (a partition expression per file: nothing is read to add them). Runs whose status is not
-    in ``statuses`` are left out, and so are the parts of a compaction run.json does not
-    name. An SQL engine scans it with projection and filters pushed down (DuckDB:
-    ``con.register(name, dataset)``), also from an object store.
-    """
-    schema = ALL_TABLES.get(table)
-    if schema is None:
-        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    full = pa.schema([*schema, *(f for f in RUN_FIELDS if f.name not in schema.names)])
-    root = Location.of(root)
-    paths: list[str] = []
-    partitions: list[ds.Expression] = []
-    for run_dir, meta in runs_with_status(root, statuses):
-        partitioned = is_partitioned(run_dir)
-        columns = run_columns(meta)
-        expr = ds.scalar(True)
-        for field in RUN_FIELDS:
-            expr = expr & (pc.field(field.name) == pa.scalar(columns[field.name], field.type))
-        for path in part_files(run_dir, table, meta):
-            check_part_schema(path, table, partitioned=partitioned)
-            paths.append(path.path)
-            partitions.append(expr)
-    return ds.FileSystemDataset.from_paths(
-        paths, schema=full, format=ds.ParquetFileFormat(), filesystem=root.fs, partitions=partitions
-    )
-
-
-def hive_table(root: Where, table: str) -> Location | None:
-    """``<root>/<table>`` when every run below a local ``root`` is in the table layout, so
-    engines read the directory natively (``spark.read.parquet``, DuckDB's ``read_parquet(...,
-    hive_partitioning = true)``); None otherwise (read :func:`table_dataset` instead)."""
-    root = Location.of(root)
-    if not root.is_local:
-        return None
-    runs = find_runs(root)
-    if all(is_partitioned(r) and store_of(r) == root for r in runs):
-        return root / table
-    return None
 
 
 def store_runs(store: Where) -> list[Location]:

@@ -25,6 +25,7 @@ from dsparklab.analysis import compute_acceptance_by_position_any, compute_accep
 from dsparklab.errors import TraceSchemaError
 from dsparklab.plots import plot_accept_len_over_time, plot_acceptance_over_time
 from dsparklab.store import read_run_json, read_trace
+from dsparklab.store.location import Location
 from dsparklab.widgets._dashboard import Dashboard
 from dsparklab.widgets.explorer import Explorer, sync_figure, widget_json
 
@@ -39,10 +40,15 @@ class LiveView(Dashboard):
     figure_prefix = "live"
 
     def __init__(
-        self, run_dir: Path | str | None, *, refresh_s: float = 5.0, value: str = "survival"
+        self,
+        run_dir: Location | Path | str | None,
+        *,
+        refresh_s: float = 5.0,
+        value: str = "survival",
     ) -> None:
         super().__init__()
-        self.run_dir = Path(run_dir) if run_dir else None
+        # a Location, not a Path: ``s3://`` stays a URI (Path would make it ``s3:/``)
+        self.run_dir = Location.of(run_dir) if run_dir else None
         self.refresh_s = refresh_s
         self.value = value
         self.over_time = pd.DataFrame()
@@ -185,7 +191,7 @@ class LiveView(Dashboard):
             self._thread = None
 
 
-def latest_live_run(root: Path | str) -> Path | None:
+def latest_live_run(root: Location | Path | str) -> Location | None:
     """The newest ``interval`` run below ``root`` (by creation time), or None."""
     from dsparklab.store import list_runs
 
@@ -196,4 +202,4 @@ def latest_live_run(root: Path | str) -> Path | None:
     live = runs[runs["granularity"] == "interval"] if len(runs) else runs
     if live.empty:
         return None
-    return Path(live.sort_values("created_at")["path"].iloc[-1])
+    return Location.of(live.sort_values("created_at")["path"].iloc[-1])

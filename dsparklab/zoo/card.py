@@ -90,12 +90,11 @@ def decode_time_acceptance(checkpoint_dir: Path, runs_root: Path) -> dict[str, A
     """
     from dsparklab.analysis.definitions import accept_len_from_marginal, conditional_from_marginal
     from dsparklab.provenance import checkpoint_hash
-    from dsparklab.store import find_runs, read_run_json
+    from dsparklab.store import Catalog
 
     want = checkpoint_hash(checkpoint_dir)
     table: dict[str, dict[str, Any]] = {}
-    for run_dir in find_runs(runs_root):
-        meta = read_run_json(run_dir)
+    for meta in Catalog.of(runs_root).metas.values():
         drafter = meta.get("drafter") or {}
         stats = meta.get("stats") or {}
         if (

@@ -149,7 +149,7 @@ def test_reference_and_vllm_runs_coexist_in_one_store(
     """Issue 33: the same dataset, method and n by two engines into one store are two runs
     (the engine is in the run_id, the identity in run.json), both in the report's findings."""
     from dsparklab.report.findings import compute_findings
-    from dsparklab.store.location import Location
+    from dsparklab.store import Catalog
 
     store = runs["vllm"].parents[4]
     ids = {read_run_json(runs[k])["run_id"]: k for k in ("vllm", "reference")}
@@ -157,7 +157,7 @@ def test_reference_and_vllm_runs_coexist_in_one_store(
     identities = {k: read_run_json(runs[k])["identity"] for k in ("vllm", "reference")}
     assert {i["engine"] for i in identities.values()} == {"vllm", "reference"}
     assert identities["vllm"]["limit"] == identities["reference"]["limit"] == LIMIT
-    findings = compute_findings([Location.of(store)], tmp_path, n_boot=0)
+    findings = compute_findings(Catalog.of(store), tmp_path, n_boot=0)
     assert {"tiny/vllm", "tiny/reference"} <= set(findings.run_sets)
     shown = {(row["run set"], row["method"]) for row in findings.acceptance}
     assert {("tiny/vllm", "eagle3"), ("tiny/reference", "eagle3")} <= shown, shown

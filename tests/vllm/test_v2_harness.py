@@ -370,9 +370,9 @@ def test_the_report_findings_over_harness_runs_give_speedup_and_its_attribution(
     """V2 runs alone (no reference engine, no V1): speedup(n) against the V2 baseline, and
     the window attribution into tokens, draft, verify and other."""
     from dsparklab.report.findings import compute_findings
-    from dsparklab.store.location import Location
+    from dsparklab.store import Catalog
 
-    findings = compute_findings([Location.of(harness_runs["v2"])], tmp_path, n_boot=50)
+    findings = compute_findings(Catalog.of(harness_runs["v2"]), tmp_path, n_boot=50)
     rows = {row["method"]: row for row in findings.window_table}
     assert set(rows) == {"dspark", "eagle3"}
     interval = re.compile(r"^\d+\.\d+x \(\d+\.\d+–\d+\.\d+\)$")

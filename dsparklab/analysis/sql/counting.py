@@ -37,8 +37,8 @@ from dsparklab.analysis.sql.queries import (
 )
 from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.store.catalog import Catalog, catalog_of, list_runs
 from dsparklab.store.location import Location
-from dsparklab.store.reader import list_runs
 from dsparklab.store.schema import RUN_COLUMNS, STATUSES
 
 METRICS = ("acceptance", "calibration", "step_times")
@@ -54,14 +54,14 @@ def _matches(column: pd.Series, wanted: Any) -> pd.Series:
 
 
 def select_runs(
-    root: Location | Path | str,
+    root: Location | Path | str | Catalog,
     *,
     filters: Mapping[str, Any] | None = None,
     statuses: Iterable[str] = STATUSES,
 ) -> tuple[pd.DataFrame, bool]:
-    """The runs below ``root`` whose status is in ``statuses`` and whose run columns match
-    ``filters`` (``{column: value or list}``), one row each (``list_runs`` columns), and
-    whether that is every run there."""
+    """The runs below ``root`` (or of a catalog) whose status is in ``statuses`` and whose
+    run columns match ``filters`` (``{column: value or list}``), one row each (``list_runs``
+    columns), and whether that is every run there."""
     runs = list_runs(root)
     if runs.empty:
         return runs, True
@@ -201,7 +201,7 @@ def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def aggregate_store(
-    root: Location | Path | str,
+    root: Location | Path | str | Catalog,
     *,
     metric: str = "acceptance",
     by: str | Iterable[str] = ("run_id",),
@@ -223,7 +223,7 @@ def aggregate_store(
     ----------
     root
         A store (a local directory or ``s3://bucket/prefix``, either layout; Spark: the
-        table layout) or one run.
+        table layout) or one run, or the catalog of one (listed once by the caller).
     metric
         ``"acceptance"`` (the table of :func:`count_acceptance`), ``"calibration"`` (that
         of :func:`count_calibration`) or ``"step_times"`` (that of
@@ -279,7 +279,8 @@ def aggregate_store(
     _check(metric, source, by, filters, scores, engine)
     keys = metric_keys(metric, by, per_request=per_request, match=match)
     sort_keys, counters = _layout(metric, keys)
-    runs, every_run = select_runs(root, filters=filters, statuses=statuses)
+    catalog = catalog_of(root)
+    runs, every_run = select_runs(catalog, filters=filters, statuses=statuses)
     if runs.empty:
         return empty_counts(metric, by, per_request=per_request, match=match)
     n_positions = int(max(runs["n"].max(), 1))
@@ -298,7 +299,7 @@ def aggregate_store(
         tables = COUNTERS[metric].tables
     with open_engine(
         engine,
-        root,
+        catalog,
         runs,
         tables,
         every_run=every_run,

@@ -3,10 +3,10 @@
 An engine is opened on a store and a ``runs`` frame (the selected runs, one row each with
 the run columns) and registers the relations :mod:`dsparklab.analysis.sql.queries` reads:
 ``runs`` and each table the query needs (``positions``, ``steps``) with its ``run_id``.
-Where the store is in the table layout (``hive_table``: ``<store>/<table>/dataset=.../
+Where the store is in the table layout (``Catalog.table_directory``: ``<store>/<table>/dataset=.../
 method=.../n=.../run_id=.../part-*.parquet``) both engines read the directory natively,
 the run columns taken from the partition names; otherwise DuckDB reads the store's
-pyarrow dataset (``table_dataset``: either layout, local or ``s3://``). Spark reads the
+pyarrow dataset (``Catalog.dataset``: either layout, local or ``s3://``). Spark reads the
 table layout only.
 
 - DuckDB: an in-memory connection per call (``threads`` sets its worker threads,
@@ -32,10 +32,8 @@ import pandas as pd
 import pyarrow as pa
 
 from dsparklab.errors import DSparkLabError, UnknownMethodError
-from dsparklab.store import hive_table, table_dataset
-from dsparklab.store.layout import is_partitioned, store_of
+from dsparklab.store.catalog import Catalog, catalog_of, hive_table
 from dsparklab.store.location import Location, Where
-from dsparklab.store.reader import part_files
 from dsparklab.store.schema import RUN_COLUMNS, STATUSES, TABLES
 
 # The columns the queries read from each table (run_id comes from the store's partitions).
@@ -107,27 +105,6 @@ class Engine(ABC):
         self.close()
 
 
-def _table_layout(root: Where, runs: pd.DataFrame, table: str) -> Location | None:
-    """``<root>/<table>`` when every run below ``root`` is in the table layout of ``root``.
-
-    :func:`~dsparklab.store.hive_table` for a local store; for an object store (which it
-    leaves to the dataset reader) the same check on the selected runs' paths.
-    """
-    store = Location.of(root)
-    if store.is_local:
-        return hive_table(store, table)
-    paths = [Location.of(p) for p in runs["path"]]
-    if paths and all(is_partitioned(p) and store_of(p) == store for p in paths):
-        return store / table
-    return None
-
-
-def run_parts(runs: pd.DataFrame, table: str) -> list[Location]:
-    """The current parts of ``table`` of each run in ``runs`` (its ``path`` column), as
-    dsparklab's readers list them: finished parts of the generation run.json names."""
-    return [part for path in runs["path"] for part in part_files(Location.of(path), table)]
-
-
 class DuckDBEngine(Engine):
     """DuckDB in process: the table layout read natively, any other store as a dataset."""
 
@@ -135,7 +112,7 @@ class DuckDBEngine(Engine):
 
     def __init__(
         self,
-        root: Where,
+        catalog: Catalog,
         runs: pd.DataFrame,
         tables: Iterable[str],
         *,
@@ -158,21 +135,21 @@ class DuckDBEngine(Engine):
         self.con.register("runs", runs_table(runs))
         for table in tables:
             if table != "runs":
-                self._register(root, runs, table, every_run, tuple(statuses))
+                self._register(catalog, runs, table, every_run, tuple(statuses))
 
     def _register(
         self,
-        root: Where,
+        catalog: Catalog,
         runs: pd.DataFrame,
         table: str,
         every_run: bool,
         statuses: tuple[str, ...],
     ) -> None:
         columns = ", ".join(table_schema(table).names)
-        if hive_table(root, table) is not None:
+        if hive_table(catalog, table) is not None:
             # DuckDB's own reader over the parts dsparklab lists (a compaction's other
             # generation is never read), the run columns from the partition names
-            files = [str(p.local_path()) for p in run_parts(runs, table)]
+            files = [str(p.local_path()) for p in catalog.parts(runs, table)]
             if files:
                 listed = ", ".join(_quoted(f) for f in files)
                 source = (
@@ -183,7 +160,7 @@ class DuckDBEngine(Engine):
                 return
             self.con.register(f"{table}_parts", table_schema(table).empty_table())
         else:  # either layout, local or s3://: the store's pyarrow dataset
-            self.con.register(f"{table}_parts", table_dataset(root, table, statuses=statuses))
+            self.con.register(f"{table}_parts", catalog.dataset(table, statuses=statuses))
         where = "" if every_run else _run_filter(list(runs["run_id"]))
         self.con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {table}_parts{where}")
 
@@ -202,7 +179,7 @@ class SparkEngine(Engine):
 
     def __init__(
         self,
-        root: Where,
+        catalog: Catalog,
         runs: pd.DataFrame,
         tables: Iterable[str],
         *,
@@ -214,9 +191,9 @@ class SparkEngine(Engine):
         # the runs' own parts are read; Spark sizes itself from its configuration
         del every_run, statuses, threads, memory_limit
         tables = [t for t in tables if t != "runs"]
-        directories = {t: _table_layout(root, runs, t) for t in tables}
+        directories = {t: catalog.table_directory(t) for t in tables}
         if any(directory is None for directory in directories.values()):
-            store = Location.of(root)
+            store = catalog.roots[0]
             raise DSparkLabError(
                 f"engine='spark' reads stores in the table layout only, and not every run "
                 f"below {store} is in it; run `dsparklab compact {store}` to move them there"
@@ -230,16 +207,18 @@ class SparkEngine(Engine):
         self._register_runs(runs)
         for table, directory in directories.items():
             assert directory is not None
-            self._register(runs, table, directory)
+            self._register(catalog, runs, table, directory)
 
     def _register_runs(self, runs: pd.DataFrame) -> None:
         arrow = runs_table(runs)
         rows = [tuple(row[c] for c in arrow.column_names) for row in arrow.to_pylist()]
         self._view("runs", self.session.createDataFrame(rows, schema=_ddl(RUNS_SCHEMA)))
 
-    def _register(self, runs: pd.DataFrame, table: str, directory: Location) -> None:
+    def _register(
+        self, catalog: Catalog, runs: pd.DataFrame, table: str, directory: Location
+    ) -> None:
         schema = table_schema(table)
-        files = [_spark_uri(p) for p in run_parts(runs, table)]
+        files = [_spark_uri(p) for p in catalog.parts(runs, table)]
         if files:
             # the parts dsparklab lists, partitions found below basePath; the partition
             # keys typed in the schema, so run_id stays a string whatever it looks like
@@ -314,7 +293,7 @@ ENGINES: dict[str, Callable[..., Engine]] = {"duckdb": DuckDBEngine, "spark": Sp
 
 def open_engine(
     name: str,
-    root: Where,
+    root: Where | Catalog,
     runs: pd.DataFrame,
     tables: Iterable[str],
     *,
@@ -330,7 +309,8 @@ def open_engine(
     name
         ``"duckdb"`` or ``"spark"``.
     root
-        The store (a local directory or ``s3://``; Spark: the table layout).
+        The store (a local directory or ``s3://``; Spark: the table layout), or its
+        catalog already opened (:class:`~dsparklab.store.Catalog`).
     runs
         The selected runs, one row each with the run columns (``list_runs`` rows).
     tables
@@ -349,7 +329,7 @@ def open_engine(
     if name not in ENGINES:
         raise UnknownMethodError(f"unknown engine {name!r}; valid engines are {sorted(ENGINES)}")
     return ENGINES[name](
-        root,
+        catalog_of(root),
         runs,
         tables,
         every_run=every_run,

@@ -11,7 +11,7 @@ from counting_cases import write_store
 from dsparklab.errors import ConfigError, MissingInputError
 from dsparklab.lab.runs import STATUSES_ENV, load_any_runs, load_runs
 from dsparklab.report.findings import compute_findings
-from dsparklab.store.location import Location
+from dsparklab.store import Catalog
 from dsparklab.store.schema import STATUSES
 
 CRASHED = "ref/gsm8k/dspark-n3-crashed"  # written with status 'failed'
@@ -40,7 +40,7 @@ def test_the_lab_reads_complete_runs_and_names_the_others(
 
 
 def test_the_findings_count_no_failed_run_and_say_so(store: Path, tmp_path: Path) -> None:
-    findings = compute_findings([Location.of(store)], tmp_path, n_boot=0)
+    findings = compute_findings(Catalog.of(store), tmp_path, n_boot=0)
     notes = [note for note in findings.notes if CRASHED in note]
     assert len(notes) == 1 and "(failed)" in notes[0] and "no finding counts them" in notes[0]
 

@@ -12,8 +12,7 @@ from dsparklab.analysis import compute_acceptance_by_position, compute_window_sc
 from dsparklab.errors import ConfigError
 from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
 from dsparklab.report.findings import compute_findings, sampled_notes
-from dsparklab.store import read_trace
-from dsparklab.store.location import Location
+from dsparklab.store import Catalog, read_trace
 from dsparklab.store.sampling import request_unit
 from tests.notebooks.lab_synth import write_synthetic_run
 
@@ -91,7 +90,7 @@ def test_headline_counts_cover_every_request_past_the_budget(
     by = ("method", "n", "dataset")
     want = compute_acceptance_by_position(full.positions, steps=full.steps, by=by, n_boot=0)
     scaling = compute_window_scaling(full.steps, by=("method", "dataset"), n_boot=0)
-    findings = compute_findings([Location.of(store)], tmp_path / "all", n_boot=0)
+    findings = compute_findings(Catalog.of(store), tmp_path / "all", n_boot=0)
     monkeypatch.setenv(MAX_ROWS_ENV, str(len(full.positions) // 4))
     runs = load_runs(store)
     assert len(runs.positions) < len(full.positions)
@@ -104,6 +103,6 @@ def test_headline_counts_cover_every_request_past_the_budget(
     counted = compute_window_scaling(runs.step_time_counts(), by=("method", "dataset"), n_boot=0)
     assert counted["n_steps"].tolist() == scaling["n_steps"].tolist()
     assert counted["speedup"].to_numpy() == pytest.approx(scaling["speedup"].to_numpy(), rel=1e-12)
-    sampled = compute_findings([Location.of(store)], tmp_path / "sampled", n_boot=0)
+    sampled = compute_findings(Catalog.of(store), tmp_path / "sampled", n_boot=0)
     assert sampled.acceptance == findings.acceptance and sampled.acceptance
     assert not any("hold a sample" in note for note in sampled.notes)
