@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparklab.errors import ConfigError, TraceSchemaError, UnknownMethodError
-from dsparklab.store import read_run_json
+from dsparklab.errors import ConfigError, UnknownMethodError
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location, Where
+from dsparklab.store.reader import complete_run_json
 from dsparklab.store.schema import METHODS
 
 logger = logging.getLogger(__name__)
@@ -130,15 +130,6 @@ def plan_runs(
             for n in [0] if method == "none" else ns:
                 runs.append(RunSpec(dataset, method, n, temperature, engine))
     return runs
-
-
-def complete_run_json(run_dir: Where) -> dict[str, Any] | None:
-    """The run.json in ``run_dir`` when it is readable and its status is 'complete'."""
-    try:
-        meta = read_run_json(run_dir)
-    except TraceSchemaError:
-        return None
-    return meta if meta["status"] == "complete" else None
 
 
 def is_complete(run_dir: Where) -> bool:

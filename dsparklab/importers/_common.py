@@ -21,13 +21,13 @@ import numpy as np
 
 import dsparklab
 from dsparklab.analysis.definitions import Check, check
-from dsparklab.errors import DSparkLabError, InputFormatError, TraceSchemaError, input_error
+from dsparklab.errors import DSparkLabError, InputFormatError, input_error
 from dsparklab.provenance import hash_path
-from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store import TraceWriter, new_run_json
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location, Where
+from dsparklab.store.reader import complete_run_json
 from dsparklab.store.rows import counter_row
-from dsparklab.store.schema import RUN_JSON
 
 DEFAULT_DATASET = "imported"
 DEFAULT_METHOD = "unknown"
@@ -439,13 +439,9 @@ def write_runs(runs: Sequence[ImportedRun], out: Where, *, overwrite: bool = Fal
     for run in runs:
         meta = run.run_json()
         final = run_location(out, meta)
-        if (final / RUN_JSON).is_file() and not overwrite:
-            try:
-                if read_run_json(final)["status"] == "complete":
-                    result.skipped.append(final)
-                    continue
-            except TraceSchemaError:
-                pass
+        if not overwrite and complete_run_json(final) is not None:
+            result.skipped.append(final)
+            continue
         # run.json last: the run appears whole or not at all, on a disk or an object store
         with TraceWriter(out, meta, overwrite=True, publish="last") as writer:
             for table, rows in run.tables.items():

@@ -289,8 +289,9 @@ def load_runs(
     if not (selected["method"] != BASELINE_METHOD).any():
         raise MissingInputError(f"no selected method run to read: {left_out_text(left_out)}")
     kept = _read_sample(selected, _read_fraction(catalog, selected))
-    positions = _read_runs("positions", selected[selected["method"] != BASELINE_METHOD], kept)
-    steps = _read_runs("steps", selected, kept)
+    method_runs = selected[selected["method"] != BASELINE_METHOD]
+    positions = _read_runs(catalog, "positions", method_runs, kept)
+    steps = _read_runs(catalog, "steps", selected, kept)
     selected = _sampled(selected, kept).reset_index(drop=True)
     frames = [positions, steps, selected]
     for frame in frames:
@@ -410,7 +411,7 @@ def load_any_runs(
     token_level = {"positions", "steps"} & set(tables)
     kept = _read_sample(selected, _read_fraction(catalog, selected)) if token_level else None
     frames = [
-        _read_runs(name, selected, kept) if name in tables else pd.DataFrame()
+        _read_runs(catalog, name, selected, kept) if name in tables else pd.DataFrame()
         for name in ANY_TABLES
     ]
     read = AnyRuns(catalog, _sampled(selected, kept), *frames)
@@ -542,7 +543,9 @@ def _sampled(rows: pd.DataFrame, kept: ReadSample | None) -> pd.DataFrame:
     return rows.assign(sample=rows["sample"] * rows["run_id"].astype(str).map(kept.shares))
 
 
-def _read_runs(name: str, rows: pd.DataFrame, kept: ReadSample | None = None) -> pd.DataFrame:
+def _read_runs(
+    catalog: Catalog, name: str, rows: pd.DataFrame, kept: ReadSample | None = None
+) -> pd.DataFrame:
     """Table ``name`` of the runs in ``rows`` (read root by root, run metadata joined);
     with ``kept``, only the requests it names (each whole: its steps and positions)."""
     from dsparklab.store import read_trace
@@ -552,7 +555,7 @@ def _read_runs(name: str, rows: pd.DataFrame, kept: ReadSample | None = None) ->
         filters: dict[str, Any] = {"run_id": group["run_id"].tolist()}
         if kept is not None and name in ("positions", "steps", "requests"):
             filters["request_id"] = kept.request_ids.get(str(root), [])
-        frames.append(read_trace(root, name, filters=filters))
+        frames.append(read_trace(catalog.only(str(root)), name, filters=filters))
     return pd.concat(frames, ignore_index=True)
 
 

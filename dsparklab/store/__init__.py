@@ -1,11 +1,10 @@
 """The trace store: schema v2, the writer engines use, readers and validation."""
 
-from dsparklab.store.catalog import Catalog, hive_table, list_runs, table_dataset
+from dsparklab.store.catalog import Catalog, hive_table, list_runs, read_trace, table_dataset
 from dsparklab.store.reader import (
     find_runs,
     matches_selection,
     read_run_json,
-    read_trace,
     run_field,
 )
 from dsparklab.store.schema import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from dsparklab.errors import TraceSchemaError
-from dsparklab.store.layout import is_partitioned, store_of
+from dsparklab.store.layout import PARTITION_KEYS, is_partitioned, store_of
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
+    Filters,
     check_part_schema,
     find_runs,
     matches_selection,
@@ -35,7 +36,7 @@ from dsparklab.store.reader import (
     run_granularity,
 )
 from dsparklab.store.sampling import run_sample
-from dsparklab.store.schema import ALL_TABLES, RUN_JSON, STATUSES
+from dsparklab.store.schema import ALL_TABLES, RUN_COLUMNS, RUN_JSON, STATUSES
 
 CATALOG_COLUMNS = (
     "run_id",
@@ -248,6 +249,100 @@ def catalog_of(source: Where | Catalog) -> Catalog:
 def list_runs(root: Where | Catalog) -> pd.DataFrame:
     """One row per run below ``root`` (:attr:`Catalog.runs`)."""
     return catalog_of(root).runs
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+    if isinstance(wanted, (list, tuple, set, frozenset)):
+        return value in wanted
+    return bool(value == wanted)
+
+
+def _row_filter(filters: Filters) -> ds.Expression | None:
+    expr: ds.Expression | None = None
+    for name, wanted in filters.items():
+        values = list(wanted) if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
+        term = pc.field(name).isin(values)
+        expr = term if expr is None else expr & term
+    return expr
+
+
+def read_trace(
+    root: Where | Catalog,
+    table: str = "positions",
+    *,
+    columns: Sequence[str] | None = None,
+    filters: Filters | None = None,
+    statuses: Iterable[str] = STATUSES,
+) -> pd.DataFrame:
+    """Load ``table`` from one run or every run below ``root``, run metadata joined.
+
+    Parameters
+    ----------
+    root
+        A run directory or a directory of runs, or their catalog (listed once).
+    table
+        ``"steps"``, ``"positions"``, ``"requests"``, or one of the aggregate tables of runs
+        without token-level rows (``"counters"``, ``"totals"``, ``"calibration"``).
+    columns
+        Table columns to read (run-level columns are always added); None reads all.
+    filters
+        ``{column: value or list of values}``. Run-level columns (method, n, dataset,
+        engine, ...) select runs; table columns are pushed down to parquet.
+    statuses
+        Run statuses to include; incomplete runs are readable up to their last part.
+    """
+    filters = dict(filters or {})
+    schema = ALL_TABLES.get(table)
+    if schema is None:
+        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
+    for name in [*(columns or []), *(k for k in filters if k not in RUN_COLUMNS)]:
+        if name not in schema.names:
+            raise TraceSchemaError(
+                f"unknown column for table {table!r}; expected one of {schema.names}",
+                field=name,
+            )
+    wanted_columns = list(columns) if columns is not None else list(schema.names)
+
+    frames: list[pd.DataFrame] = []
+    catalog = catalog_of(root)
+    for path in catalog.with_status(statuses)["path"]:
+        run_dir, meta = Location.of(path), catalog.metas[str(path)]
+        constants = run_columns(meta)
+        partitioned = is_partitioned(run_dir)
+        # the table's own column decides, unless the partition holds it (table layout)
+        own = [c for c in schema.names if not (partitioned and c in PARTITION_KEYS)]
+        run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS and k not in own}
+        if not all(_matches(constants[k], v) for k, v in run_level.items()):
+            continue
+        files = part_files(run_dir, table, meta)
+        for path in files:
+            check_part_schema(path, table, partitioned=partitioned)
+        if not files:
+            continue
+        dataset = ds.dataset(
+            [p.path for p in files],
+            schema=pa.schema([schema.field(c) for c in own]),
+            format="parquet",
+            filesystem=files[0].fs,
+        )
+        expr = _row_filter({k: v for k, v in filters.items() if k not in run_level})
+        try:
+            arrow = dataset.to_table(columns=[c for c in wanted_columns if c in own], filter=expr)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise TraceSchemaError(f"unreadable part: {err}", path=run_dir / table) from err
+        frame = arrow.to_pandas()
+        for name, value in constants.items():
+            if name not in frame.columns:
+                frame[name] = value
+        rest = [c for c in frame.columns if c not in wanted_columns]
+        frames.append(frame[[*wanted_columns, *rest]])  # a partition's column in its place
+    if not frames:
+        empty = schema.empty_table().select(wanted_columns).to_pandas()
+        for name in RUN_COLUMNS:
+            if name not in empty.columns:
+                empty[name] = pd.Series(dtype=object)
+        return empty
+    return pd.concat(frames, ignore_index=True)
 
 
 def table_dataset(

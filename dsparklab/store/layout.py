@@ -32,7 +32,7 @@ that run's table is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dsparklab.store.location import Location, Where
@@ -119,6 +119,20 @@ def partition_values(run: Location) -> dict[str, str]:
     """The partition keys' values of a run in the table layout, unescaped."""
     parts = run.path.rstrip("/").split("/")[-len(PARTITION_KEYS) :]
     return {k: _unescape(p.split("=", 1)[1]) for k, p in zip(PARTITION_KEYS, parts, strict=True)}
+
+
+def runs_named(run_dirs: Iterable[Where], store: Where, prefix: str) -> list[Location]:
+    """The runs among ``run_dirs`` that ``store`` holds in the table layout under a run_id
+    starting with ``prefix`` (a process's recorders also list runs it wrote elsewhere or
+    for an earlier engine)."""
+    store = Location.of(store)
+    return [
+        run
+        for run in map(Location.of, run_dirs)
+        if is_partitioned(run)
+        and store_of(run) == store
+        and partition_values(run)["run_id"].startswith(prefix)
+    ]
 
 
 def _unescape(text: str) -> str:

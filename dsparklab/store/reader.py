@@ -8,14 +8,11 @@ memory to answer a narrow question.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
@@ -35,7 +32,6 @@ from dsparklab.store.schema import (
     GRANULARITIES,
     PART_PREFIX,
     PART_SUFFIX,
-    RUN_COLUMNS,
     RUN_JSON,
     RUN_REQUIRED_FIELDS,
     SCHEMA_VERSION,
@@ -104,6 +100,16 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
             "closed (the writer was killed or lost its store)"
         )
     return meta
+
+
+def complete_run_json(run_dir: Where) -> dict[str, Any] | None:
+    """The run.json in ``run_dir`` when it is readable and its status is 'complete' (what a
+    writer asks before redoing a run), else None."""
+    try:
+        meta = read_run_json(run_dir)
+    except TraceSchemaError:
+        return None
+    return meta if meta["status"] == "complete" else None
 
 
 def resolve_run(where: Where) -> Location:
@@ -269,17 +275,6 @@ def find_runs(root: Where) -> list[Location]:
     return sorted(runs)
 
 
-def runs_with_status(
-    root: Where, statuses: Iterable[str]
-) -> Iterator[tuple[Location, dict[str, Any]]]:
-    """(run directory, run.json) of every run below ``root`` whose status is in ``statuses``."""
-    wanted = set(statuses)
-    for run_dir in find_runs(root):
-        meta = read_run_json(run_dir)
-        if meta["status"] in wanted:
-            yield run_dir, meta
-
-
 def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The run-level values joined onto every row read from this run."""
     drafter = meta.get("drafter") or {}
@@ -334,98 +329,6 @@ def matches_selection(meta: Mapping[str, Any], selection: Mapping[str, Any]) -> 
         if not any(_selected(value, option, key) for option in options):
             return False
     return True
-
-
-def _matches(value: Any, wanted: Any) -> bool:
-    if isinstance(wanted, (list, tuple, set, frozenset)):
-        return value in wanted
-    return bool(value == wanted)
-
-
-def _row_filter(filters: Filters) -> ds.Expression | None:
-    expr: ds.Expression | None = None
-    for name, wanted in filters.items():
-        values = list(wanted) if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
-        term = pc.field(name).isin(values)
-        expr = term if expr is None else expr & term
-    return expr
-
-
-def read_trace(
-    root: Where,
-    table: str = "positions",
-    *,
-    columns: Sequence[str] | None = None,
-    filters: Filters | None = None,
-    statuses: Iterable[str] = STATUSES,
-) -> pd.DataFrame:
-    """Load ``table`` from one run or every run below ``root``, run metadata joined.
-
-    Parameters
-    ----------
-    root
-        A run directory or a directory of runs.
-    table
-        ``"steps"``, ``"positions"``, ``"requests"``, or one of the aggregate tables of runs
-        without token-level rows (``"counters"``, ``"totals"``, ``"calibration"``).
-    columns
-        Table columns to read (run-level columns are always added); None reads all.
-    filters
-        ``{column: value or list of values}``. Run-level columns (method, n, dataset,
-        engine, ...) select runs; table columns are pushed down to parquet.
-    statuses
-        Run statuses to include; incomplete runs are readable up to their last part.
-    """
-    filters = dict(filters or {})
-    schema = ALL_TABLES.get(table)
-    if schema is None:
-        raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
-    for name in [*(columns or []), *(k for k in filters if k not in RUN_COLUMNS)]:
-        if name not in schema.names:
-            raise TraceSchemaError(
-                f"unknown column for table {table!r}; expected one of {schema.names}",
-                field=name,
-            )
-    wanted_columns = list(columns) if columns is not None else list(schema.names)
-
-    frames: list[pd.DataFrame] = []
-    for run_dir, meta in runs_with_status(root, statuses):
-        constants = run_columns(meta)
-        partitioned = is_partitioned(run_dir)
-        # the table's own column decides, unless the partition holds it (table layout)
-        own = [c for c in schema.names if not (partitioned and c in PARTITION_KEYS)]
-        run_level = {k: v for k, v in filters.items() if k in RUN_COLUMNS and k not in own}
-        if not all(_matches(constants[k], v) for k, v in run_level.items()):
-            continue
-        files = part_files(run_dir, table, meta)
-        for path in files:
-            check_part_schema(path, table, partitioned=partitioned)
-        if not files:
-            continue
-        dataset = ds.dataset(
-            [p.path for p in files],
-            schema=pa.schema([schema.field(c) for c in own]),
-            format="parquet",
-            filesystem=files[0].fs,
-        )
-        expr = _row_filter({k: v for k, v in filters.items() if k not in run_level})
-        try:
-            arrow = dataset.to_table(columns=[c for c in wanted_columns if c in own], filter=expr)
-        except (pa.ArrowInvalid, OSError) as err:
-            raise TraceSchemaError(f"unreadable part: {err}", path=run_dir / table) from err
-        frame = arrow.to_pandas()
-        for name, value in constants.items():
-            if name not in frame.columns:
-                frame[name] = value
-        rest = [c for c in frame.columns if c not in wanted_columns]
-        frames.append(frame[[*wanted_columns, *rest]])  # a partition's column in its place
-    if not frames:
-        empty = schema.empty_table().select(wanted_columns).to_pandas()
-        for name in RUN_COLUMNS:
-            if name not in empty.columns:
-                empty[name] = pd.Series(dtype=object)
-        return empty
-    return pd.concat(frames, ignore_index=True)
 
 
 def store_runs(store: Where) -> list[Location]:

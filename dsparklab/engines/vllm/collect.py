@@ -33,7 +33,7 @@ from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import redact_mapping
-from dsparklab.store.layout import is_partitioned, partition_values, store_of
+from dsparklab.store.layout import runs_named
 from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
@@ -233,13 +233,7 @@ def _collect_engine(
             # target-only engines record their steps' costs too (engines/vllm/steps.py);
             # only this engine's runs: a worker process that ran an earlier engine in this
             # process still lists that engine's (closed) recorders
-            tap_dirs = [
-                d
-                for d in map(Location.of, _close_taps(llm))
-                if is_partitioned(d)
-                and store_of(d) == tap_config.trace_dir
-                and partition_values(d)["run_id"].startswith(tap_config.run_name)
-            ]
+            tap_dirs = runs_named(_close_taps(llm), tap_config.trace_dir, tap_config.run_name)
         finally:
             del llm
             _release_engine()

@@ -60,7 +60,7 @@ from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.core import target_to_draft_index
 from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
-from dsparklab.store.layout import partition_values
+from dsparklab.store.layout import runs_named
 from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
@@ -626,9 +626,7 @@ def collect(
         )
         # this group's tap runs only (the process keeps its earlier groups' recorders)
         taps = read_tap_runs(
-            d
-            for d in map(Location.of, runs.close_worker())
-            if partition_values(d)["run_id"].startswith(tap_config.run_name)
+            runs_named(runs.close_worker(), tap_config.trace_dir, tap_config.run_name)
         )
         for run in group:
             meta = run_json(

@@ -49,10 +49,11 @@ from dsparklab.engines.vllm.served import (
 from dsparklab.prompts import Prompt
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
+from dsparklab.store.catalog import holds_runs
 from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import emitted_tokens, totals_row
 from dsparklab.store.sampling import request_sampled
-from dsparklab.store.schema import POSITIONS_SCHEMA, RUN_JSON
+from dsparklab.store.schema import POSITIONS_SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -501,7 +502,7 @@ def read_tap_runs(run_dirs: Iterable[Where]) -> TapTables:
     """Steps and positions of the taps' run directories (any status), concatenated."""
     steps, positions = [], []
     for run_dir in dict.fromkeys(Location.of(d) for d in run_dirs):
-        if not (run_dir / RUN_JSON).is_file():
+        if not holds_runs(run_dir):
             continue
         steps.append(read_trace(run_dir, "steps"))
         positions.append(read_trace(run_dir, "positions"))

@@ -46,12 +46,12 @@ from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_wri
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
+from dsparklab.store.catalog import holds_runs
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
 from dsparklab.store.reader import store_runs
 from dsparklab.store.sampling import SAMPLE_KEY
-from dsparklab.store.schema import RUN_JSON
 from dsparklab.store.writer import writer_id
 
 logger = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def new_recorder(
 
     if config.trace_dir.is_local:
         run_dir = where(name)
-        if (run_dir / RUN_JSON).is_file() or counter > 1 and run_dir.exists():
+        if holds_runs(run_dir) or counter > 1 and run_dir.exists():
             name = f"{name}-{os.getpid()}-{counter}"
     else:
         # many servers share a bucket, and an object store must not be asked (it may be

@@ -36,7 +36,7 @@ from dsparklab.engines.vllm.served import (
 )
 from dsparklab.prompts import Prompt, load_prompts
 from dsparklab.store.location import Location, Where
-from dsparklab.store.schema import RUN_JSON
+from dsparklab.store.reader import store_runs
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def _wait_for_taps(
     need = {rid: int(k or 0) for rid, k in needed.items()}
     last_count, stable_since = -1, time.monotonic()
     while True:
-        dirs = [p.parent for p in Location.of(tap_dir).find(RUN_JSON)]
+        dirs = store_runs(tap_dir)
         tables = read_tap_runs(dirs)
         steps = tables.steps
         if not steps.empty:
