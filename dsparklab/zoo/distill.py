@@ -170,6 +170,13 @@ def evaluation_ngrams(datasets: tuple[str, ...] = EVALUATION_SETS) -> frozenset[
     return frozenset(grams)
 
 
+@functools.lru_cache(maxsize=2)
+def gram_lengths(grams: frozenset[tuple[str, ...]]) -> frozenset[int]:
+    """The n-gram lengths present (and :data:`NGRAM`), found once per set of n-grams: every
+    pool prompt is tested against the same set (a frozenset caches its hash)."""
+    return frozenset({len(g) for g in grams} | {NGRAM})
+
+
 def contaminated(text: str, grams: frozenset[tuple[str, ...]]) -> bool:
     """True when ``text`` shares an n-gram with an evaluation prompt.
 
@@ -177,7 +184,7 @@ def contaminated(text: str, grams: frozenset[tuple[str, ...]]) -> bool:
     matches when it appears whole inside ``text`` (a word-aligned run).
     """
     words = normalized_words(text)
-    lengths = {len(g) for g in grams} | {NGRAM}
+    lengths = gram_lengths(grams)
     return (
         any(
             tuple(words[i : i + size]) in grams
