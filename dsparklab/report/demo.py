@@ -104,6 +104,52 @@ def stale_runs(
     return stale
 
 
+def collect_demo_runs(
+    *,
+    runs: Path = DEFAULT_RUNS,
+    limit: int = DEMO_LIMIT,
+    max_new_tokens: int = DEMO_MAX_NEW_TOKENS,
+    ns: Sequence[int] = DEMO_NS,
+    datasets: Sequence[str] = DEMO_DATASETS,
+    models: Mapping[str, str | Path] | None = None,
+    progress: bool = True,
+) -> bool:
+    """Collect the demo runs with the reference engine, keeping current ones (the first
+    half of :func:`run_demo`, whose parameters these are); True when any was collected."""
+    from dsparklab.engines.layout import CollectOptions, is_complete, plan_runs
+    from dsparklab.engines.reference.collect import collect
+
+    runs = Path(runs)
+    models = dict(DEMO_MODELS if models is None else models)
+    if models["target"] == DEMO_MODELS["target"]:
+        from dsparklab.zoo import ZOO_DIR
+        from dsparklab.zoo.smol.prepare import prepare_smol_target
+
+        prepare_smol_target(ZOO_DIR)
+    stale = stale_runs(runs, models=models, limit=limit, max_new_tokens=max_new_tokens)
+    for line in stale:
+        logger.info("recollecting %s", line)
+    plan = plan_runs(list(DEMO_METHODS), list(ns), list(datasets))
+    todo = bool(stale) or not all(is_complete(spec.location(runs)) for spec in plan)
+    collect(
+        CollectOptions(
+            methods=list(DEMO_METHODS),
+            ns=list(ns),
+            datasets=list(datasets),
+            out=runs,
+            limit=limit,
+            max_new_tokens=max_new_tokens,
+            target=models["target"],
+            dspark=models["dspark"],
+            eagle3=models["eagle3"],
+            overwrite=bool(stale),
+            progress=progress,
+            tier=DEMO_TIER if models["target"] == DEMO_MODELS["target"] else None,
+        )
+    )
+    return todo
+
+
 def run_demo(
     *,
     runs: Path = DEFAULT_RUNS,
@@ -137,42 +183,20 @@ def run_demo(
     png, progress
         As in :func:`dsparklab.report.build_report`.
     """
-    from dsparklab.engines.layout import CollectOptions, is_complete, plan_runs
-    from dsparklab.engines.reference.collect import collect
+    from dsparklab.lab.runs import shipped_traces
 
-    runs, out = Path(runs), Path(out)
-    models = dict(DEMO_MODELS if models is None else models)
     start = time.perf_counter()
-    if models["target"] == DEMO_MODELS["target"]:
-        from dsparklab.zoo import ZOO_DIR
-        from dsparklab.zoo.smol.prepare import prepare_smol_target
-
-        prepare_smol_target(ZOO_DIR)
-    stale = stale_runs(runs, models=models, limit=limit, max_new_tokens=max_new_tokens)
-    for line in stale:
-        logger.info("recollecting %s", line)
-    plan = plan_runs(list(DEMO_METHODS), list(ns), list(datasets))
-    todo = bool(stale) or not all(is_complete(spec.location(runs)) for spec in plan)
-    collect(
-        CollectOptions(
-            methods=list(DEMO_METHODS),
-            ns=list(ns),
-            datasets=list(datasets),
-            out=runs,
-            limit=limit,
-            max_new_tokens=max_new_tokens,
-            target=models["target"],
-            dspark=models["dspark"],
-            eagle3=models["eagle3"],
-            overwrite=bool(stale),
-            progress=progress,
-            tier=DEMO_TIER if models["target"] == DEMO_MODELS["target"] else None,
-        )
+    todo = collect_demo_runs(
+        runs=runs,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        ns=ns,
+        datasets=datasets,
+        models=models,
+        progress=progress,
     )
     collected = time.perf_counter()
     logger.info("demo runs ready in %.0f s (%s)", collected - start, runs)
-    from dsparklab.lab.runs import shipped_traces
-
     report = build_report(
         runs,
         out,
@@ -182,7 +206,7 @@ def run_demo(
         progress=progress,
     )
     return DemoResult(
-        runs=runs,
+        runs=Path(runs),
         report=report,
         collect_seconds=collected - start,
         report_seconds=time.perf_counter() - collected,

@@ -27,7 +27,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def io_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+def io_counts(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How often the store is listed (recursive walks, run.json lookups) and how many
     run.json and parquet files are opened."""
     counts: Counter[str] = Counter()
@@ -58,7 +58,7 @@ def io_counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     monkeypatch.setattr(Location, "find", counted_find)
     monkeypatch.setattr(Location, "read_text", counted_read_text)
     monkeypatch.setattr(Location, "read_bytes", counted_read_bytes)
-    yield counts
+    return counts
 
 
 def test_one_listing_serves_the_runs_their_run_json_and_selections(store: Path) -> None:
@@ -132,9 +132,12 @@ def test_two_roots_are_listed_apart_and_counted_root_by_root(tmp_path: Path) -> 
     catalog = Catalog.of(tmp_path / "a", tmp_path / "b")
     assert catalog.runs["run_id"].nunique() == 1 and len(catalog.runs) == 2
     assert len(catalog.only(tmp_path / "b").runs) == 1
-    assert catalog.only(tmp_path / "b").run_json(
-        catalog.only(tmp_path / "b").runs["path"].iloc[0]
-    )["tier"] == "b"
+    assert (
+        catalog.only(tmp_path / "b").run_json(catalog.only(tmp_path / "b").runs["path"].iloc[0])[
+            "tier"
+        ]
+        == "b"
+    )
 
 
 def test_the_dataset_of_a_catalog_is_the_dataset_of_its_store(store: Path) -> None:
