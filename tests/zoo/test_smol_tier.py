@@ -113,14 +113,18 @@ def test_committed_drafters_are_lossless(target_and_prompts, smol_target, method
     loader = load_dspark_drafter if method == "dspark" else load_eagle3_drafter
     drafter = loader(ZOO_DIR / f"smol-{method}", target_path=smol_target)
     torch.set_num_threads(1)
+    # the target's own greedy continuation, once per prompt: every window must give it
+    wants = [
+        greedy_continuation(model, ids, GEN_LEN, eos_token_id=tokenizer.eos_token_id)
+        for ids in prompts[1:3]
+    ]
     for n in range(3, 8):
         engine = ReferenceEngine(
             model,
             drafter,
             config=ReferenceConfig(method=method, num_speculative_tokens=n, max_new_tokens=GEN_LEN),
         )
-        for ids in prompts[1:3]:
-            want = greedy_continuation(model, ids, GEN_LEN, eos_token_id=tokenizer.eos_token_id)
+        for ids, want in zip(prompts[1:3], wants, strict=True):
             result = engine.generate(ids, request_id="t")
             assert result.output_token_ids == want
             assert result.stats.mean_acceptance_length > 1.0
