@@ -204,9 +204,12 @@ def test_shipped_traces_validate_and_cover_the_tier():
     prompts per dataset, the baseline beside every method run, provenance recorded."""
     from dsparklab.lab.notebook import SHIPPED_TRACES
     from dsparklab.provenance import checkpoint_hash
-    from dsparklab.store import list_runs, read_run_json, read_trace, validate_trace
+    from dsparklab.store import hive_table, list_runs, read_run_json, read_trace, validate_trace
+    from dsparklab.store.location import Location
 
     root = SHIPPED_TRACES / "smol"
+    # in the table layout every engine reads natively (the old layout is only migrated)
+    assert hive_table(root, "positions") == Location.of(root) / "positions"
     reports = validate_trace(root)
     assert reports and all(not r.violations for r in reports), [r.violations for r in reports]
     runs = list_runs(root)
@@ -232,3 +235,9 @@ def test_shipped_traces_validate_and_cover_the_tier():
         assert meta["provenance"]["packages"]
         if meta["drafter"]:
             assert meta["drafter"]["content_hash"] == hashes[meta["drafter"]["name"]]
+    # the target's tokenizer travels in the store: the token strips show text
+    from dsparklab.lab.runs import load_runs
+    from dsparklab.lab.tokens import load_token_text
+
+    decode = load_token_text(load_runs(root, datasets=["gsm8k"], n_values=[3]))
+    assert decode is not str and decode(13) == "<jupyter_code>"  # a SmolLM2 special token
