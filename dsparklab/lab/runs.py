@@ -377,6 +377,11 @@ class AnyRuns:
     calibration: pd.DataFrame
     left_out: pd.DataFrame = field(default_factory=pd.DataFrame)  # as Runs.left_out
 
+    @property
+    def root(self) -> Location:
+        """The runs' root (as :attr:`Runs.root`)."""
+        return self.catalog.roots[0]
+
 
 def load_any_runs(
     runs: RunsInput,
