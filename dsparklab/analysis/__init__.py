@@ -40,8 +40,6 @@ from dsparklab.analysis.calibration import (
     compute_calibration,
     compute_ece,
     compute_reliability,
-    compute_reliability_ece,
-    compute_reported_reliability,
     count_calibration,
 )
 from dsparklab.analysis.coverage import ANALYSES, compute_coverage
@@ -66,6 +64,10 @@ from dsparklab.analysis.projection import (
     compute_window_prediction,
     cost_table_from_profile,
     fitted_cost_table,
+)
+from dsparklab.analysis.reported_reliability import (
+    compute_reliability_ece,
+    compute_reported_reliability,
 )
 from dsparklab.analysis.speedup import (
     DRAFTER_KINDS,
