@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -72,12 +71,10 @@ from typing import Any
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
 from dsparklab.engines.vllm.coverage import null
-from dsparklab.store import TraceWriter, read_run_json
+from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
+from dsparklab.store import TraceWriter
 from dsparklab.store.location import Location
-from dsparklab.store.reader import part_files
 from dsparklab.store.sampling import request_sampled
-from dsparklab.store.schema import TABLES
-from dsparklab.store.writer import utc_now, write_run_json
 
 logger = logging.getLogger(__name__)
 
@@ -103,115 +100,6 @@ class PendingDraft:
     context_len: int | None
 
 
-@dataclass(frozen=True)
-class StepCost:
-    """One engine step's batch size and each of its rows' shares of its time (seconds).
-
-    From the step's clock (:mod:`~dsparklab.engines.vllm.clock`): :math:`T`, :math:`D` and,
-    where the runner marks its forward and sampler (Model Runner V2), :math:`V`. With
-    :math:`V` every part is timed apart: verify :math:`V / B`, other
-    :math:`(T - V - D) / B`. Without it (Model Runner V1) verify is :math:`(T - D) / B`,
-    verify and other together, and other is unknown (None).
-    """
-
-    batch_size: int
-    step_time_s: float | None  # the whole engine step, T (None: not timed)
-    draft_time_s: float | None  # the draft pass, D (None: none, or not timed)
-    verify_time_s: float | None  # the target's forward and the sampler, V (None: not apart)
-    draft_share_s: float | None  # D / B
-    verify_share_s: float | None  # V / B; else (T - D) / B, or T / B without a draft pass
-    other_share_s: float | None  # (T - V - D) / B where V is known
-
-    @classmethod
-    def of(cls, slot: HostSlot, batch_size: int) -> StepCost:
-        """The costs of the engine step ``slot`` staged (its marks can be read)."""
-        clock = slot.clock
-        step = clock.step_s() if clock is not None else None
-        draft = clock.draft_s() if clock is not None else None
-        verify = clock.verify_s() if clock is not None and step is not None else None
-        b = max(int(batch_size), 1)
-        other = None
-        if verify is not None:
-            assert step is not None
-            verify_share: float | None = verify / b
-            other = (step - verify - (draft or 0.0)) / b
-        elif step is None or (draft is None and not slot.meta.get("target_only")):
-            verify_share = None
-        else:
-            verify_share = (step - (draft or 0.0)) / b
-        return cls(
-            batch_size=b,
-            step_time_s=step,
-            draft_time_s=draft,
-            verify_time_s=verify,
-            draft_share_s=None if draft is None else draft / b,
-            verify_share_s=verify_share,
-            other_share_s=other,
-        )
-
-    @property
-    def share_s(self) -> float | None:
-        """One row's share of the whole step (draft + verify + other), when it was timed."""
-        if self.step_time_s is None:
-            return None
-        return self.step_time_s / self.batch_size
-
-
-@dataclass
-class StepCostTally:
-    """run.json's ``step_costs``: what the timed engine steps cost and where it went.
-
-    ``step_time_s`` / ``draft_time_s`` / ``verify_time_s``: sums of :math:`T`, :math:`D`
-    and :math:`V` over the engine steps timed (``verify_time_s`` over those with :math:`V`,
-    ``verify_timed_steps`` of them); ``batch_rows``: sum of their batch sizes;
-    ``step_rows``: ``steps`` rows they resolved; ``attributed_s``: those rows' shares (draft
-    + verify + other); ``unattributed_s``: the shares of the batch rows that resolved no
-    step (prefill chunks, first tokens).
-    """
-
-    engine_steps: int = 0
-    untimed_engine_steps: int = 0
-    verify_timed_steps: int = 0
-    step_time_s: float = 0.0
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    batch_rows: int = 0
-    step_rows: int = 0
-    attributed_s: float = 0.0
-    unattributed_s: float = 0.0
-
-    def observe(self, cost: StepCost, rows: int) -> None:
-        share = cost.share_s
-        if share is None:
-            self.untimed_engine_steps += 1
-            return
-        assert cost.step_time_s is not None
-        self.engine_steps += 1
-        self.step_time_s += cost.step_time_s
-        self.draft_time_s += cost.draft_time_s or 0.0
-        if cost.verify_time_s is not None:
-            self.verify_timed_steps += 1
-            self.verify_time_s += cost.verify_time_s
-        self.batch_rows += cost.batch_size
-        self.step_rows += rows
-        self.attributed_s += rows * share
-        self.unattributed_s += (cost.batch_size - rows) * share
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "engine_steps": self.engine_steps,
-            "untimed_engine_steps": self.untimed_engine_steps,
-            "verify_timed_steps": self.verify_timed_steps,
-            "step_time_s": self.step_time_s,
-            "draft_time_s": self.draft_time_s,
-            "verify_time_s": self.verify_time_s,
-            "batch_rows": self.batch_rows,
-            "step_rows": self.step_rows,
-            "attributed_s": self.attributed_s,
-            "unattributed_s": self.unattributed_s,
-        }
-
-
 @dataclass
 class StepRows:
     """What processing one slot produced (for tests and callers that keep rows)."""
@@ -226,17 +114,6 @@ def _tap_value(name: str, value: Any) -> Any:
         return None if int(value) == FLIP_UNSET else bool(value)
     value = float(value)
     return None if math.isnan(value) else value
-
-
-def _cost_columns(cost: StepCost) -> dict[str, Any]:
-    """A ``steps`` row's cost columns: the request's share of its engine step."""
-    return {
-        "batch_size": cost.batch_size,
-        "draft_time_s": cost.draft_share_s,
-        "verify_time_s": cost.verify_share_s,
-        # null where the runner does not mark its forward and sampler (V1: inside verify)
-        "other_time_s": cost.other_share_s,
-    }
 
 
 class TraceRecorder:
@@ -540,7 +417,7 @@ class TraceRecorder:
             # worker's sight: the collector fills it from the response
             "emitted": None,
             # the engine step that verified this block (see the module docstring)
-            **_cost_columns(cost),
+            **cost_columns(cost),
         }
         self._add("steps", [row])
         return step
@@ -758,68 +635,10 @@ class TraceRecorder:
         }
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no procfs: kill(0) is all we know
-        return True
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-
-
-def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str | None:
-    """Close a ``running`` tap run whose writing process has exited without closing it.
-
-    ``complete`` when the writer had settled (:data:`SETTLED_MARKER`: every request
-    finished, every row written), ``incomplete`` otherwise. Returns the status set, or
-    None when the run is not ``running`` or its writer is still alive. Rows are left as
-    they are; run.json's part and row counts are taken from the finished parts.
-    """
-    import pyarrow.parquet as pq
-
-    meta = read_run_json(run_dir, derive_status=False)
-    pid = (meta.get("config") or {}).get("pid")
-    if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
-        return None
-    marker = Path(run_dir) / SETTLED_MARKER  # a local run: its writer's pid is ours to see
-    settled = marker.is_file()
-    status = "complete" if settled else "incomplete"
-    files = {table: part_files(run_dir, table) for table in TABLES}
-    meta.update(
-        status=status,
-        finished_at=utc_now(),
-        lease_expires_at=None,
-        parts={table: len(parts) for table, parts in files.items()},
-        rows={
-            table: sum(pq.read_metadata(p).num_rows for p in parts)
-            for table, parts in files.items()
-        },
-        ended={
-            "closed_by": closed_by,
-            "writer_pid": pid,
-            "reason": "the writer had settled: every request finished, every row written"
-            if settled
-            else "the writer ended with requests in flight or rows not yet written",
-        },
-    )
-    write_run_json(run_dir, meta)
-    marker.unlink(missing_ok=True)
-    return status
-
-
 __all__ = [
     "SETTLED_MARKER",
     "PendingDraft",
-    "StepCost",
-    "StepCostTally",
     "StepRows",
     "TraceRecorder",
-    "close_run_of_dead_writer",
     "external_request_id",
 ]

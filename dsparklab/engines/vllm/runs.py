@@ -42,7 +42,7 @@ import torch
 
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.coverage import recorded_fields
-from dsparklab.engines.vllm.recorder import TraceRecorder, close_run_of_dead_writer
+from dsparklab.engines.vllm.recorder import SETTLED_MARKER, TraceRecorder
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
@@ -50,9 +50,10 @@ from dsparklab.store.catalog import holds_runs
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
-from dsparklab.store.reader import store_runs
+from dsparklab.store.reader import part_files, store_runs
 from dsparklab.store.sampling import SAMPLE_KEY
-from dsparklab.store.writer import writer_id
+from dsparklab.store.schema import TABLES
+from dsparklab.store.writer import utc_now, write_run_json, writer_id
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,61 @@ def ancestor_pids(pid: int | None = None, *, depth: int = 8) -> list[int]:
             break
         out.append(pid)
     return out
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs: kill(0) is all we know
+        return True
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str | None:
+    """Close a ``running`` tap run whose writing process has exited without closing it.
+
+    ``complete`` when the writer had settled (:data:`SETTLED_MARKER`: every request
+    finished, every row written), ``incomplete`` otherwise. Returns the status set, or
+    None when the run is not ``running`` or its writer is still alive. Rows are left as
+    they are; run.json's part and row counts are taken from the finished parts.
+    """
+    import pyarrow.parquet as pq
+
+    meta = read_run_json(run_dir, derive_status=False)
+    pid = (meta.get("config") or {}).get("pid")
+    if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
+        return None
+    marker = Path(run_dir) / SETTLED_MARKER  # a local run: its writer's pid is ours to see
+    settled = marker.is_file()
+    status = "complete" if settled else "incomplete"
+    files = {table: part_files(run_dir, table) for table in TABLES}
+    meta.update(
+        status=status,
+        finished_at=utc_now(),
+        lease_expires_at=None,
+        parts={table: len(parts) for table, parts in files.items()},
+        rows={
+            table: sum(pq.read_metadata(p).num_rows for p in parts)
+            for table, parts in files.items()
+        },
+        ended={
+            "closed_by": closed_by,
+            "writer_pid": pid,
+            "reason": "the writer had settled: every request finished, every row written"
+            if settled
+            else "the writer ended with requests in flight or rows not yet written",
+        },
+    )
+    write_run_json(run_dir, meta)
+    marker.unlink(missing_ok=True)
+    return status
 
 
 def close_runs_of_dead_descendants(
