@@ -50,8 +50,8 @@ that removes the marker (one ``unlink``) before anything of it is recorded. A ru
 while settled is ``complete``; with requests in flight, queued slots or unwritten rows
 it is ``incomplete`` (every row already recorded is written first). vLLM's server
 force-kills its engine process at shutdown, so a process that outlives the writer closes
-the run from the marker instead (:func:`close_run_of_dead_writer`): settled means
-``complete``, anything else ``incomplete``, never the other way round.
+the run from the marker instead (:func:`dsparklab.engines.vllm.runs.close_run_of_dead_writer`):
+settled means ``complete``, anything else ``incomplete``, never the other way round.
 """
 
 from __future__ import annotations
