@@ -42,6 +42,11 @@ def check_fraction(fraction: float, *, name: str) -> float:
     return fraction
 
 
+def sample_block(fraction: float) -> dict[str, Any]:
+    """run.json's ``sample`` block of a run that recorded ``fraction`` of its requests."""
+    return {"fraction": fraction, "by": "blake2b(request id)"}
+
+
 def run_sample(meta: Mapping[str, Any]) -> float:
     """The fraction of requests a run recorded (1.0 when it did not sample)."""
     block = meta.get(SAMPLE_KEY)

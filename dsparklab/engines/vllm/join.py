@@ -52,7 +52,7 @@ from dsparklab.store import TraceWriter, new_run_json, read_trace
 from dsparklab.store.catalog import holds_runs
 from dsparklab.store.location import Location, Where
 from dsparklab.store.rows import emitted_tokens, totals_row
-from dsparklab.store.sampling import request_sampled
+from dsparklab.store.sampling import SAMPLE_KEY, request_sampled, sample_block
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -253,8 +253,11 @@ def write_run(
         vLLM's aggregate counters over exactly these requests, to check against the trace.
     sample
         The fraction of requests the taps recorded: a request they left out on purpose is
-        not one "without taps" (it keeps vLLM's per-step counts, no positions).
+        not one "without taps" (it keeps vLLM's per-step counts, no positions), and
+        run.json says the run's positions are that sample (its ``sample`` block).
     """
+    if sample < 1.0:
+        run_json = {**run_json, SAMPLE_KEY: sample_block(sample)}
     run_dir, n, dataset = spec.location(out), spec.n, spec.dataset_dir
     report = RunReport(run_dir=run_dir, num_requests=len(requests), stats=DraftStats.new(n))
     id_map: dict[str, str] = {}

@@ -51,7 +51,7 @@ from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
 from dsparklab.store.reader import part_files, store_runs
-from dsparklab.store.sampling import SAMPLE_KEY
+from dsparklab.store.sampling import SAMPLE_KEY, sample_block
 from dsparklab.store.schema import TABLES
 from dsparklab.store.writer import utc_now, write_run_json, writer_id
 
@@ -428,7 +428,7 @@ def new_recorder(
         config={"taps": config.as_dict(), "pid": os.getpid(), "ancestor_pids": ancestor_pids()},
     )
     if config.sample < 1.0:
-        run_json[SAMPLE_KEY] = {"fraction": config.sample, "by": "blake2b(request id)"}
+        run_json[SAMPLE_KEY] = sample_block(config.sample)
     # an object store may be down or slow: its writes go through a bounded outbox
     outbox = (
         None

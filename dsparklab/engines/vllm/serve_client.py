@@ -35,8 +35,10 @@ from dsparklab.engines.vllm.served import (
     served_run,
 )
 from dsparklab.prompts import Prompt, load_prompts
+from dsparklab.store.catalog import Catalog
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import store_runs
+from dsparklab.store.sampling import request_sampled
 
 logger = logging.getLogger(__name__)
 
@@ -103,28 +105,36 @@ def _wait_for_taps(
     timeout: float,
     poll: float = 1.0,
     settle: float = 15.0,
-) -> TapTables:
-    """Read the workers' tap runs until every request's steps are there (or timeout).
+) -> tuple[TapTables, float]:
+    """Read the workers' tap runs until every request they record has its steps there (or
+    timeout), and the fraction of requests they record (their run.json's ``sample``).
 
     "There" means that many steps: vLLM's per-step counts in the responses, or a
     target-only request's output tokens after the first; without either, that the tap
-    rows stopped changing for ``settle`` seconds.
+    rows stopped changing for ``settle`` seconds. Taps recording a sample
+    (``DSPARKLAB_SAMPLE``) never record the other requests: those are not waited for.
     """
     deadline = time.monotonic() + timeout
     needed = {r.request_id: _tap_steps_needed(r) for r in wanted}
     known = all(k is not None for k in needed.values())
-    need = {rid: int(k or 0) for rid, k in needed.items()}
     last_count, stable_since = -1, time.monotonic()
     while True:
         dirs = store_runs(tap_dir)
         tables = read_tap_runs(dirs)
+        # the taps' run.json says what they record (read each poll: a run starts late)
+        sample = tap_sample(dirs)
+        recorded = [r for r in wanted if request_sampled(r.request_id, sample)]
         steps = tables.steps
+        if not recorded:
+            return tables, sample
         if not steps.empty:
-            ids = match_ids(wanted, steps["prompt_id"], exact=False)
+            ids = match_ids(recorded, steps["prompt_id"], exact=False)
             counts = steps.groupby("prompt_id")["step"].nunique()
             if known:
                 done = all(
-                    rid in ids and int(counts.get(ids[rid], 0)) >= k for rid, k in need.items()
+                    r.request_id in ids
+                    and int(counts.get(ids[r.request_id], 0)) >= int(needed[r.request_id] or 0)
+                    for r in recorded
                 )
             else:
                 total = len(steps)
@@ -132,7 +142,7 @@ def _wait_for_taps(
                     last_count, stable_since = total, time.monotonic()
                 done = time.monotonic() - stable_since >= settle
             if done:
-                return tables
+                return tables, sample
         if time.monotonic() >= deadline:
             logger.warning(
                 "taps in %s incomplete after %.0f s (the workers flush every "
@@ -140,8 +150,16 @@ def _wait_for_taps(
                 tap_dir,
                 timeout,
             )
-            return tables
+            return tables, sample
         time.sleep(poll)
+
+
+def tap_sample(tap_runs: Sequence[Location]) -> float:
+    """The fraction of requests these tap runs record (1.0: every one, or no run yet); the
+    largest where servers writing one directory differ."""
+    if not tap_runs:
+        return 1.0
+    return float(max(Catalog.of(*tap_runs).runs["sample"]))
 
 
 def default_server_url(url: str | None = None) -> str:
@@ -284,7 +302,7 @@ def collect_serve(
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
         # target-only servers record their steps' costs too (engines/vllm/steps.py)
-        tables = _wait_for_taps(taps, results, timeout=tap_timeout) if taps else None
+        tables, sample = _wait_for_taps(taps, results, timeout=tap_timeout) if taps else (None, 1.0)
         meta = run_json(
             spec,
             target_ref,
@@ -304,5 +322,5 @@ def collect_serve(
                 "served": served.to_json(),
             },
         )
-        write_run(out, spec, meta, results, taps=tables, exact_ids=False)
+        write_run(out, spec, meta, results, taps=tables, exact_ids=False, sample=sample)
     return out
