@@ -164,4 +164,9 @@ def test_coverage_reads_which_columns_a_run_filled():
     assert table.loc[("timed", "speedup"), "available"]
     assert not table.loc[("vllm", "speedup"), "available"]
     assert table.loc[("vllm", "speedup"), "reason"] == "its steps carry no verify_time_s"
+    # a server's taps read directly: timed, but no emitted tokens (the collector fills them)
+    tap_store = steps.assign(emitted=steps["emitted"].where(steps["run_id"] != "timed"))
+    taps = compute_coverage(runs, steps=tap_store, positions=positions)
+    reason = taps.set_index(["run_id", "analysis"]).loc[("timed", "speedup"), "reason"]
+    assert reason == "its steps carry no emitted"
     assert table.loc[("timed", "calibration"), "available"]
