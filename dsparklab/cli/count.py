@@ -66,3 +66,49 @@ def count(
         else:
             table.to_parquet(out, index=False)
         typer.echo(f"wrote {out}")
+
+
+def replay_config(
+    runs: str = typer.Argument(..., help="The runs: a directory or s3://bucket/prefix."),
+    method: str = typer.Option(..., "--method", help="The drafter whose curve to replay."),
+    n: int = typer.Option(..., "--n", min=1, help="Its window (num_speculative_tokens)."),
+    dataset: list[str] = typer.Option(
+        [], "--dataset", help="Only these datasets (repeatable; default: all, pooled)."
+    ),
+    speculative_method: str | None = typer.Option(
+        None, "--speculative-method", help="vLLM's method in the config (default: --method)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Write the JSON config here too."),
+) -> None:
+    """vLLM's speculative config replaying a measured acceptance curve (synthetic
+    rejection sampling): serve it on other hardware to measure what that acceptance costs
+    and pays there. Counted over every request of the complete runs selected."""
+    import json
+
+    from dsparklab.analysis import compute_acceptance_by_position
+    from dsparklab.analysis.replay import synthetic_acceptance_config
+    from dsparklab.errors import MissingInputError
+    from dsparklab.lab.runs import by_status, count_runs, open_catalog, read_statuses, token_runs
+
+    catalog = open_catalog(runs)
+    table, _ = by_status(token_runs(catalog, datasets=dataset), read_statuses())
+    chosen = table[(table["method"] == method) & (table["n"] == n)]
+    if chosen.empty:
+        have = sorted({(str(m), int(k)) for m, k in zip(table["method"], table["n"], strict=True)})
+        raise MissingInputError(f"no complete {method} run at n = {n} in {runs}; runs: {have}")
+    counts = count_runs(catalog, chosen, "acceptance")
+    curve = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
+    config = synthetic_acceptance_config(
+        curve, method=method, n=n, speculative_method=speculative_method
+    )
+    text = json.dumps(config)
+    typer.echo(text)
+    typer.echo(
+        f"# from {len(chosen)} run(s), {int(curve['n_drafted'].iloc[0])} drafted steps: "
+        f"{', '.join(sorted(chosen['run_id']))}",
+        err=True,
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+        typer.echo(f"wrote {out}", err=True)

