@@ -4,24 +4,22 @@ Every metric is finished from counters (sum/total pairs) that merge by addition;
 counters come from the in-memory tables (``count_*``) or straight from a store on disk or
 ``s3://`` (:func:`aggregate_store`, the one function here that reads files: the counting
 stage, one SQL text per counter run by DuckDB or Spark, :mod:`dsparklab.analysis.sql`,
-giving the ``count_*`` table of the same rows). Runs without
-token-level rows (imported or scraped live) are read through the ``*_any`` functions and
-:func:`compute_coverage`, which says what each run cannot show; the conversions between
+giving the ``count_*`` table of the same rows). Runs without token-level rows (imported or
+scraped live) are counted by the same acceptance functions from whatever rows each run
+holds, and :func:`compute_coverage` says what each run cannot show; the conversions between
 every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
 """
 
 from dsparklab.analysis.acceptance import (
     acceptance_stats,
-    compute_acceptance_by_position,
-    compute_acceptance_length,
     compute_iid_accept_len,
     count_acceptance,
     count_acceptance_from_steps,
 )
 from dsparklab.analysis.adaptive import compute_adaptive_verification
 from dsparklab.analysis.aggregate import (
-    compute_acceptance_by_position_any,
-    compute_acceptance_length_any,
+    compute_acceptance_by_position,
+    compute_acceptance_length,
     compute_acceptance_over_time,
     compute_rate_acceptance,
     count_acceptance_any,
@@ -95,9 +93,7 @@ __all__ = [
     "calibrate_confidence",
     "classify_token",
     "compute_acceptance_by_position",
-    "compute_acceptance_by_position_any",
     "compute_acceptance_length",
-    "compute_acceptance_length_any",
     "compute_acceptance_over_time",
     "compute_adaptive_verification",
     "compute_auroc",

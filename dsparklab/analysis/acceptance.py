@@ -198,25 +198,12 @@ def acceptance_stats(
     """The acceptance formulas, on counts ``[..., P]`` (last axis: position).
 
     Returns ``a`` ``[..., P]`` (NaN where nothing was reached), ``s`` ``[..., P]`` and
-    ``AL`` ``[...]``. See :func:`compute_acceptance_by_position` for the formulas.
+    ``AL`` ``[...]``. See :func:`acceptance_by_position_from_counts` for the formulas.
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where(reached > 0, accepted / np.where(reached > 0, reached, 1), np.nan)
     survival = np.cumprod(np.where(reached > 0, rate, 0.0), axis=-1)
     return rate, survival, 1.0 + survival.sum(axis=-1)
-
-
-def _is_counts(frame: pd.DataFrame) -> bool:
-    return {"n_reached", "n_accepted"} <= set(frame.columns) and "accepted" not in frame
-
-
-def _counts_for(
-    data: pd.DataFrame, steps: pd.DataFrame | None, by: tuple[str, ...], n_boot: int
-) -> pd.DataFrame:
-    if _is_counts(data):
-        require_columns(data, [*by, "position", *ACCEPTANCE_COUNTERS[1:]], what="acceptance")
-        return data
-    return count_acceptance(data, steps=steps, by=by, per_request=True)
 
 
 def _finish(
@@ -329,10 +316,9 @@ def _empty_length(by: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
 
 
-def compute_acceptance_by_position(
-    data: pd.DataFrame,
+def acceptance_by_position_from_counts(
+    counts: pd.DataFrame,
     *,
-    steps: pd.DataFrame | None = None,
     by: str | Iterable[str] = ("run_id",),
     n_boot: int = 1000,
     ci: float = 0.95,
@@ -342,11 +328,11 @@ def compute_acceptance_by_position(
 
     Parameters
     ----------
-    data
-        The positions table, or acceptance counts from :func:`count_acceptance` or
-        :func:`dsparklab.analysis.aggregate_store` (intervals need per-request counts).
-    steps
-        The steps table (``prompt_id`` grouping; adaptive verification).
+    counts
+        Acceptance counts (``position``, ``n_reached``, ``n_accepted``, optionally
+        ``n_drafted``) over ``by``, per request (``run_id``, ``request_id``) for intervals.
+        Public callers go through :func:`dsparklab.analysis.compute_acceptance_by_position`,
+        which counts whatever rows each run holds first.
     by
         Grouping columns, e.g. ``("method", "n", "dataset")`` or ``"prompt_id"``.
     n_boot
@@ -379,13 +365,12 @@ def compute_acceptance_by_position(
     request_id) with replacement within each group.
     """
     by = as_columns(by)
-    return _finish(_counts_for(data, steps, by, n_boot), by, n_boot=n_boot, ci=ci, seed=seed)[0]
+    return _finish(counts, by, n_boot=n_boot, ci=ci, seed=seed)[0]
 
 
-def compute_acceptance_length(
-    data: pd.DataFrame,
+def acceptance_length_from_counts(
+    counts: pd.DataFrame,
     *,
-    steps: pd.DataFrame | None = None,
     by: str | Iterable[str] = ("run_id",),
     n_boot: int = 1000,
     ci: float = 0.95,
@@ -393,7 +378,7 @@ def compute_acceptance_length(
 ) -> pd.DataFrame:
     """Mean acceptance length per group, with a bootstrap interval over requests.
 
-    Parameters are those of :func:`compute_acceptance_by_position`.
+    Parameters are those of :func:`acceptance_by_position_from_counts`.
 
     Returns
     -------
@@ -409,7 +394,7 @@ def compute_acceptance_length(
     drafts all :math:`n` positions this equals the mean of ``accepted_len + 1`` over steps.
     """
     by = as_columns(by)
-    return _finish(_counts_for(data, steps, by, n_boot), by, n_boot=n_boot, ci=ci, seed=seed)[1]
+    return _finish(counts, by, n_boot=n_boot, ci=ci, seed=seed)[1]
 
 
 def compute_iid_accept_len(rate: float | np.ndarray, n: int | np.ndarray) -> np.ndarray:

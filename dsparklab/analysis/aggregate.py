@@ -23,14 +23,14 @@ import pandas as pd
 
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
 from dsparklab.analysis.acceptance import (
-    ACCEPTANCE_COUNTERS,
     _empty_by_position,
-    compute_acceptance_by_position,
-    compute_acceptance_length,
+    acceptance_by_position_from_counts,
+    acceptance_length_from_counts,
     count_acceptance,
     count_acceptance_from_steps,
 )
 from dsparklab.analysis.definitions import conditional_from_marginal
+from dsparklab.errors import DSparkLabError
 
 COUNTER_COLUMNS = ("scope", "request_id", "interval", "position", "n_reached", "n_accepted")
 
@@ -192,7 +192,9 @@ def _count_pieces(
     counters)."""
     pieces: list[pd.DataFrame] = []
     if counts is not None and len(counts):
-        require_columns(counts, [*by, "position", *ACCEPTANCE_COUNTERS], what="acceptance counts")
+        require_columns(counts, [*by, "position", "n_reached", "n_accepted"], what="acceptance")
+        if "n_drafted" not in counts:  # a source that does not say: the drafts that reached i
+            counts = counts.assign(n_drafted=counts["n_reached"])
         counted = counts[counts["n_drafted"] > 0]
         pieces.append(counted if per_request else _flatten(counted, by))
     token_runs: set[str] = set()
@@ -262,6 +264,23 @@ def _split_counts(
     return (units if units is not None and len(units) else None), summed
 
 
+def _is_counts(frame: pd.DataFrame) -> bool:
+    return {"n_reached", "n_accepted"} <= set(frame.columns) and "accepted" not in frame
+
+
+def _positions_and_counts(
+    data: pd.DataFrame | None, counts: pd.DataFrame | None
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(positions, counts): the first argument of the acceptance functions is either."""
+    if data is None or not _is_counts(data):
+        return data, counts
+    if counts is not None:
+        raise DSparkLabError(
+            "acceptance counts given twice: pass them as the first argument or as counts=, not both"
+        )
+    return None, data
+
+
 def count_acceptance_any(
     positions: pd.DataFrame | None = None,
     *,
@@ -321,8 +340,8 @@ def _finish_any(
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def compute_acceptance_by_position_any(
-    positions: pd.DataFrame | None = None,
+def compute_acceptance_by_position(
+    data: pd.DataFrame | None = None,
     *,
     steps: pd.DataFrame | None = None,
     counters: pd.DataFrame | None = None,
@@ -332,23 +351,64 @@ def compute_acceptance_by_position_any(
     ci: float = 0.95,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Conditional acceptance and survival per position for runs of any granularity.
+    """Conditional acceptance and survival per drafted position, with bootstrap intervals,
+    for runs of any granularity.
 
-    Counts (from whatever rows each run holds, :func:`count_acceptance_any`) finish as in
-    :func:`dsparklab.analysis.compute_acceptance_by_position`:
+    Parameters
+    ----------
+    data
+        Acceptance counts (``position``, ``n_reached``, ``n_accepted``, ``n_drafted``:
+        :func:`dsparklab.analysis.aggregate_store`, the lab's ``count_runs``,
+        :func:`count_acceptance_any`), or the positions table of token-level runs.
+    steps
+        The steps table: ``prompt_id`` grouping and adaptive verification for the
+        positions; a run with steps but no row in ``data`` (vLLM's per-step counts) is
+        counted from its steps, so filter both tables alike.
+    counters
+        Imported or scraped per-position counters (and rates) of runs without rows.
+    counts
+        Runs counted already, besides the positions in ``data`` (disjoint by run).
+    by
+        Grouping columns, e.g. ``("method", "n", "dataset")`` or ``"prompt_id"``.
+    n_boot
+        Bootstrap replicates over requests; 0 skips the intervals (columns are NaN).
+    ci
+        Interval level (percentile bootstrap).
+    seed
+        Seeds the resampling; each group's stream depends on the seed and the group key
+        only, so a group's interval does not change when other groups are added.
 
-    .. math:: a_i = A_i / R_i, \\qquad s_i = \\prod_{j \\le i} a_j
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and position: ``n_drafted``, ``n_reached``, ``n_accepted``,
+        ``accept_rate`` (:math:`a_i`), ``survival`` (:math:`s_i`), their ``_lo``/``_hi``
+        bounds, ``n_requests`` (NA for counts summed over requests) and ``source``:
+        ``"counts"``, or ``"reported rates"`` for runs that gave rates only
+        (:func:`compute_rate_acceptance`, appended as reported).
 
-    with bootstrap intervals over requests only for groups whose runs all have
-    per-request counts (others: NaN bounds). Runs that reported only rates are appended
-    as reported (:func:`compute_rate_acceptance`). A ``source`` column says which:
-    ``"counts"`` or ``"reported rates"``. ``counts``: runs counted already, as in
-    :func:`count_acceptance_any`.
+    Notes
+    -----
+    With :math:`R_i` reached and :math:`A_i` accepted drafts at position :math:`i`,
+    summed over every run of the group from the finest rows each holds
+    (:func:`count_acceptance_any`):
+
+    .. math::
+
+        a_i = \\frac{A_i}{R_i} = P(\\mathrm{accepted}_i \\mid \\mathrm{reached}_i), \\qquad
+        s_i = \\prod_{j \\le i} a_j = P(\\mathrm{accepted}_i)
+
+    :math:`a_i` is NaN where nothing was reached and the product then treats it as 0.
+    Pooling runs of different ``n`` in one group estimates :math:`a_i` for the later
+    positions from the longer windows only. Intervals resample requests (run_id,
+    request_id) with replacement within each group, and only for groups whose runs all
+    have per-request counts (others: NaN bounds).
     """
     by = as_columns(by)
+    positions, counts = _positions_and_counts(data, counts)
     pieces = _count_pieces(positions, steps, counters, by, True, counts)
     counted = _finish_any(
-        pieces, by, compute_acceptance_by_position, n_boot=n_boot, ci=ci, seed=seed
+        pieces, by, acceptance_by_position_from_counts, n_boot=n_boot, ci=ci, seed=seed
     ).assign(source="counts")
     if counters is None or not len(counters) or counters["n_accepted"].notna().all():
         return counted
@@ -358,8 +418,8 @@ def compute_acceptance_by_position_any(
     return pd.concat([counted, rates], ignore_index=True)
 
 
-def compute_acceptance_length_any(
-    positions: pd.DataFrame | None = None,
+def compute_acceptance_length(
+    data: pd.DataFrame | None = None,
     *,
     steps: pd.DataFrame | None = None,
     counters: pd.DataFrame | None = None,
@@ -370,19 +430,28 @@ def compute_acceptance_length_any(
     ci: float = 0.95,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Acceptance length per group for runs of any granularity, with its definition.
+    """Mean acceptance length per group for runs of any granularity, with a bootstrap
+    interval over requests and its definition.
+
+    Parameters are those of :func:`compute_acceptance_by_position`, plus ``totals``: the
+    numbers sources reported per run, used for runs that hold nothing else.
 
     Returns
     -------
     pandas.DataFrame
-        ``by`` + ``accept_len`` (+ ``_lo``/``_hi`` where per-request counts exist) and
-        ``definition``: ``per_step`` (:math:`1 + \\sum_i s_i` from counts or reported
-        rates) or, for runs that hold only a reported number (e.g. specdec_bench's
-        ``accept_length_by_k``), ``reported: <its definition>``. One ``per_step`` row
-        per group. ``counts``: runs counted already, as in :func:`count_acceptance_any`.
+        ``by`` + ``accept_len`` (+ ``_lo``/``_hi`` where per-request counts exist),
+        ``n_positions`` (drafted positions seen), ``n_steps`` (steps that drafted),
+        ``n_accepted``, ``n_requests`` and ``definition``: ``per_step``
+        (:math:`1 + \\sum_i s_i` from counts or reported rates) or, for runs that hold
+        only a reported number (e.g. specdec_bench's ``accept_length_by_k``),
+        ``reported: <its definition>``. One ``per_step`` row per group.
 
     Notes
     -----
+    .. math:: \\mathrm{AL} = 1 + \\sum_{i=0}^{n-1} s_i = 1 + \\sum_i \\prod_{j \\le i} a_j
+
+    The 1 is the bonus token, so :math:`1 \\le \\mathrm{AL} \\le n + 1`. When every step
+    drafts all :math:`n` positions this equals the mean of ``accepted_len + 1`` over steps.
     Rate-only runs cannot be weighted against other runs (see
     :func:`compute_rate_acceptance`). A group holding both counted and rate-only runs gets
     the unweighted mean over its runs :math:`r` of each run's own length,
@@ -390,8 +459,11 @@ def compute_acceptance_length_any(
     no counts or interval (they would be the counted runs' alone).
     """
     by = as_columns(by)
+    positions, counts = _positions_and_counts(data, counts)
     counted = _count_pieces(positions, steps, counters, by, True, counts)
-    length = _finish_any(counted, by, compute_acceptance_length, n_boot=n_boot, ci=ci, seed=seed)
+    length = _finish_any(
+        counted, by, acceptance_length_from_counts, n_boot=n_boot, ci=ci, seed=seed
+    )
     pieces = []
     if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
         rated = _rate_lengths(compute_rate_acceptance(counters, by=by), by)
@@ -462,7 +534,9 @@ def _run_lengths(
     """``by`` + ``run_id`` + ``accept_len`` of every run, counted or rate-only, on its own."""
     per_run = by if "run_id" in by else (*by, "run_id")
     pieces = _count_pieces(positions, steps, counters, per_run, False, counts)
-    counted = _finish_any(pieces, per_run, compute_acceptance_length, n_boot=0, ci=ci, seed=seed)
+    counted = _finish_any(
+        pieces, per_run, acceptance_length_from_counts, n_boot=0, ci=ci, seed=seed
+    )
     rated = _rate_lengths(compute_rate_acceptance(counters, by=per_run), per_run)
     columns = [*per_run, "accept_len"]
     return pd.concat([counted[columns], rated[columns]], ignore_index=True)
@@ -547,8 +621,8 @@ def compute_acceptance_over_time(
 
 
 __all__ = [
-    "compute_acceptance_by_position_any",
-    "compute_acceptance_length_any",
+    "compute_acceptance_by_position",
+    "compute_acceptance_length",
     "compute_acceptance_over_time",
     "compute_rate_acceptance",
     "count_acceptance_any",

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, require_columns
-from dsparklab.analysis.acceptance import compute_acceptance_by_position
+from dsparklab.analysis.aggregate import compute_acceptance_by_position
 from dsparklab.analysis.speedup import fit_speedup_model
 from dsparklab.errors import MissingInputError, TraceSchemaError
 
@@ -106,6 +106,8 @@ def _survival_curves(
     """Survival by position of each group's largest-window run (its longest curve)."""
     largest = positions.groupby(by)["n"].transform("max")
     top = positions[positions["n"] == largest]
+    if steps is not None:  # the other runs' steps would be counted as runs of their own
+        steps = steps[steps["run_id"].isin(top["run_id"].unique())]
     return compute_acceptance_by_position(
         top, steps=steps, by=[*by, "n"], n_boot=n_boot, seed=seed
     ).rename(columns={"n": "source_n"})

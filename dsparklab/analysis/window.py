@@ -31,7 +31,7 @@ from dsparklab.analysis._kernels import (
     group_sums,
     percentile_interval,
 )
-from dsparklab.analysis.acceptance import compute_acceptance_length
+from dsparklab.analysis.aggregate import compute_acceptance_length
 from dsparklab.errors import DSparkLabError, MissingInputError
 
 logger = logging.getLogger(__name__)

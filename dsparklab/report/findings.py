@@ -116,11 +116,7 @@ def compute_findings(
     (:func:`dsparklab.lab.runs.count_runs`); only the small tables of imported and
     live runs (counters, totals) are read into memory.
     """
-    from dsparklab.analysis import (
-        compute_acceptance_by_position_any,
-        compute_acceptance_length,
-        compute_acceptance_length_any,
-    )
+    from dsparklab.analysis import compute_acceptance_by_position, compute_acceptance_length
     from dsparklab.analysis.sql.queries import BIN_EDGES
     from dsparklab.lab.display import save_figure
     from dsparklab.lab.published import load_published_curves
@@ -152,14 +148,14 @@ def compute_findings(
     findings.run_sets = sorted(set(labels))
     findings.notes += sampled_notes(runs, labels)
     by = ("run_set", "dataset", "method", "n")
-    lengths = compute_acceptance_length_any(
+    lengths = compute_acceptance_length(
         counters=frames["counters"],
         totals=frames["totals"],
         counts=counts,
         by=by,
         n_boot=n_boot,
     )
-    by_position = compute_acceptance_by_position_any(  # intervals: the headlines cite them
+    by_position = compute_acceptance_by_position(  # intervals: the headlines cite them
         counters=frames["counters"], counts=counts, by=by, n_boot=n_boot
     )
     for column in BIN_EDGES:

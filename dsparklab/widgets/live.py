@@ -3,7 +3,7 @@
 :class:`LiveView` reads the run's ``counters`` and ``totals`` (each interval is flushed as
 it finishes), computes acceptance per interval
 (:func:`dsparklab.analysis.compute_acceptance_over_time`) and over the whole run
-(:func:`dsparklab.analysis.compute_acceptance_by_position_any`), and draws them with the
+(:func:`dsparklab.analysis.compute_acceptance_by_position`), and draws them with the
 ``dsparklab.plots`` builders. With a front end, :meth:`LiveView.start` polls the run
 directory every ``refresh_s`` seconds from a background thread, updates the figure widgets
 in place and refreshes an :class:`~dsparklab.widgets.explorer.Explorer` over the run; it
@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from dsparklab.analysis import compute_acceptance_by_position_any, compute_acceptance_over_time
+from dsparklab.analysis import compute_acceptance_by_position, compute_acceptance_over_time
 from dsparklab.errors import TraceSchemaError
 from dsparklab.plots import plot_accept_len_over_time, plot_acceptance_over_time
 from dsparklab.store import read_run_json, read_trace
@@ -81,7 +81,7 @@ class LiveView(Dashboard):
             over_time = over_time.merge(labels, on="run_id", how="left")
         self.over_time = over_time
         self.by_position = (
-            compute_acceptance_by_position_any(
+            compute_acceptance_by_position(
                 counters=counters, by=("method", "n", "dataset"), n_boot=0
             )
             if len(counters)

@@ -94,7 +94,7 @@ def test_records_match_the_analysis(executed: Path, mixed: Path) -> None:
     records = read_records(executed)
     runs = load_any_runs(mixed)
     assert records["n_runs"] == len(runs.runs)
-    lengths = A.compute_acceptance_length_any(
+    lengths = A.compute_acceptance_length(
         runs.positions,
         steps=runs.steps,
         counters=runs.counters,

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dsparklab.analysis import compute_acceptance_length_any
+from dsparklab.analysis import compute_acceptance_length
 
 
 def _run_counters(run_id: str, dataset: str, n: int, **columns: object) -> pd.DataFrame:
@@ -59,7 +59,7 @@ def counters() -> pd.DataFrame:
 
 
 def test_a_group_mixing_counts_and_rates_gets_one_row(counters: pd.DataFrame) -> None:
-    lengths = compute_acceptance_length_any(counters=counters, by="dataset", n_boot=0)
+    lengths = compute_acceptance_length(counters=counters, by="dataset", n_boot=0)
     assert sorted(lengths["dataset"]) == ["counted", "mixed", "rates"], lengths
     by_dataset = lengths.set_index("dataset")
     # the runs cannot be weighted against each other: the mean over runs of each run's AL
@@ -73,12 +73,12 @@ def test_a_group_mixing_counts_and_rates_gets_one_row(counters: pd.DataFrame) ->
 
 
 def test_one_group_over_everything_is_one_row(counters: pd.DataFrame) -> None:
-    (length,) = compute_acceptance_length_any(counters=counters, by=(), n_boot=0)["accept_len"]
+    (length,) = compute_acceptance_length(counters=counters, by=(), n_boot=0)["accept_len"]
     assert length == pytest.approx(np.mean([2.2, 2.8, 1.75, 1.75]))
 
 
 def test_groups_by_run_are_unchanged(counters: pd.DataFrame) -> None:
-    lengths = compute_acceptance_length_any(counters=counters, n_boot=0).set_index("run_id")
+    lengths = compute_acceptance_length(counters=counters, n_boot=0).set_index("run_id")
     assert lengths["accept_len"].to_dict() == pytest.approx(
         {"a": 2.2, "b": 2.8, "c": 1.75, "d": 1.75}
     )
@@ -99,10 +99,10 @@ def test_runs_counted_already_join_the_stored_counters(counters: pd.DataFrame) -
         }
     )
     rest = counters[counters["run_id"] != "a"]
-    want = compute_acceptance_length_any(counters=counters, by="dataset", n_boot=0)
-    got = compute_acceptance_length_any(counters=rest, counts=counts, by="dataset", n_boot=0)
+    want = compute_acceptance_length(counters=counters, by="dataset", n_boot=0)
+    got = compute_acceptance_length(counters=rest, counts=counts, by="dataset", n_boot=0)
     assert got.set_index("dataset")["accept_len"].to_dict() == pytest.approx(
         want.set_index("dataset")["accept_len"].to_dict()
     )
-    by_run = compute_acceptance_length_any(counts=counts, n_boot=0)
+    by_run = compute_acceptance_length(counts=counts, n_boot=0)
     assert by_run["accept_len"].tolist() == pytest.approx([2.2])

@@ -108,8 +108,8 @@ def test_position_payoff_break_even_and_best_n():
     payoff = compute_position_payoff(positions, steps=steps, costs=costs, n_boot=50)
     step_cost = dict(zip(costs["n"], costs["draft_cost"] + costs["verify_cost"], strict=True))
     row = payoff[payoff["position"] == 3].iloc[0]
-    survival = compute_acceptance_by_position(
-        positions[positions["n"] == 7], steps=steps, by=("n",), n_boot=0
+    survival = compute_acceptance_by_position(  # steps filtered alike: a run of steps alone counts
+        positions[positions["n"] == 7], steps=steps[steps["n"] == 7], by=("n",), n_boot=0
     )
     s = survival.sort_values("position")["survival"].to_numpy()
     assert row["marginal_tokens"] == pytest.approx(s[3])

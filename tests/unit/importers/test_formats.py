@@ -44,7 +44,7 @@ def tables(root: Path) -> dict[str, pd.DataFrame]:
 
 def lab_lengths(root: Path) -> pd.DataFrame:
     t = tables(root)
-    return A.compute_acceptance_length_any(
+    return A.compute_acceptance_length(
         t["positions"], steps=t["steps"], counters=t["counters"], totals=t["totals"], n_boot=0
     )
 
@@ -106,9 +106,9 @@ def test_vllm_bench_equals_the_same_window_scraped(tmp_path: Path) -> None:
     assert totals["reported_accept_rate"].iloc[0] == pytest.approx(
         result["spec_decode_acceptance_rate"] / 100
     )
-    survival = A.compute_acceptance_by_position_any(
-        counters=read_trace(bench, "counters"), n_boot=0
-    )["survival"]
+    survival = A.compute_acceptance_by_position(counters=read_trace(bench, "counters"), n_boot=0)[
+        "survival"
+    ]
     np.testing.assert_allclose(survival, result["spec_decode_per_position_acceptance_rates"])
     # the cost side: bench's latency means, milliseconds -> seconds
     (row,) = totals.to_dict("records")
@@ -358,7 +358,7 @@ def test_specdec_bench_runs_and_profile(tmp_path: Path) -> None:
     assert profile["mean_accept_length_per_request"] != pytest.approx(length, abs=0.01)
     windows = runs[runs["dataset"] == "speed"].sort_values("n")
     assert windows["n"].tolist() == [1, 2, 3]
-    by_n = A.compute_acceptance_length_any(
+    by_n = A.compute_acceptance_length(
         counters=read_trace(tmp_path, "counters", filters={"dataset": "speed"}),
         totals=read_trace(tmp_path, "totals", filters={"dataset": "speed"}),
         by=("n",),
@@ -388,7 +388,7 @@ def test_deepspec_counts_and_calibration(tmp_path: Path) -> None:
         counters["n_accepted"] / proposals, spec["accept_rates_by_position"], rtol=0, atol=1e-12
     )
     assert counters["n_drafted"].tolist() == [proposals] * 7
-    by_position = A.compute_acceptance_by_position_any(counters=counters, n_boot=0)
+    by_position = A.compute_acceptance_by_position(counters=counters, n_boot=0)
     assert set(by_position["source"]) == {"counts"}
     (length,) = lab_lengths(run)["accept_len"]
     assert length == pytest.approx(spec["acceptance_length"], abs=1e-12)  # no EOS round

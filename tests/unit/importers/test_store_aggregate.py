@@ -68,7 +68,7 @@ def test_a_counters_run_round_trips_and_validates(tmp_path: Path) -> None:
     counters = read_trace(run, "counters")
     assert counters["n_accepted"].tolist() == [7, 4, 1]
     assert set(counters["run_id"]) == {"agg"}
-    length = A.compute_acceptance_length_any(counters=counters, n_boot=0)
+    length = A.compute_acceptance_length(counters=counters, n_boot=0)
     assert length["accept_len"].iloc[0] == pytest.approx(1 + 12 / 10)
     assert json.loads((run / "run.json").read_text())["rows"]["counters"] == 3
 
