@@ -192,6 +192,12 @@ def step_acceptance_cells(
     return cells, {name: sums[name].astype(np.int64) for name in ACCEPTANCE_COUNTERS}
 
 
+def is_acceptance_counts(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` holds acceptance counts (``n_reached``, ``n_accepted``) rather than
+    position rows (``accepted``)."""
+    return {"n_reached", "n_accepted"} <= set(frame.columns) and "accepted" not in frame
+
+
 def acceptance_stats(
     reached: np.ndarray, accepted: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

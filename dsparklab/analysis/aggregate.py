@@ -28,6 +28,7 @@ from dsparklab.analysis.acceptance import (
     acceptance_length_from_counts,
     count_acceptance,
     count_acceptance_from_steps,
+    is_acceptance_counts,
 )
 from dsparklab.analysis.definitions import conditional_from_marginal
 from dsparklab.errors import DSparkLabError
@@ -264,15 +265,11 @@ def _split_counts(
     return (units if units is not None and len(units) else None), summed
 
 
-def _is_counts(frame: pd.DataFrame) -> bool:
-    return {"n_reached", "n_accepted"} <= set(frame.columns) and "accepted" not in frame
-
-
 def _positions_and_counts(
     data: pd.DataFrame | None, counts: pd.DataFrame | None
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """(positions, counts): the first argument of the acceptance functions is either."""
-    if data is None or not _is_counts(data):
+    if data is None or not is_acceptance_counts(data):
         return data, counts
     if counts is not None:
         raise DSparkLabError(

@@ -2,10 +2,11 @@
 
 "base" and "new" are any two sets of runs (Eagle3 n=3 vs n=7, DSpark vs Eagle3, last
 week's checkpoint vs this one). Deltas are new - base, with percentile bootstrap
-intervals. When both sides come with their steps table, prompts (dataset, prompt_id) are
-the resampling unit and both sides are resampled *together* (a paired bootstrap: a prompt
-drawn twice counts twice on both sides), which cancels prompt difficulty out of the
-interval. Without steps, requests are resampled independently on each side.
+intervals. When both sides know each request's prompt (their steps tables, or per-prompt
+acceptance counts), prompts (dataset, prompt_id) are the resampling unit and both sides
+are resampled *together* (a paired bootstrap: a prompt drawn twice counts twice on both
+sides), which cancels prompt difficulty out of the interval. Otherwise requests are
+resampled independently on each side.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dsparklab.analysis._kernels import (
     group_rng,
     percentile_interval,
 )
-from dsparklab.analysis.acceptance import acceptance_stats
+from dsparklab.analysis.acceptance import acceptance_stats, is_acceptance_counts
 from dsparklab.analysis.prepare import annotate_positions
 from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, TokenText, row_tokens, token_classes
 from dsparklab.errors import DSparkLabError, UnknownMethodError
@@ -52,9 +53,11 @@ def _rate_stat(reached: np.ndarray, accepted: np.ndarray) -> dict[str, np.ndarra
 
 
 def _rows(positions: pd.DataFrame, steps: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
+    """The reached rows, each one count: ``n_reached`` = 1, ``n_accepted`` = accepted."""
     frame = annotate_positions(positions, steps=steps)
     require_columns(frame, keys, what="the regression diff")
-    return frame.loc[frame["reached"].to_numpy(bool)]
+    reached = frame.loc[frame["reached"].to_numpy(bool)]
+    return reached.assign(n_reached=1.0, n_accepted=reached["accepted"].astype(float))
 
 
 def _delta_table(
@@ -71,11 +74,12 @@ def _delta_table(
     ci: float,
     seed: int,
 ) -> pd.DataFrame:
-    """Deltas of ``stat`` over reached rows of ``base`` and ``new``, per group and cell."""
+    """Deltas of ``stat`` over the counts (``n_reached``, ``n_accepted``) of ``base`` and
+    ``new`` (per unit and cell, or one reached row each), per group and cell."""
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
     cell_index = {c: i for i, c in enumerate(cells)}
-    columns = list(dict.fromkeys([*group_cols, *unit_cols, cell_col, "accepted"]))
+    columns = list(dict.fromkeys([*group_cols, *unit_cols, cell_col, "n_reached", "n_accepted"]))
     both = pd.concat(
         [base[columns].assign(_side=0), new[columns].assign(_side=1)], ignore_index=True
     )
@@ -85,7 +89,8 @@ def _delta_table(
     # paired: a unit is the same on both sides; unpaired: each side has its own units
     unit, _ = combined_codes(both, [*unit_cols, *([] if paired else ["_side"])])
     cell = both[cell_col].map(cell_index).to_numpy(dtype=np.int64)
-    accepted = both["accepted"].to_numpy(dtype=float)
+    reached = both["n_reached"].to_numpy(dtype=float)
+    accepted = both["n_accepted"].to_numpy(dtype=float)
     records = []
     for g, rows in enumerate(split_by_code(group, n_groups)):
         key = tuple(keys.iloc[g])
@@ -102,7 +107,7 @@ def _delta_table(
                 remap[units_here] = np.arange(len(units_here))
                 n_units = len(units_here)
             x = np.zeros((n_units, len(cells), 2))  # [U, C, (reached, accepted)]
-            np.add.at(x, (remap[inverse[mine]], cell[rows][mine], 0), 1.0)
+            np.add.at(x, (remap[inverse[mine]], cell[rows][mine], 0), reached[rows][mine])
             np.add.at(x, (remap[inverse[mine]], cell[rows][mine], 1), accepted[rows][mine])
             arrays[name] = x
         present = {name: int((x[..., 0].sum(axis=1) > 0).sum()) for name, x in arrays.items()}
@@ -182,8 +187,8 @@ LEVELS: dict[str, Callable[[bool], dict]] = {
 
 
 def compute_regression_diff(
-    base_positions: pd.DataFrame,
-    new_positions: pd.DataFrame,
+    base: pd.DataFrame,
+    new: pd.DataFrame,
     *,
     base_steps: pd.DataFrame | None = None,
     new_steps: pd.DataFrame | None = None,
@@ -196,14 +201,18 @@ def compute_regression_diff(
 
     Parameters
     ----------
-    base_positions, new_positions
-        Positions tables of the two run sets (several runs each are pooled).
+    base, new
+        The two run sets' per-request acceptance counts (``dataset``, ``run_id``,
+        ``request_id``, ``position``, ``n_reached``, ``n_accepted``; with ``prompt_id``
+        the bootstrap is paired: e.g. the lab's ``Runs.acceptance_counts(by=("prompt_id",))``,
+        over every request), or their positions tables (several runs each are pooled).
     base_steps, new_steps
-        Their steps tables: needed for ``level="prompt"`` and for the paired bootstrap.
+        With positions, their steps tables: needed for ``level="prompt"`` and for the
+        paired bootstrap.
     level
         ``"dataset"`` (acceptance length per dataset), ``"position"`` (:math:`a_i` and
         :math:`s_i` per dataset and position) or ``"prompt"`` (acceptance length per
-        dataset and prompt; steps are resampled, independently per side).
+        dataset and prompt; steps are resampled, independently per side: positions only).
     n_boot, ci, seed
         Percentile bootstrap; 0 replicates skips the intervals.
 
@@ -223,15 +232,31 @@ def compute_regression_diff(
     """
     if level not in LEVELS:
         raise UnknownMethodError(f"unknown diff level {level!r}; valid levels are {sorted(LEVELS)}")
-    paired = base_steps is not None and new_steps is not None
-    if level == "prompt" and not paired:
+    counted = [is_acceptance_counts(side) for side in (base, new)]
+    if counted[0] != counted[1]:
         raise DSparkLabError(
-            "level='prompt' needs base_steps and new_steps (prompt_id is in the steps table)"
+            "compare like with like: both run sets as acceptance counts or both as positions"
         )
+    if counted[0]:
+        if level == "prompt":
+            raise DSparkLabError(
+                "level='prompt' resamples each prompt's steps: pass the positions and steps "
+                "tables, not counts"
+            )
+        paired = "prompt_id" in base and "prompt_id" in new
+    else:
+        paired = base_steps is not None and new_steps is not None
+        if level == "prompt" and not paired:
+            raise DSparkLabError(
+                "level='prompt' needs base_steps and new_steps (prompt_id is in the steps table)"
+            )
     spec = LEVELS[level](paired)
     keys = list(dict.fromkeys([*spec["group_cols"], *spec["units"], "position"]))
-    base = _rows(base_positions, base_steps, keys)
-    new = _rows(new_positions, new_steps, keys)
+    if counted[0]:
+        for side in (base, new):
+            require_columns(side, [*keys, "n_reached", "n_accepted"], what="the regression diff")
+    else:
+        base, new = _rows(base, base_steps, keys), _rows(new, new_steps, keys)
     n_pos = (
         int(
             max(

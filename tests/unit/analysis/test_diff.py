@@ -16,6 +16,7 @@ from dsparklab.analysis import (
     compute_token_class_acceptance,
     compute_token_class_diff,
     compute_worst_prompts,
+    count_acceptance,
 )
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 
@@ -96,12 +97,35 @@ def test_worst_prompts_are_the_ones_made_worse():
     assert worst["significant"].all()
 
 
+@pytest.mark.parametrize("level", ["dataset", "position"])
+@pytest.mark.parametrize("paired", [True, False], ids=["per-prompt", "per-request"])
+def test_counts_give_the_diff_the_rows_give(level, paired):
+    """Per-prompt (or per-request) counts, as the lab counts them over a whole store, give
+    the rows' diff exactly, bootstrap bounds included: a unit's counts are its rows summed."""
+    base = build_run(run_id="b", n=4, accept=0.5, n_requests=30, seed=1)
+    new = build_run(run_id="n", n=4, accept=0.7, n_requests=30, seed=2)
+    by = ("dataset", "prompt_id") if paired else ("dataset",)
+    counts = [count_acceptance(r.positions, steps=r.steps, by=by) for r in (base, new)]
+    steps = {"base_steps": base.steps, "new_steps": new.steps} if paired else {}
+    from_rows = compute_regression_diff(
+        base.positions, new.positions, level=level, n_boot=200, **steps
+    )
+    from_counts = compute_regression_diff(*counts, level=level, n_boot=200)
+    assert len(from_rows) and from_rows["delta_lo"].notna().all()
+    pd.testing.assert_frame_equal(from_counts, from_rows)
+
+
 def test_levels_and_inputs_are_checked():
     run = build_run(n=3, n_requests=3)
     with pytest.raises(UnknownMethodError, match="valid levels are"):
         compute_regression_diff(run.positions, run.positions, level="token")
     with pytest.raises(DSparkLabError, match="needs base_steps"):
         compute_regression_diff(run.positions, run.positions, level="prompt")
+    counts = count_acceptance(run.positions, steps=run.steps, by=("dataset", "prompt_id"))
+    with pytest.raises(DSparkLabError, match="resamples each prompt's steps"):
+        compute_regression_diff(counts, counts, level="prompt")
+    with pytest.raises(DSparkLabError, match="like with like"):
+        compute_regression_diff(counts, run.positions)
 
 
 TEXT = {i: t for i, t in enumerate(["    ", "(", ")", "foo", "bar", "def", "7", "é!"])}
