@@ -59,6 +59,15 @@ def record(name: str, value: Any) -> None:
     display({MIMETYPE: {"name": name, "value": plain_json(value)}, "text/plain": ""}, raw=True)
 
 
+def note(text: str) -> None:
+    """Show ``text`` as an italic line (nothing when empty), e.g. :attr:`Runs.rows_note`
+    above a view that reads rows rather than counts."""
+    from IPython.display import display
+
+    if text:
+        display({"text/markdown": f"*{text}*", "text/plain": text}, raw=True)
+
+
 def read_records(notebook: Path | str) -> dict[str, Any]:
     """Every value :func:`record` emitted in an executed notebook, by name (last one wins)."""
     path = Path(notebook)

@@ -125,6 +125,23 @@ class Runs:
         """The runs' root (the shipped traces, when read, come after it in the catalog)."""
         return self.catalog.roots[0]
 
+    @property
+    def rows_note(self) -> str:
+        """Which requests the token-level tables (``positions``, ``steps``) hold, in one
+        line; empty when they hold every request of every run. Counted numbers
+        (:meth:`acceptance_counts`, :meth:`step_time_counts`) always take every request."""
+        method_runs = self.runs[self.runs["method"] != BASELINE_METHOD]
+        share = method_runs["sample"].astype(float)
+        if method_runs.empty or (share >= 1.0).all():
+            return ""
+        low, high = float(share.min()), float(share.max())
+        shares = f"{low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%} to {high:.0%}"
+        return (
+            f"The rows below hold {shares} of each run's requests (the same prompts in every "
+            f"run; recorded as a sample, or read within the row budget ${MAX_ROWS_ENV}); "
+            "counted sections use every request recorded."
+        )
+
     def dataset_labels(self, datasets: Sequence[str] = ()) -> list[str]:
         """The ``dataset`` labels present for these plain dataset names (empty: all), in
         tier order (largest model first)."""

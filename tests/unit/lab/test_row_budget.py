@@ -8,7 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dsparklab.analysis import compute_acceptance_by_position, compute_window_scaling
+from dsparklab.analysis import (
+    compute_acceptance_by_position,
+    compute_regression_diff,
+    compute_window_scaling,
+)
 from dsparklab.errors import ConfigError
 from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
 from dsparklab.report.findings import compute_findings, sampled_notes
@@ -37,6 +41,7 @@ def test_past_the_budget_whole_requests_are_read_and_the_fraction_said(
     points = prompts.map(request_unit).sort_values()
     kept = set(points.index[: len(points) // 4])
     assert runs.runs["sample"].tolist() == pytest.approx([len(kept) / len(points)] * 3)
+    assert full.rows_note == "" and f"hold {len(kept) / len(points):.0%} of" in runs.rows_note
     assert set(runs.positions["request_id"]) | set(runs.steps["request_id"]) == kept
     for table, keys in ((runs.positions, ["run_id", "request_id", "step", "position"]),
                         (runs.steps, ["run_id", "request_id", "step"])):  # fmt: skip
@@ -103,6 +108,21 @@ def test_headline_counts_cover_every_request_past_the_budget(
     counted = compute_window_scaling(runs.step_time_counts(), by=("method", "dataset"), n_boot=0)
     assert counted["n_steps"].tolist() == scaling["n_steps"].tolist()
     assert counted["speedup"].to_numpy() == pytest.approx(scaling["speedup"].to_numpy(), rel=1e-12)
+    # notebook 05's deltas: per-prompt counts over every request, paired as the rows are
+    counts = runs.acceptance_counts(by=("prompt_id",))
+    for level in ("dataset", "position"):
+        rows = [
+            (full.positions[full.positions["method"] == m], full.steps[full.steps["method"] == m])
+            for m in ("eagle3", "dspark")
+        ]
+        want = compute_regression_diff(
+            rows[0][0], rows[1][0], base_steps=rows[0][1], new_steps=rows[1][1], level=level
+        )
+        got = compute_regression_diff(
+            *(counts[counts["method"] == m] for m in ("eagle3", "dspark")), level=level
+        )
+        pd.testing.assert_frame_equal(got, want)
+        assert (got["n_units_base"] == 40).all()
     sampled = compute_findings(Catalog.of(store), tmp_path / "sampled", n_boot=0)
     assert sampled.acceptance == findings.acceptance and sampled.acceptance
     assert not any("hold a sample" in note for note in sampled.notes)
