@@ -12,18 +12,43 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def emitted_tokens(accepted_lens: Sequence[int], n_output: int | None) -> list[int | None]:
+def resumed_tokens(context_lens: Sequence[float | None], accepted_lens: Sequence[int]) -> int:
+    """Tokens a request's re-prefills added between its steps, from its steps' context
+    lengths :math:`c_k` and ``accepted_len`` :math:`A_k` in step order.
+
+    vLLM preempts a request under KV-cache pressure and, on resume, prefills it again; that
+    prefill samples one token no step holds. Between two steps the sequence grows by the
+    first one's :math:`A_k + 1` tokens and by any such token:
+
+    .. math:: P = \\sum_k \\max\\big(0,\\ c_{k+1} - c_k - (A_k + 1)\\big)
+
+    over consecutive steps whose context lengths are known (None, NaN or negative: not).
+    """
+    resumed = 0
+    for k in range(len(context_lens) - 1):
+        here, after = context_lens[k], context_lens[k + 1]
+        if here is None or after is None or not (here >= 0 and after >= 0):  # NaN: False
+            continue
+        resumed += max(0, int(after) - int(here) - (int(accepted_lens[k]) + 1))
+    return resumed
+
+
+def emitted_tokens(
+    accepted_lens: Sequence[int], n_output: int | None, *, resumed: int = 0
+) -> list[int | None]:
     """Each step's ``emitted``, from its ``accepted_len`` (in step order) and the
     request's output length :math:`L`: the prefill's token first, then each step's
     :math:`A_k + 1` tokens until the output ends,
 
-    .. math:: e_k = \\min\\Big(A_k + 1,\\ \\max\\big(0,\\ L - 1 - \\sum_{j<k} e_j\\big)\\Big)
+    .. math:: e_k = \\min\\Big(A_k + 1,\\ \\max\\big(0,\\ L - 1 - P - \\sum_{j<k} e_j\\big)\\Big)
 
-    None for every step when the output length is not known.
+    where :math:`P` (``resumed``, :func:`resumed_tokens`) is what re-prefills after a
+    preemption added, so that :math:`1 + P + \\sum_k e_k = L`. None for every step when
+    the output length is not known.
     """
     if n_output is None:
         return [None] * len(accepted_lens)
-    left = int(n_output) - 1
+    left = int(n_output) - 1 - int(resumed)
     out: list[int | None] = []
     for accepted in accepted_lens:
         kept = max(0, min(int(accepted) + 1, left))

@@ -27,6 +27,7 @@ from dsparklab.store.reader import (
     run_granularity,
     with_partition_columns,
 )
+from dsparklab.store.rows import resumed_tokens
 from dsparklab.store.schema import (
     AGGREGATE_TABLES,
     ALL_TABLES,
@@ -588,20 +589,29 @@ def _check_requests(steps: pd.DataFrame, requests: pd.DataFrame, report: RunRepo
         "request_id",
         "request {request_id} has steps but no requests row",
     )
-    # a request's steps add up to its output: the prefill's token, then what each emitted
-    counted = steps[steps["emitted"].notna()].groupby("request_id")["emitted"].sum()
+    # a request's steps add up to its output: the prefill's token, any re-prefill's after a
+    # preemption (rows.resumed_tokens), then what each step emitted
+    timed = steps[steps["emitted"].notna()].sort_values(["request_id", "step"])
+    counted = timed.groupby("request_id")["emitted"].sum()
     outputs = requests[requests["output_token_ids"].notna()].drop_duplicates("request_id")
     if outputs.empty or counted.empty:
         return
+    context = timed["context_len"].astype(np.float64)  # NaN where not known
+    resumed = {
+        request_id: resumed_tokens(group.tolist(), timed.loc[group.index, "accepted_len"].tolist())
+        for request_id, group in context.groupby(timed["request_id"], sort=False)
+    }
     outputs = outputs.assign(
         n_output=outputs["output_token_ids"].map(len).astype(np.int64),
         n_emitted=outputs["request_id"].map(counted).astype(np.float64),
+        n_resumed=outputs["request_id"].map(resumed).fillna(0).astype(np.int64),
     )
     outputs = outputs[outputs["n_emitted"].notna() & (outputs["n_output"] > 0)]
     _flag(
         report,
-        outputs[outputs["n_emitted"] + 1 != outputs["n_output"]],
+        outputs[outputs["n_emitted"] + outputs["n_resumed"] + 1 != outputs["n_output"]],
         "emitted",
-        "request {request_id}: its steps emitted {n_emitted:.0f} tokens after the prefill's, "
-        "but its output holds {n_output} (need 1 + sum of emitted = output length)",
+        "request {request_id}: its steps emitted {n_emitted:.0f} tokens after the prefill's "
+        "({n_resumed} more from re-prefills), but its output holds {n_output} "
+        "(need 1 + re-prefilled + sum of emitted = output length)",
     )

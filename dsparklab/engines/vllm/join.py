@@ -51,7 +51,7 @@ from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json, read_trace
 from dsparklab.store.catalog import holds_runs
 from dsparklab.store.location import Location, Where
-from dsparklab.store.rows import emitted_tokens, totals_row
+from dsparklab.store.rows import emitted_tokens, resumed_tokens, totals_row
 from dsparklab.store.sampling import SAMPLE_KEY, request_sampled, sample_block
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
@@ -216,8 +216,12 @@ _COST_COLUMNS = tuple(_NO_COSTS)
 
 def _with_emitted(rows: list[dict[str, Any]], req: CollectedRequest) -> list[dict[str, Any]]:
     """The request's step rows with ``emitted``: what each added to the output vLLM
-    returned (which vLLM cut at max_tokens and stop tokens; the taps cannot see that)."""
-    kept = emitted_tokens([r["accepted_len"] for r in rows], len(req.output_token_ids))
+    returned (which vLLM cut at max_tokens and stop tokens; the taps cannot see that),
+    less the tokens re-prefills after a preemption added (seen in the context lengths)."""
+    rows = sorted(rows, key=lambda r: r["step"])
+    accepted = [r["accepted_len"] for r in rows]
+    resumed = resumed_tokens([r["context_len"] for r in rows], accepted)
+    kept = emitted_tokens(accepted, len(req.output_token_ids), resumed=resumed)
     return [{**row, "emitted": k} for row, k in zip(rows, kept, strict=True)]
 
 

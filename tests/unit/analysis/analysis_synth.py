@@ -109,17 +109,20 @@ def build_run(
     accepted = np.cumprod(raw & in_verify, axis=1).astype(bool)  # [S, n] prefix-closed
     accepted_len = accepted.sum(axis=1) if n else np.zeros(n_steps, int)
     dt = draft_time(n) if callable(draft_time) else draft_time
+    emitted = accepted_len + 1  # no output cut: synthetic
+    # the prompt's 32 tokens and the prefill's, then what each earlier step emitted
+    context = 33 + pd.Series(emitted).groupby(request).cumsum().to_numpy() - emitted
     steps = pd.DataFrame(
         {
             "request_id": request_ids[request],
             "prompt_id": prompt_ids[request],
             "dataset": dataset,
             "step": step.astype(np.int32),
-            "context_len": (32 + step * (n + 1)).astype(np.int32),
+            "context_len": context.astype(np.int32),
             "num_drafted": drafted.astype(np.int32),
             "num_verified": verified.astype(np.int32),
             "accepted_len": accepted_len.astype(np.int32),
-            "emitted": (accepted_len + 1).astype(np.int32),  # no output cut: synthetic
+            "emitted": emitted.astype(np.int32),
             "batch_size": np.ones(n_steps, dtype=np.int32),
             "draft_time_s": np.nan if method == "none" else dt * rng.uniform(0.9, 1.1, n_steps),
             "verify_time_s": verify_time * rng.uniform(0.9, 1.1, n_steps),
