@@ -26,8 +26,10 @@ $(STAMP): requirements/lock.txt pyproject.toml
 demo: venv
 	$(VENV)/bin/dsparklab demo
 
+# Two workers (this machine's cores), one test file each at a time: a file's module
+# fixtures (a vLLM engine, a served model, a report) are built once, on one worker.
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The fast gate: store, analysis, plots, importers, the lab helpers, packaging and the tap
 # arithmetic; no wheel download, no Spark session, under 2 minutes.

