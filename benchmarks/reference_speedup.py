@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from dsparklab.engines.layout import parse_ns
+from dsparklab.engines.plan import parse_ns
 from dsparklab.engines.reference import bench
 
 GOAL_DSPARK_N7 = 2.0

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dsparklab.engines.layout import parse_list
+from dsparklab.engines.plan import parse_list
 from dsparklab.engines.reference import ReferenceEngine, bench, record_row
 from dsparklab.store import TraceWriter, new_run_json
 from dsparklab.store.location import Location

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dsparklab.engines.layout import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.vllm import harness, runs

@@ -2,9 +2,9 @@
 
 The engine is chosen from :data:`ENGINES`, a dict of engine name -> ``"module:function"``
 imported on use. Every collect function takes one
-:class:`~dsparklab.engines.layout.CollectOptions` (``vllm-serve`` also the server's URL and
+:class:`~dsparklab.engines.plan.CollectOptions` (``vllm-serve`` also the server's URL and
 tap directory, what the server runs and the models the options named), lays runs out with
-:mod:`dsparklab.engines.layout`, skips complete runs, and returns the output root.
+:mod:`dsparklab.engines.plan`, skips complete runs, and returns the output root.
 
 For ``vllm-serve`` the command asks the server what it runs first
 (:func:`dsparklab.engines.vllm.served.discover`): ``--method`` / ``--n`` default to the
@@ -30,7 +30,7 @@ from dsparklab.cli.common import (
 from dsparklab.errors import ConfigError, UnknownMethodError
 
 if TYPE_CHECKING:
-    from dsparklab.engines.layout import CollectOptions
+    from dsparklab.engines.plan import CollectOptions
     from dsparklab.store.location import Location
 
 ENGINES: dict[str, str] = {
@@ -128,7 +128,7 @@ def collect(
 
     vllm-serve: what the server runs labels the runs; a disagreeing option is refused.
     """
-    from dsparklab.engines.layout import CollectOptions, parse_list, parse_ns, tier_models
+    from dsparklab.engines.plan import CollectOptions, parse_list, parse_ns, tier_models
 
     serve_options = {"server_url": server_url, "tap_dir": tap_dir}
     given = [f"--{k.replace('_', '-')}" for k, v in serve_options.items() if v is not None]

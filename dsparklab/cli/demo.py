@@ -43,7 +43,7 @@ def demo(
 
     The limits' defaults are in dsparklab/report/demo.py (DEMO_LIMIT, DEMO_MAX_NEW_TOKENS).
     """
-    from dsparklab.engines.layout import tier_models
+    from dsparklab.engines.plan import tier_models
     from dsparklab.lab.runs import DEFAULT_RUNS
     from dsparklab.report.demo import (
         DEMO_LIMIT,

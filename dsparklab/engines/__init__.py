@@ -2,6 +2,6 @@
 
 Each engine package exposes a ``collect`` function that ``dsparklab collect --engine NAME``
 dispatches to (see :data:`dsparklab.cli.collect.ENGINES`); the run layout they share is
-in :mod:`dsparklab.engines.layout`. Nothing is imported here, so loading one engine never
+in :mod:`dsparklab.engines.plan`. Nothing is imported here, so loading one engine never
 pulls in another's stack.
 """

@@ -116,7 +116,7 @@ def collect_demo_runs(
 ) -> bool:
     """Collect the demo runs with the reference engine, keeping current ones (the first
     half of :func:`run_demo`, whose parameters these are); True when any was collected."""
-    from dsparklab.engines.layout import CollectOptions, is_complete, plan_runs
+    from dsparklab.engines.plan import CollectOptions, is_complete, plan_runs
     from dsparklab.engines.reference.collect import collect
 
     runs = Path(runs)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsparklab.analysis import compute_acceptance_by_position
-from dsparklab.engines.layout import CollectOptions
+from dsparklab.engines.plan import CollectOptions
 from dsparklab.engines.reference.collect import collect
 from dsparklab.store import read_trace
 from dsparklab.store.sampling import request_sampled

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from dsparklab.cli.app import app
-from dsparklab.engines.layout import CollectOptions
+from dsparklab.engines.plan import CollectOptions
 from dsparklab.engines.reference import ContextUpdate, DSparkDrafter, ReferenceEngine
 from dsparklab.engines.reference.collect import collect
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace

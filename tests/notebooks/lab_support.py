@@ -54,7 +54,7 @@ def require_zoo() -> None:
 @functools.cache
 def lab_runs(base: Path) -> Path:
     """The reference engine's runs on the zoo (22 runs), collected once per session."""
-    from dsparklab.engines.layout import CollectOptions
+    from dsparklab.engines.plan import CollectOptions
     from dsparklab.engines.reference.collect import collect
 
     require_zoo()

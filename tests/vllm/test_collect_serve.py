@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsparklab.engines.checkpoints import resolve_model  # noqa: E402
-from dsparklab.engines.layout import RunSpec
+from dsparklab.engines.plan import RunSpec
 from dsparklab.engines.vllm.launch import vllm_distribution  # noqa: E402
 from dsparklab.prompts import PROMPT_FILE_PREFIXES, prompt_set_names  # noqa: E402
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace  # noqa: E402

@@ -37,7 +37,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsparklab.engines.layout import (
+from dsparklab.engines.plan import (
     CollectOptions,  # noqa: E402
     RunSpec,
 )

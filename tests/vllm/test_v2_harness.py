@@ -251,7 +251,7 @@ HARNESS_LIMIT, HARNESS_TOKENS = 3, 24
 
 
 def _harness_options(out: Path) -> Any:
-    from dsparklab.engines.layout import CollectOptions
+    from dsparklab.engines.plan import CollectOptions
 
     return CollectOptions(
         methods=("dspark", "eagle3", "none"),

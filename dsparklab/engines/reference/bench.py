@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dsparklab.engines.layout import parse_list, tier_models
+from dsparklab.engines.plan import parse_list, tier_models
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ReferenceEngine

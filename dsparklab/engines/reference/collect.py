@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 import dsparklab
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.layout import DEFAULT_DRAFTERS, CollectOptions, RunSpec
+from dsparklab.engines.plan import DEFAULT_DRAFTERS, CollectOptions, RunSpec
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
 from dsparklab.engines.stats import DraftStats

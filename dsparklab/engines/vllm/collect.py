@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.layout import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.join import (

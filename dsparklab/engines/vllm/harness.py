@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from dsparklab.engines.layout import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.reference.core import verify_greedy
 from dsparklab.engines.reference.markov import argmax_last
 from dsparklab.engines.reference.models import (

@@ -7,7 +7,7 @@ Both modes rely on the plugin's taps inside vLLM's workers (``DSPARKLAB_TRACE_DI
 the drafted tokens and per-position values, and on vLLM's own per-request spec-decode
 metrics (``per_request_spec_decode_metrics="detailed"``) for the per-step accepted
 counts. The collector joins the two by request id and writes one run per (dataset,
-method, n) in the shared layout (:mod:`dsparklab.engines.layout`) through
+method, n) in the shared layout (:mod:`dsparklab.engines.plan`) through
 :class:`dsparklab.store.TraceWriter`:
 
 - ``steps``: vLLM's per-step accepted/verified counts; context length, drafted count,
@@ -41,7 +41,7 @@ import pandas as pd
 
 import dsparklab
 from dsparklab.engines.checkpoints import ModelRef
-from dsparklab.engines.layout import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.served import (
     CollectError,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.layout import CollectOptions
+from dsparklab.engines.plan import CollectOptions
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR
 from dsparklab.engines.vllm.join import (
     CollectedRequest,

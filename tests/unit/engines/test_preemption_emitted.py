@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparklab.engines.layout import RunSpec
+from dsparklab.engines.plan import RunSpec
 from dsparklab.engines.vllm.join import CollectedRequest, read_tap_runs, write_run
 from dsparklab.prompts import Prompt
 from dsparklab.store import TraceWriter, list_runs, read_trace, validate_trace

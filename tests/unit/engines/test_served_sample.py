@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparklab.engines.layout import RunSpec
+from dsparklab.engines.plan import RunSpec
 from dsparklab.engines.vllm.join import CollectedRequest, write_run
 from dsparklab.engines.vllm.serve_client import _wait_for_taps
 from dsparklab.prompts import Prompt

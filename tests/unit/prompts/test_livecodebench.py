@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsparklab.engines.layout import RunSpec
+from dsparklab.engines.plan import RunSpec
 from dsparklab.prompts import LCB_SYSTEM_MESSAGE, PromptFileError, dataset_label, load_prompts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "livecodebench_test.jsonl"
