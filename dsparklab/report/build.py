@@ -22,15 +22,14 @@ still run; :class:`ReportError` is raised at the end.
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dsparklab.environment import environ
 from dsparklab.errors import DSparkLabError
 from dsparklab.lab.display import HEADLESS_ENV, PLOTLY_MIMETYPE
 from dsparklab.lab.resources import notebooks_dir as shipped_notebooks
@@ -93,20 +92,6 @@ def notebook_parameters(notebooks: Sequence[Path]) -> dict[str, Any]:
     return declared
 
 
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
 def _count_plotly_outputs(executed: Path) -> int:
     import nbformat
 
@@ -139,7 +124,7 @@ def execute_notebook(
     params = {"RUNS": str(runs), "OUT_DIR": str(figures_dir), **dict(parameters or {})}
     start = time.perf_counter()
     try:
-        with _environ(**{HEADLESS_ENV: "1", **dict(environment or {})}):
+        with environ({HEADLESS_ENV: "1", **dict(environment or {})}):
             pm.execute_notebook(
                 str(source),
                 str(executed),

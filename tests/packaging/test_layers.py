@@ -19,7 +19,16 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     # what every layer uses: JSON, provenance, prompt sets, vLLM's metrics format
     **dict.fromkeys(
-        ["plain_json", "provenance", "wheels", "instruct_prompts", "prompts", "prometheus"], 1
+        [
+            "plain_json",
+            "provenance",
+            "wheels",
+            "instruct_prompts",
+            "prompts",
+            "prometheus",
+            "environment",
+        ],
+        1,
     ),
     "store": 2,
     # what writes runs into the store: the engines, the importers, the zoo's models

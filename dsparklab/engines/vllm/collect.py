@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from dsparklab.engines.vllm.join import (
     write_run,
 )
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
+from dsparklab.environment import environ
 from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import redact_mapping
@@ -39,20 +38,6 @@ from dsparklab.store.location import Location
 logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 256 << 20
-
-
-@contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _engine_kwargs(
@@ -196,7 +181,7 @@ def _collect_engine(
     tap_config: TapConfig,
 ) -> list[RunReport]:
     """Start one ``vllm.LLM`` for (method, n), run every dataset, write the runs."""
-    with _environ(tap_config.to_env()):
+    with environ(tap_config.to_env()):
         from dsparklab.engines.vllm import patching, plugin
 
         plugin.register()
