@@ -37,7 +37,7 @@ from dsparklab.lab.notebook import cost_table, load_runs
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("data/traces/smol"))
-    parser.add_argument("--profile", default="gpu-like", help="cost profile to project on")
+    parser.add_argument("--profile", default="assumed-gpu-like", help="cost profile to project on")
     parser.add_argument("--n-boot", type=int, default=400)
     return parser.parse_args(argv)
 

@@ -7,7 +7,8 @@ notebook API in one namespace, each part in its own module.
   :func:`load_any_runs`, :func:`count_runs`; two run sets compared
   (:mod:`dsparklab.lab.comparison`): :func:`load_comparison`;
 - published figures and cost profiles (:mod:`dsparklab.lab.published`):
-  :func:`load_published`, :func:`load_published_curves`, :func:`cost_table`;
+  :func:`load_published`, :func:`load_published_curves`,
+  :func:`load_published_verify_costs`, :func:`cost_table`;
 - token text (:mod:`dsparklab.lab.tokens`): :func:`load_token_text`.
 
 The library imports from those modules; this one only gathers them for the notebooks.
@@ -37,6 +38,7 @@ from dsparklab.lab.published import (
     cost_table,
     load_published,
     load_published_curves,
+    load_published_verify_costs,
 )
 from dsparklab.lab.runs import (
     ANY_TABLES,
@@ -95,6 +97,7 @@ __all__ = [
     "load_comparison",
     "load_published",
     "load_published_curves",
+    "load_published_verify_costs",
     "load_runs",
     "load_token_text",
     "max_rows",

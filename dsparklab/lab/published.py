@@ -17,6 +17,7 @@ from dsparklab.errors import (
 from dsparklab.lab.resources import (
     PUBLISHED_CURVES,
     PUBLISHED_SPEEDUPS,
+    PUBLISHED_VERIFY_COSTS,
     cost_profile_file,
     published_file,
     shipped_cost_profiles,
@@ -29,6 +30,21 @@ logger = logging.getLogger(__name__)
 PUBLISHED_METHODS: dict[str, str] = {"DSpark": "dspark", "Eagle3-MLA": "eagle3"}
 
 
+def _read_published(path: str | Path | None, name: str, expected: list[str]) -> pd.DataFrame:
+    """The published table ``name`` shipped with the lab (or the CSV at ``path``), checked
+    for the columns ``expected``."""
+    csv = Path(path) if path is not None else published_file(name)
+    if not csv.is_file():
+        raise ProvenanceError(f"file {csv}: the published table is missing")
+    table = pd.read_csv(csv)
+    missing = [c for c in expected if c not in table.columns]
+    if missing:
+        raise TraceSchemaError(
+            f"published table lacks columns {missing}; expected {expected}", path=csv
+        )
+    return table
+
+
 def load_published(path: str | Path | None = None) -> pd.DataFrame:
     """The published Kimi speedups (Novita), with the lab's ``method`` names added.
 
@@ -38,16 +54,8 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
         ``target``, ``drafter`` (as published), ``method`` (``dspark``/``eagle3``),
         ``benchmark``, ``n``, ``speedup``, ``source``, ``label`` = ``"published"``.
     """
-    csv = Path(path) if path is not None else published_file(PUBLISHED_SPEEDUPS)
-    if not csv.is_file():
-        raise ProvenanceError(f"file {csv}: the published table is missing")
-    table = pd.read_csv(csv)
     expected = ["target", "drafter", "benchmark", "n", "speedup", "source"]
-    missing = [c for c in expected if c not in table.columns]
-    if missing:
-        raise TraceSchemaError(
-            f"published table lacks columns {missing}; expected {expected}", path=csv
-        )
+    table = _read_published(path, PUBLISHED_SPEEDUPS, expected)
     method = table["drafter"].map(PUBLISHED_METHODS).fillna(table["drafter"].str.lower())
     return table.assign(method=method, label="published")
 
@@ -55,7 +63,7 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
 def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     """The step costs to project ``runs``' acceptance on, for their methods and windows.
 
-    ``spec`` is a cost profile shipped with the lab (``"gpu-like"``:
+    ``spec`` is a cost profile shipped with the lab (``"assumed-gpu-like"``:
     :func:`dsparklab.lab.resources.shipped_cost_profiles`), a profile JSON file (see
     ``docs/metrics.md``), or a directory of runs whose fitted costs stand for another
     machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
@@ -103,16 +111,9 @@ def load_published_curves(path: str | Path | None = None) -> pd.DataFrame:
         (0-based, as the traces count), ``rate``, ``accept_len``, ``source``, ``curve``
         (a display name) and ``label`` = ``"published"``.
     """
-    csv = Path(path) if path is not None else published_file(PUBLISHED_CURVES)
-    if not csv.is_file():
-        raise ProvenanceError(f"file {csv}: the published curves are missing")
-    table = pd.read_csv(csv)
     expected = ["target", "drafter", "method", "dataset", "n", "kind", "rates", "source"]
-    missing = [c for c in expected if c not in table.columns]
-    if missing:
-        raise TraceSchemaError(
-            f"published curves lack columns {missing}; expected {expected}", path=csv
-        )
+    csv = Path(path) if path is not None else published_file(PUBLISHED_CURVES)
+    table = _read_published(csv, PUBLISHED_CURVES, expected)
     rows = []
     for line, record in enumerate(table.to_dict("records"), start=2):
         try:
@@ -127,3 +128,46 @@ def load_published_curves(path: str | Path | None = None) -> pd.DataFrame:
         for position, rate in enumerate(rates):
             rows.append({**record, "position": position, "rate": rate, "curve": curve})
     return pd.DataFrame(rows).drop(columns=["rates"]).assign(label="published")
+
+
+def load_published_verify_costs(path: str | Path | None = None) -> pd.DataFrame:
+    """What verifying ``k`` tokens costs against one decode step, as published (vLLM, SGLang
+    and pegainfer pull requests and issues, a vLLM blog; batch size 1).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per published number: ``setup``, ``target_kind``, ``hardware``, ``engine``,
+        ``parallelism``, ``context_tokens``, ``verify_tokens`` (``k``; NA where the source
+        did not state it), ``cost_vs_decode`` (:math:`t(\\mathrm{verify}\\ k) /
+        t(\\mathrm{decode}\\ 1)`), ``decode_step_ms``, ``draft_cost_vs_decode`` (one draft
+        pass in decode steps, where given), ``how_obtained`` (stated, read off a figure or
+        derived: show it wherever a number is shown), ``source`` (a row's "same" is the
+        row above's source) and ``label`` = ``"published"``.
+    """
+    expected = [
+        "setup", "hardware", "engine", "verify_tokens", "cost_vs_decode",
+        "draft_cost_vs_decode", "how_obtained", "source",
+    ]  # fmt: skip
+    csv = Path(path) if path is not None else published_file(PUBLISHED_VERIFY_COSTS)
+    table = _read_published(csv, PUBLISHED_VERIFY_COSTS, expected)
+    for field in ("verify_tokens", "cost_vs_decode", "draft_cost_vs_decode"):
+        values = pd.to_numeric(table[field], errors="coerce")
+        bad = (values.isna() & table[field].notna()) | (values <= 0)
+        if field == "cost_vs_decode":
+            bad |= values.isna()
+        if bad.any():
+            line = int(bad.to_numpy().argmax()) + 2  # the header is line 1
+            value = table[field][bad].iloc[0]
+            raise TraceSchemaError(
+                f"line {line}: {field} must be a positive number, got {value!r}",
+                path=csv,
+                field=field,
+            )
+        table[field] = values
+    source = table["source"].where(table["source"].str.strip().str.lower() != "same")
+    return table.assign(
+        verify_tokens=table["verify_tokens"].astype("Int64"),
+        source=source.ffill(),
+        label="published",
+    )

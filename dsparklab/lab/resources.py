@@ -16,6 +16,7 @@ from dsparklab.errors import DSparkLabError
 
 PUBLISHED_SPEEDUPS = "published_kimi_dspark.csv"
 PUBLISHED_CURVES = "published_position_curves.csv"
+PUBLISHED_VERIFY_COSTS = "published_verify_costs.csv"
 
 
 def _shipped(name: str) -> Path:
@@ -39,7 +40,8 @@ def published_file(name: str) -> Path:
 
 
 def cost_profile_file(name: str) -> Path:
-    """A cost profile shipped with the package (``gpu-like`` -> ``profiles/gpu-like.json``)."""
+    """A cost profile shipped with the package (``assumed-gpu-like`` ->
+    ``profiles/assumed-gpu-like.json``)."""
     return _shipped("profiles") / f"{name}.json"
 
 

@@ -31,6 +31,7 @@ from dsparklab.plots.markov import (
 from dsparklab.plots.payoff import (
     plot_position_payoff,
     plot_projected_speedup,
+    plot_verify_costs,
     plot_window_prediction,
 )
 from dsparklab.plots.regression import (
@@ -79,6 +80,7 @@ __all__ = [
     "plot_speedup_attribution",
     "plot_survival_curves",
     "plot_token_class_deltas",
+    "plot_verify_costs",
     "plot_window_prediction",
     "plot_window_scaling",
     "position_color",

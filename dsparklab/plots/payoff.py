@@ -1,8 +1,10 @@
-"""Which window pays: projected speedups, one run's prediction of every smaller window,
-and each added position's tokens against its break-even.
+"""Which window pays: projected speedups, the verify costs they assume beside published
+ones, one run's prediction of every smaller window, and each added position's tokens
+against its break-even.
 
 Numbers come from :mod:`dsparklab.analysis.projection`. A projected curve is always drawn
-dashed and named "projected on <profile>", never as a measurement.
+dashed and named "projected on <profile>", never as a measurement; a published number is
+always named "published".
 """
 
 from __future__ import annotations
@@ -200,3 +202,58 @@ def plot_position_payoff(payoff: pd.DataFrame, *, title: str | None = None) -> g
     fig.update_xaxes(title_text="window n → n + 1")
     fig.update_yaxes(title_text="tokens per step", row=1, col=1)
     return finish(fig, title=title, name="position_payoff")
+
+
+def plot_verify_costs(
+    costs: pd.DataFrame, published: pd.DataFrame | None = None, *, title: str | None = None
+) -> go.Figure:
+    """What verifying w tokens costs, in decode steps: each cost table's profile (dashed)
+    beside the published numbers (markers, one series per setup, named "published").
+
+    Parameters
+    ----------
+    costs
+        A cost table (``profile``, ``n``, ``verify_cost``: the verify of w = n + 1 tokens),
+        e.g. ``nb.cost_table(COST_PROFILE, runs)`` or ``fitted_cost_table(...)``.
+    published
+        ``nb.load_published_verify_costs()``; rows without ``verify_tokens`` (the source
+        did not state k) are not drawn. The hover gives each number's hardware, engine and
+        how it was obtained.
+    title
+        Figure title.
+    """
+    require(costs, ["profile", "n", "verify_cost"], what="plot_verify_costs")
+    title = title or "Verify cost against one decode step: the profile beside published numbers"
+    fig = go.Figure()
+    lines = each_line(costs.drop_duplicates(["profile", "n"]), ("profile",), sort_by="n")
+    for (profile,), line in lines:
+        fig.add_trace(
+            go.Scatter(
+                x=line["n"] + 1,
+                y=line["verify_cost"],
+                mode="lines+markers",
+                name=f"{profile} (profile)",
+                line=dict(color="#495057", dash="dash"),
+                hovertemplate=f"{profile}<br>w=%{{x}} tokens<br>%{{y:.3f}} decode steps"
+                "<extra></extra>",
+            )
+        )
+    placed = published[published["verify_tokens"].notna()] if published is not None else None
+    if placed is not None and len(placed):
+        for (setup,), rows in each_line(placed, ("setup",), sort_by="verify_tokens"):
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["verify_tokens"].astype(float),
+                    y=rows["cost_vs_decode"],
+                    mode="lines+markers",
+                    name=f"{setup} (published)",
+                    customdata=rows[["hardware", "engine", "how_obtained"]].to_numpy(),
+                    hovertemplate=f"{setup} (published)<br>k=%{{x}} tokens<br>"
+                    "%{y:.3f} decode steps<br>%{customdata[0]}, %{customdata[1]}<br>"
+                    "%{customdata[2]}<extra></extra>",
+                )
+            )
+    fig.add_hline(y=1.0, line=dict(color="#868e96", width=1, dash="dot"))
+    fig.update_xaxes(title_text="tokens verified in one target pass", type="log", dtick=0.30103)
+    fig.update_yaxes(title_text="cost in decode steps")
+    return finish(fig, title=title, name="verify_costs")

@@ -77,7 +77,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "dsparklab/lab/notebooks/02_window_scaling.ipynb",
         "dsparklab/lab/published/published_kimi_dspark.csv",
         "dsparklab/lab/published/published_position_curves.csv",
-        "dsparklab/lab/profiles/gpu-like.json",
+        "dsparklab/lab/published/published_verify_costs.csv",
+        "dsparklab/lab/profiles/assumed-gpu-like.json",
         "dsparklab/report/templates/dsparklab_offline/index.html.j2",
     ):
         assert shipped in names, f"{shipped} is not in {wheel.name}"

@@ -28,12 +28,14 @@ from dsparklab.lab.notebook import (
     figure_json,
     front_end_attached,
     load_published,
+    load_published_verify_costs,
     load_runs,
     load_token_text,
     read_records,
     resolve_runs,
     shipped_traces,
 )
+from dsparklab.lab.resources import PUBLISHED_VERIFY_COSTS, cost_profile_file, published_file
 from dsparklab.plain_json import plain_json
 from dsparklab.plots.style import (
     FALLBACK_COLORS,
@@ -279,6 +281,31 @@ def test_shipped_runs_join_labelled_by_tier(tmp_path: Path, monkeypatch: pytest.
     assert set(one.positions["dataset"]) == {"humaneval", "instruct"}, "one tier: plain names"
     with pytest.raises(MissingInputError, match="tiers=\\['large'\\]"):
         load_runs(demo, shipped=True, tiers=["large"])
+
+
+def test_published_verify_costs_are_labelled_and_drawn_beside_the_profile(tmp_path: Path):
+    table = load_published_verify_costs()
+    assert (table["label"] == "published").all() and table["how_obtained"].notna().all()
+    assert "same" not in set(table["source"])  # each row names its source
+    glm = table[table["setup"].str.startswith("GLM-5.2")].set_index("verify_tokens")
+    assert glm.loc[8, "cost_vs_decode"] == 1.47 and glm.loc[8, "hardware"] == "8x H200"
+    assert table["verify_tokens"].isna().sum() == 1  # Cohere's: k not stated
+    costs = A.cost_table_from_profile(
+        json.loads(cost_profile_file("assumed-gpu-like").read_text()),
+        methods=["dspark"],
+        ns=range(1, 8),
+    )
+    fig = P.plot_verify_costs(costs, table)
+    names = [trace.name for trace in fig.data]
+    assert names[0] == "assumed-gpu-like (profile)"
+    published = names[1:]
+    assert published and all(name.endswith("(published)") for name in published)
+    assert len(published) == table.dropna(subset=["verify_tokens"])["setup"].nunique()
+    assert list(fig.data[0].x) == list(range(2, 9))  # w = n + 1
+    bad = tmp_path / "costs.csv"
+    bad.write_text(published_file(PUBLISHED_VERIFY_COSTS).read_text().replace(",1.47,", ",lots,"))
+    with pytest.raises(TraceSchemaError, match="line 10: cost_vs_decode must be a positive"):
+        load_published_verify_costs(bad)
 
 
 def test_published_table():
