@@ -50,25 +50,63 @@ class SectionLog:
             self.unbound.pop(name, None)
 
 
-def _bound_names(tree: ast.Module) -> set[str]:
-    """Names the cell binds at module level (assignments, imports, defs, for/with targets)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+# Nodes that open a scope of their own: the names they bind (a comprehension's targets, a
+# function's parameters and locals) are not the cell's, and reading them there reads no
+# name of the notebook's.
+_SCOPES = (
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.Lambda,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+)
+
+
+def _scope_locals(node: ast.AST) -> set[str]:
+    """The names a scope node binds for itself."""
+    if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+        return {
+            n.id for gen in node.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)
+        }
+    assert isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef)
+    args = node.args
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    names |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+    if not isinstance(node, ast.Lambda):  # a def's assignments are its locals
+        names |= {
+            n.id
+            for stmt in node.body
+            for n in ast.walk(stmt)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
     return names
 
 
-def _read_names(tree: ast.Module) -> set[str]:
-    return {
-        node.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-    }
+def _cell_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names the cell binds in the notebook's namespace: assignments, imports, defs,
+    for/with targets; names it reads from there), leaving out what comprehensions,
+    lambdas and defs bind for themselves."""
+    bound: set[str] = set()
+    read: set[str] = set()
+
+    def visit(node: ast.AST, local: frozenset[str], nested: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if not nested:
+                bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if not nested:
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and node.id not in local:
+            (bound if isinstance(node.ctx, ast.Store) else read).add(node.id)
+        if isinstance(node, _SCOPES):
+            local, nested = local | _scope_locals(node), True
+        for child in ast.iter_child_nodes(node):
+            visit(child, local, nested)
+
+    visit(tree, frozenset(), False)
+    return bound, read
 
 
 def run_section(
@@ -86,8 +124,8 @@ def run_section(
     """
     title = title.strip() or "section"
     tree = ast.parse(source, filename=f"<section {title}>")
-    bound = _bound_names(tree)
-    needed = sorted(n for n in _read_names(tree) if n in log.unbound and n not in namespace)
+    bound, read = _cell_names(tree)
+    needed = sorted(n for n in read if n in log.unbound and n not in namespace)
     if needed:
         return log.skip(
             title,

@@ -48,6 +48,24 @@ def test_a_section_without_its_input_says_why_and_its_dependents_follow():
     # the input arrives: the section computes and leaves the list
     assert run_section("Speedup", "model = 7", space, log, show=shown.append) is None
     assert [s["section"] for s in log.not_computed] == ["Costs"]
+    # a comprehension's, a lambda's and a def's own names are not the notebook's: a skipped
+    # section using `side` in a comprehension leaves no `side` for a later one to need
+    line = run_section(
+        "Where", "costs = [missing('no baseline') for side in (1, 2)]", space, log,
+        show=shown.append,
+    )  # fmt: skip
+    assert line == "Where: not computed: no baseline"
+    body = (
+        "counts = [side * 2 for side in (1, 2)]\n"
+        "f = lambda side: side\n"
+        "def g(side):\n    other = side\n    return other\n"
+        "total = sum(counts) + f(1) + g(1)"
+    )
+    assert run_section("Deltas", body, space, log, show=shown.append) is None
+    assert space["total"] == 8 and "side" not in space and "other" not in space
+    assert run_section("Reads", "x = costs", space, log, show=shown.append).startswith(
+        "Reads: not computed: needs `costs`"
+    )
 
 
 def test_section_magic_in_a_real_kernel_shell_records_what_it_skipped(tmp_path: Path):
