@@ -33,6 +33,7 @@ from dsparklab.analysis.sql.queries import (
     COUNTERS,
     ROW_COLUMNS,
     SCORE_ROWS,
+    UNVERIFIED_STEPS,
     render,
 )
 from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
@@ -137,11 +138,13 @@ def metric_queries(
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     n_bins: int = 10,
     levels: int | None = 1000,
+    all_verified: bool = False,
 ) -> list[str]:
-    """The query texts whose results, stacked, are ``metric``'s counter table."""
+    """The query texts whose results, stacked, are ``metric``'s counter table
+    (``all_verified``: see :func:`~dsparklab.analysis.sql.queries.render`)."""
     if metric == "acceptance":
         counter = "acceptance_steps" if source == "steps" else "acceptance"
-        return [render(counter, keys=keys, n_positions=n_positions)]
+        return [render(counter, keys=keys, n_positions=n_positions, all_verified=all_verified)]
     if metric == "step_times":
         return [render("step_times", keys=keys)]
     return [
@@ -152,6 +155,7 @@ def metric_queries(
             score=name,
             n_bins=n_bins,
             levels=levels,
+            all_verified=all_verified,
         )
         for name in scores
     ]
@@ -284,15 +288,6 @@ def aggregate_store(
     if runs.empty:
         return empty_counts(metric, by, per_request=per_request, match=match)
     n_positions = int(max(runs["n"].max(), 1))
-    texts = metric_queries(
-        metric,
-        keys,
-        n_positions=n_positions,
-        source=source,
-        scores=scores,
-        n_bins=n_bins,
-        levels=levels,
-    )
     if metric == "acceptance":
         tables = COUNTERS["acceptance_steps" if source == "steps" else "acceptance"].tables
     else:
@@ -307,6 +302,19 @@ def aggregate_store(
         threads=threads,
         memory_limit=memory_limit,
     ) as session:
+        # rows from positions: without adaptive verification, reached needs no steps join
+        from_positions = metric == "calibration" or source == "positions"
+        all_verified = from_positions and int(session.query(UNVERIFIED_STEPS)["n"].iloc[0]) == 0
+        texts = metric_queries(
+            metric,
+            keys,
+            n_positions=n_positions,
+            source=source,
+            scores=scores,
+            n_bins=n_bins,
+            levels=levels,
+            all_verified=all_verified,
+        )
         pieces = [session.query(text) for text in texts]
     pieces = [p for p in pieces if len(p)]
     if not pieces:

@@ -134,10 +134,36 @@ x AS (
 )
 """
 
+# When every step of the selection verified every position it drafted (no adaptive
+# verification: UNVERIFIED_STEPS counts none) and no key comes from the steps table, a row
+# is reached iff its position is at most its step's accepted rows A (prefix-closed
+# acceptance; validate's invariant accepted_len = accepted rows), summed by a window over
+# the step: x without the join of every position row with the steps table.
+# (The window runs over the positions alone, before the join with runs: DuckDB then sorts
+# the few columns it needs, not every run column joined to every row.)
+POSITION_ROWS_WINDOW = """
+WITH x AS (
+  SELECT {keys}
+    t.position AS position,
+    t.accepted AS accepted,
+    t.reached AS reached,
+    CAST(t.confidence AS DOUBLE) AS confidence
+  FROM (
+    SELECT p.run_id, p.request_id, p.position, p.accepted, p.confidence,
+      p.position <= SUM(CASE WHEN p.accepted THEN 1 ELSE 0 END)
+        OVER (PARTITION BY p.run_id, p.request_id, p.step) AS reached
+    FROM positions p
+  ) t JOIN runs r ON t.run_id = r.run_id
+)
+"""
+UNVERIFIED_STEPS = """
+SELECT COUNT(*) AS n
+FROM steps s JOIN runs r ON s.run_id = r.run_id
+WHERE s.num_verified < s.num_drafted
+"""
+
 # Acceptance counters per (keys, position) from the position rows (count_acceptance).
-ACCEPTANCE_POSITIONS = (
-    POSITION_ROWS
-    + """
+ACCEPTANCE_COUNTS = """
 SELECT {x_keys}
   x.position AS position,
   CAST(COUNT(*) AS BIGINT) AS n_drafted,
@@ -146,7 +172,8 @@ SELECT {x_keys}
 FROM x
 GROUP BY {x_group} x.position
 """
-)
+ACCEPTANCE_POSITIONS = POSITION_ROWS + ACCEPTANCE_COUNTS
+ACCEPTANCE_POSITIONS_WINDOW = POSITION_ROWS_WINDOW + ACCEPTANCE_COUNTS
 
 # Calibration counters of one score per (keys, position, bin, level, label)
 # (count_calibration): bin = min(max(floor(s * B), 0), B - 1); level = the exact score or
@@ -177,6 +204,7 @@ FROM y
 GROUP BY {y_group} y.position, y.bin, y.level_code, y.accepted
 """
 CALIBRATION = POSITION_ROWS + CALIBRATION_COUNTS
+CALIBRATION_WINDOW = POSITION_ROWS_WINDOW + CALIBRATION_COUNTS
 PREFIX_CALIBRATION = PREFIX_ROWS + CALIBRATION_COUNTS
 
 # Which rows each score is judged on (calibration.SCORES): the head's output at reached
@@ -248,6 +276,7 @@ def render(
     score: str = "confidence",
     n_bins: int = 10,
     levels: int | None = None,
+    all_verified: bool = False,
 ) -> str:
     """The SQL text of ``counter`` grouped by ``keys`` (run columns and row columns).
 
@@ -263,6 +292,11 @@ def render(
     score, n_bins, levels
         Calibration only: the score (``confidence`` or ``prefix_confidence``), the number
         of equal-width bins B and the level grid L (None: the exact score values).
+    all_verified
+        Every selected step verified every position it drafted (:data:`UNVERIFIED_STEPS`
+        counts none): ``acceptance`` and the ``confidence`` calibration then find reached
+        rows by a window over each step instead of a join with the steps table, unless a
+        key (``prompt_id``) comes from there. Both give the same counts on such runs.
 
     Returns
     -------
@@ -302,8 +336,10 @@ def render(
     fields["keys"], _ = _key_lists(keys, _PREFIX_ROW_ALIAS if prefix else _POSITION_ROW_ALIAS)
     if prefix:
         fields.update(_pivot(width))
+    by_window = all_verified and "prompt_id" not in keys
     if counter == "acceptance":
-        return COUNTERS[counter].template.format(**fields)
+        template = ACCEPTANCE_POSITIONS_WINDOW if by_window else COUNTERS[counter].template
+        return template.format(**fields)
     if score not in SCORE_ROWS:
         raise DSparkLabError(f"unknown calibration score {score!r}; valid: {sorted(SCORE_ROWS)}")
     if n_bins < 1:
@@ -316,7 +352,10 @@ def render(
         cell = f"CAST(FLOOR(x.{score} * {levels}) AS BIGINT)"
         fields["level_code"] = f"LEAST(GREATEST({cell}, 0), {levels - 1})"
         fields["level"] = f"CAST(y.level_code AS DOUBLE) / {levels}"
-    template = PREFIX_CALIBRATION if prefix else CALIBRATION
+    if prefix:
+        template = PREFIX_CALIBRATION
+    else:
+        template = CALIBRATION_WINDOW if by_window else COUNTERS[counter].template
     return template.format(
         **fields, score=score, n_bins=n_bins, last_bin=n_bins - 1, keep=SCORE_ROWS[score]
     )

@@ -216,3 +216,36 @@ def test_duckdb_settings_change_no_count(
     got = aggregate_store(stores["table"], threads=1, memory_limit="64MB", **case.store_args())
     assert_same_counts(got, expected[case.name], what=case.name)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("counter", ["acceptance", "calibration"])
+def test_without_adaptive_verification_a_window_finds_the_reached_rows(
+    stores: dict[str, str], counter: str
+) -> None:
+    """Where no step verified fewer positions than it drafted, reached rows are found by a
+    window over each step (no join with the steps table) and the counts are the join's;
+    with adaptive verification the window would count unverified rows as reached, so
+    aggregate_store asks the steps first (UNVERIFIED_STEPS)."""
+    from dsparklab.analysis.sql.queries import UNVERIFIED_STEPS
+
+    runs, _ = select_runs(stores["table"])
+    keys = ["run_id"]
+    kept = runs[runs["method"] != "none"]
+    for adaptive in (False, True):
+        chosen = kept[kept["run_id"].str.endswith("-adaptive") == adaptive]
+        with open_engine("duckdb", stores["table"], chosen, COUNTERS[counter].tables) as engine:
+            unverified = int(engine.query(UNVERIFIED_STEPS)["n"].iloc[0])
+            texts = [
+                render(counter, keys=keys, n_positions=7, all_verified=window)
+                for window in (False, True)
+            ]
+            counts = [engine.query(text) for text in texts]
+        counts = [c.sort_values(list(c.columns)).reset_index(drop=True) for c in counts]
+        assert (unverified > 0) == adaptive and len(counts[0])
+        if adaptive:
+            assert not counts[0].equals(counts[1]), "the window ignores num_verified"
+        else:
+            pd.testing.assert_frame_equal(counts[0], counts[1], check_dtype=False)
+    text = render(counter, keys=keys, n_positions=7, all_verified=True)
+    assert "OVER (PARTITION BY" in text and "LEFT JOIN steps" not in text
+    assert "LEFT JOIN steps" in render(counter, keys=["prompt_id"], all_verified=True)
