@@ -204,7 +204,7 @@ def acceptance_stats(
     """The acceptance formulas, on counts ``[..., P]`` (last axis: position).
 
     Returns ``a`` ``[..., P]`` (NaN where nothing was reached), ``s`` ``[..., P]`` and
-    ``AL`` ``[...]``. See :func:`acceptance_by_position_from_counts` for the formulas.
+    ``AL`` ``[...]``. See :func:`finish_acceptance` for the formulas.
     """
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = np.where(reached > 0, accepted / np.where(reached > 0, reached, 1), np.nan)
@@ -212,10 +212,18 @@ def acceptance_stats(
     return rate, survival, 1.0 + survival.sum(axis=-1)
 
 
-def _finish(
+def finish_acceptance(
     counts: pd.DataFrame, by: tuple[str, ...], *, n_boot: int, ci: float, seed: int
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Acceptance by position and acceptance length from counts (one formula for both)."""
+    """Acceptance by position and acceptance length from counts (one formula for both).
+
+    ``counts``: ``position``, ``n_reached``, ``n_accepted`` (optionally ``n_drafted``) over
+    ``by``, per request (``run_id``, ``request_id``) for the bootstrap intervals. The
+    tables, their columns and formulas are those of
+    :func:`dsparklab.analysis.compute_acceptance_by_position` and
+    :func:`dsparklab.analysis.compute_acceptance_length`, which count whatever rows each
+    run holds and finish here.
+    """
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
     if counts.empty:
@@ -320,87 +328,6 @@ def _empty_length(by: tuple[str, ...]) -> pd.DataFrame:
         "n_requests",
     ]
     return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-
-
-def acceptance_by_position_from_counts(
-    counts: pd.DataFrame,
-    *,
-    by: str | Iterable[str] = ("run_id",),
-    n_boot: int = 1000,
-    ci: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Conditional acceptance and survival per drafted position, with bootstrap intervals.
-
-    Parameters
-    ----------
-    counts
-        Acceptance counts (``position``, ``n_reached``, ``n_accepted``, optionally
-        ``n_drafted``) over ``by``, per request (``run_id``, ``request_id``) for intervals.
-        Public callers go through :func:`dsparklab.analysis.compute_acceptance_by_position`,
-        which counts whatever rows each run holds first.
-    by
-        Grouping columns, e.g. ``("method", "n", "dataset")`` or ``"prompt_id"``.
-    n_boot
-        Bootstrap replicates over requests; 0 skips the intervals (columns are NaN).
-    ci
-        Interval level (percentile bootstrap).
-    seed
-        Seeds the resampling; each group's stream depends on the seed and the group key
-        only, so a group's interval does not change when other groups are added.
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per group and position: ``n_drafted``, ``n_reached``, ``n_accepted``,
-        ``accept_rate`` (:math:`a_i`), ``survival`` (:math:`s_i`), their ``_lo``/``_hi``
-        bounds, and ``n_requests`` (NA for counts summed over requests).
-
-    Notes
-    -----
-    With :math:`R_i` reached rows and :math:`A_i` accepted rows at position :math:`i`
-
-    .. math::
-
-        a_i = \\frac{A_i}{R_i} = P(\\mathrm{accepted}_i \\mid \\mathrm{reached}_i), \\qquad
-        s_i = \\prod_{j \\le i} a_j = P(\\mathrm{accepted}_i)
-
-    :math:`a_i` is NaN where nothing was reached and the product then treats it as 0.
-    Pooling runs of different ``n`` in one group estimates :math:`a_i` for the later
-    positions from the longer windows only. Intervals resample requests (run_id,
-    request_id) with replacement within each group.
-    """
-    by = as_columns(by)
-    return _finish(counts, by, n_boot=n_boot, ci=ci, seed=seed)[0]
-
-
-def acceptance_length_from_counts(
-    counts: pd.DataFrame,
-    *,
-    by: str | Iterable[str] = ("run_id",),
-    n_boot: int = 1000,
-    ci: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Mean acceptance length per group, with a bootstrap interval over requests.
-
-    Parameters are those of :func:`acceptance_by_position_from_counts`.
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per group: ``accept_len`` (+ ``_lo``/``_hi``), ``n_positions`` (drafted
-        positions seen), ``n_steps`` (steps that drafted), ``n_accepted``, ``n_requests``.
-
-    Notes
-    -----
-    .. math:: \\mathrm{AL} = 1 + \\sum_{i=0}^{n-1} s_i = 1 + \\sum_i \\prod_{j \\le i} a_j
-
-    The 1 is the bonus token, so :math:`1 \\le \\mathrm{AL} \\le n + 1`. When every step
-    drafts all :math:`n` positions this equals the mean of ``accepted_len + 1`` over steps.
-    """
-    by = as_columns(by)
-    return _finish(counts, by, n_boot=n_boot, ci=ci, seed=seed)[1]
 
 
 def compute_iid_accept_len(rate: float | np.ndarray, n: int | np.ndarray) -> np.ndarray:

@@ -16,7 +16,6 @@ cannot be pooled with other runs (there is nothing to weight them by).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,10 +23,9 @@ import pandas as pd
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
 from dsparklab.analysis.acceptance import (
     _empty_by_position,
-    acceptance_by_position_from_counts,
-    acceptance_length_from_counts,
     count_acceptance,
     count_acceptance_from_steps,
+    finish_acceptance,
     is_acceptance_counts,
 )
 from dsparklab.analysis.definitions import conditional_from_marginal
@@ -315,24 +313,22 @@ def count_acceptance_any(
 def _finish_any(
     pieces: list[pd.DataFrame],
     by: tuple[str, ...],
-    compute: Any,
+    table: int,
     *,
     n_boot: int,
     ci: float,
     seed: int,
 ) -> pd.DataFrame:
+    """Table ``table`` of :func:`finish_acceptance` (0: by position, 1: length) of the
+    pieces' counts: with intervals where every run of a group has per-request counts."""
     units, summed = _split_counts(pieces, by)
     frames = []
     if units is not None:
-        frames.append(compute(units, by=by, n_boot=n_boot, ci=ci, seed=seed))
+        frames.append(finish_acceptance(units, by, n_boot=n_boot, ci=ci, seed=seed)[table])
     if summed is not None:
-        frames.append(compute(summed, by=by, n_boot=0, ci=ci, seed=seed))
+        frames.append(finish_acceptance(summed, by, n_boot=0, ci=ci, seed=seed)[table])
     if not frames:
-        empty = pd.DataFrame(
-            {c: pd.Series(dtype=object) for c in (*by, "position")}
-            | {c: pd.Series(dtype=np.int64) for c in ("n_drafted", "n_reached", "n_accepted")}
-        )
-        return compute(empty, by=by, n_boot=0, ci=ci, seed=seed)
+        return finish_acceptance(pd.DataFrame(), by, n_boot=0, ci=ci, seed=seed)[table]
     frames = [f for f in frames if len(f)] or frames[:1]
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
@@ -404,9 +400,7 @@ def compute_acceptance_by_position(
     by = as_columns(by)
     positions, counts = _positions_and_counts(data, counts)
     pieces = _count_pieces(positions, steps, counters, by, True, counts)
-    counted = _finish_any(
-        pieces, by, acceptance_by_position_from_counts, n_boot=n_boot, ci=ci, seed=seed
-    ).assign(source="counts")
+    counted = _finish_any(pieces, by, 0, n_boot=n_boot, ci=ci, seed=seed).assign(source="counts")
     if counters is None or not len(counters) or counters["n_accepted"].notna().all():
         return counted
     rates = compute_rate_acceptance(counters, by=by).assign(source="reported rates")
@@ -458,9 +452,7 @@ def compute_acceptance_length(
     by = as_columns(by)
     positions, counts = _positions_and_counts(data, counts)
     counted = _count_pieces(positions, steps, counters, by, True, counts)
-    length = _finish_any(
-        counted, by, acceptance_length_from_counts, n_boot=n_boot, ci=ci, seed=seed
-    )
+    length = _finish_any(counted, by, 1, n_boot=n_boot, ci=ci, seed=seed)
     pieces = []
     if counters is not None and len(counters) and not counters["n_accepted"].notna().all():
         rated = _rate_lengths(compute_rate_acceptance(counters, by=by), by)
@@ -531,9 +523,7 @@ def _run_lengths(
     """``by`` + ``run_id`` + ``accept_len`` of every run, counted or rate-only, on its own."""
     per_run = by if "run_id" in by else (*by, "run_id")
     pieces = _count_pieces(positions, steps, counters, per_run, False, counts)
-    counted = _finish_any(
-        pieces, per_run, acceptance_length_from_counts, n_boot=0, ci=ci, seed=seed
-    )
+    counted = _finish_any(pieces, per_run, 1, n_boot=0, ci=ci, seed=seed)
     rated = _rate_lengths(compute_rate_acceptance(counters, by=per_run), per_run)
     columns = [*per_run, "accept_len"]
     return pd.concat([counted[columns], rated[columns]], ignore_index=True)

@@ -39,15 +39,7 @@ from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import ALL_TABLES, RUN_COLUMNS, RUN_JSON, STATUSES
 
 CATALOG_COLUMNS = (
-    "run_id",
-    "engine",
-    "method",
-    "n",
-    "target",
-    "drafter",
-    "tier",
-    "temperature",
-    "dataset",
+    *RUN_COLUMNS,
     "status",
     "created_at",
     "granularity",

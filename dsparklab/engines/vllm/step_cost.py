@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dsparklab.engines.vllm.core import HostSlot
@@ -104,18 +104,7 @@ class StepCostTally:
         self.unattributed_s += (cost.batch_size - rows) * share
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "engine_steps": self.engine_steps,
-            "untimed_engine_steps": self.untimed_engine_steps,
-            "verify_timed_steps": self.verify_timed_steps,
-            "step_time_s": self.step_time_s,
-            "draft_time_s": self.draft_time_s,
-            "verify_time_s": self.verify_time_s,
-            "batch_rows": self.batch_rows,
-            "step_rows": self.step_rows,
-            "attributed_s": self.attributed_s,
-            "unattributed_s": self.unattributed_s,
-        }
+        return asdict(self)
 
 
 def cost_columns(cost: StepCost) -> dict[str, Any]:
