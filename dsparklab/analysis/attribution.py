@@ -34,6 +34,7 @@ from dsparklab.analysis._kernels import bootstrap_sums, group_rng, percentile_in
 from dsparklab.analysis.window import (
     BASELINE_METHOD,
     MATCH_COLUMNS,
+    match_columns,
     require_step_costs,
     step_time_counts,
 )
@@ -153,9 +154,8 @@ def compute_speedup_attribution(
         raise DSparkLabError(f"unknown attribution level {level!r}; expected one of {LEVELS}")
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
-    match = list(match)
-    a = _prompt_sums(base_steps, by, match)
-    b = _prompt_sums(new_steps, by, match)
+    a = _prompt_sums(base_steps, by, match_columns(base_steps, match))
+    b = _prompt_sums(new_steps, by, match_columns(new_steps, match))
     paired = a.merge(b, on=[*by, "prompt_id"], suffixes=("_a", "_b"), sort=True)
     if paired.empty:
         raise MissingInputError(

@@ -25,6 +25,7 @@ from dsparklab.analysis.window import (
     BASELINE_METHOD,
     MATCH_COLUMNS,
     compute_window_scaling,
+    match_columns,
     require_step_costs,
 )
 from dsparklab.errors import UnknownMethodError
@@ -149,7 +150,7 @@ def fit_speedup_model(
         fit_by = ["method", *fit_by]
     measured = compute_window_scaling(
         steps,
-        by=list(dict.fromkeys([*fit_by, *as_columns(match)])),
+        by=list(dict.fromkeys([*fit_by, *match_columns(steps, match)])),
         baseline_method=baseline_method,
         match=match,
         n_boot=0,

@@ -1,7 +1,8 @@
 """Window scaling: acceptance length and measured speedup as the window n grows.
 
 Speedup is measured against the target-only baseline (``method == "none"``) run that
-matches the method run on engine, target, dataset and temperature. Tokens are what the
+matches the method run on engine, target, dataset, temperature and concurrency (the
+requests in flight: a method run at 4 is measured against the baseline at 4). Tokens are what the
 steps emitted (``emitted``: a baseline step one token, a speculative step
 ``accepted_len + 1`` except where the output was cut at its end); AL stays what the
 verifier accepted.
@@ -38,9 +39,17 @@ logger = logging.getLogger(__name__)
 
 BASELINE_METHOD = "none"
 # Run columns a baseline run must share with the method run it is compared with.
-MATCH_COLUMNS = ("engine", "target", "dataset", "temperature")
+MATCH_COLUMNS = ("engine", "target", "dataset", "temperature", "concurrency")
+# Match columns a frame built by hand may lack: without one, its runs share one load.
+OPTIONAL_MATCH_COLUMNS = ("concurrency",)
 # The counters of a step-time table (count_step_times; aggregate_store's "step_times").
 STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
+
+
+def match_columns(frame: pd.DataFrame, match: Iterable[str]) -> list[str]:
+    """``match`` less the optional columns (:data:`OPTIONAL_MATCH_COLUMNS`) ``frame`` lacks:
+    a frame without ``concurrency`` (built by hand, not read from a store) is one load."""
+    return [c for c in as_columns(match) if c in frame.columns or c not in OPTIONAL_MATCH_COLUMNS]
 
 
 def count_step_times(
@@ -74,7 +83,7 @@ def count_step_times(
         without a verify time.
     """
     by = as_columns(by)
-    keys = list(dict.fromkeys([*by, "method", "n", *match]))
+    keys = list(dict.fromkeys([*by, "method", "n", *match_columns(steps, match)]))
     if per_request:
         keys += [c for c in UNIT_COLUMNS if c not in keys]
     require_columns(steps, [*keys, "emitted", "verify_time_s"], what="count_step_times")
@@ -122,7 +131,7 @@ def step_time_counts(
     summed over requests is refused: the bootstraps resample its rows as requests."""
     if not is_step_time_counts(steps):
         return count_step_times(steps, by=by, match=match, per_request=True)
-    keys = list(dict.fromkeys([*as_columns(by), "method", "n", *as_columns(match)]))
+    keys = list(dict.fromkeys([*as_columns(by), "method", "n", *match_columns(steps, match)]))
     require_columns(steps, [*keys, *UNIT_COLUMNS], what="per-request step-time counts")
     return steps
 
@@ -234,7 +243,7 @@ def compute_window_scaling(
     convention (an unweighted mean over datasets) group by dataset and average.
     """
     by = as_columns(by)
-    match = list(as_columns(match))
+    match = match_columns(steps, match)
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
     counts = step_time_counts(steps, by=by, match=match)

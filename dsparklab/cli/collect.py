@@ -107,6 +107,22 @@ def collect(
         int, typer.Option(help="torch threads (2: one process owns both cores).")
     ] = 2,
     overwrite: Overwrite = False,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help="Load: requests in flight, e.g. '1,2,4' (a closed loop of C; vllm: the "
+            "engine's max_num_seqs). Each run is made at each, named -c<C>, and records it "
+            "(default: the engine's own, recorded; reference: 1).",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Make every run this many times (-r<R> after the first), repeat-major and "
+            "then by concurrency, so drift spreads over all configurations.",
+        ),
+    ] = 1,
     server_url: Annotated[
         str | None,
         typer.Option(
@@ -128,7 +144,13 @@ def collect(
 
     vllm-serve: what the server runs labels the runs; a disagreeing option is refused.
     """
-    from dsparklab.engines.plan import CollectOptions, parse_list, parse_ns, tier_models
+    from dsparklab.engines.plan import (
+        CollectOptions,
+        parse_concurrencies,
+        parse_list,
+        parse_ns,
+        tier_models,
+    )
 
     serve_options = {"server_url": server_url, "tap_dir": tap_dir}
     given = [f"--{k.replace('_', '-')}" for k, v in serve_options.items() if v is not None]
@@ -150,6 +172,8 @@ def collect(
         overwrite=overwrite,
         progress=True,
         engine=engine,  # names the runs (each collector sets its own; the summary lines too)
+        concurrencies=parse_concurrencies(concurrency) if concurrency else (),
+        repeats=repeats,
     )
     if served:
         root, options = _collect_served(

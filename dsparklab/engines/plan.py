@@ -3,7 +3,8 @@
 ``dsparklab collect --method dspark,eagle3,none --n 3..7 --dataset humaneval,prose``
 makes one run per (dataset, method, n) -- one ``none`` run per dataset, since the
 target-only baseline drafts nothing -- named ``<engine>/<dataset>/<method>-n<k>``
-(``<engine>/<dataset>/none``; ``-t<T>`` appended when sampling): its run_id, by which the
+(``<engine>/<dataset>/none``; ``-t<T>`` appended when sampling, ``-c<C>`` when the
+collect names its concurrency, ``-r<R>`` for repeats after the first): its run_id, by which the
 store ``<out>`` (in the table layout, :mod:`dsparklab.store.layout`) holds it. Every engine's
 ``collect`` takes one :class:`CollectOptions` (plus the few settings only that engine has).
 
@@ -12,11 +13,18 @@ and prompt limit) is recorded in its run.json. A collect skips a complete run on
 identity recorded is its own; a complete run of another identity under the same run_id is
 refused with one line naming the field (exit 2), never skipped nor overwritten unasked.
 The engine is in the run_id, so runs of two engines coexist in one store.
+
+Load is a run dimension: ``--concurrency 1,2,4 --repeats 3`` makes every run at each
+concurrency (requests in flight: a closed loop of C) three times, ordered repeat-major
+and then by concurrency, so that drift over the collect spreads over every configuration
+instead of landing on the last ones. Every run records its load in run.json (``load``:
+the concurrency it kept, its repeat, and the batch sizes its steps saw).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +52,8 @@ class RunSpec:
     n: int
     temperature: float = 0.0
     engine: str = "reference"
+    concurrency: int | None = None  # None: the engine's own (its line says which)
+    repeat: int = 0
 
     @property
     def dataset_dir(self) -> str:
@@ -55,10 +65,15 @@ class RunSpec:
     @property
     def name(self) -> str:
         """``<engine>/<dataset>/<method>-n<k>`` (``<engine>/<dataset>/none`` for the
-        baseline; ``-t<T>`` appended when sampling)."""
+        baseline; ``-t<T>`` appended when sampling, ``-c<C>`` for a concurrency the collect
+        named, ``-r<R>`` for a repeat after the first)."""
         leaf = "none" if self.method == "none" else f"{self.method}-n{self.n}"
         if self.temperature:
             leaf += f"-t{self.temperature:g}"
+        if self.concurrency is not None:
+            leaf += f"-c{self.concurrency}"
+        if self.repeat:
+            leaf += f"-r{self.repeat}"
         return f"{self.engine}/{self.dataset_dir}/{leaf}"
 
     def location(self, out: Where) -> Location:
@@ -95,6 +110,16 @@ def parse_ns(text: str) -> list[int]:
     return sorted(set(values))
 
 
+def parse_concurrencies(text: str) -> list[int]:
+    """``"1,2,4"`` or ``"1..4"`` -> requests in flight, each >= 1 (as :func:`parse_ns`)."""
+    try:
+        return parse_ns(text)
+    except ConfigError as err:
+        raise ConfigError(
+            f"--concurrency {text!r}: expected request counts >= 1, e.g. 1,2,4"
+        ) from err
+
+
 def parse_list(text: str) -> list[str]:
     """``"a,b"`` -> ["a", "b"] (blanks dropped, order kept, duplicates removed)."""
     return list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
@@ -115,8 +140,13 @@ def plan_runs(
     *,
     temperature: float = 0.0,
     engine: str = "reference",
+    concurrencies: Sequence[int] = (),
+    repeats: int = 1,
 ) -> list[RunSpec]:
-    """Every run of a collect request by ``engine``, dataset-major, baseline first."""
+    """Every run of a collect request by ``engine``: repeat-major, then concurrency (the
+    engine's own when none is named), then dataset-major, baseline first."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: expected 1 or more")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UnknownMethodError(
@@ -124,12 +154,29 @@ def plan_runs(
         )
     ns = sorted(set(ns))
     ordered = sorted(set(methods), key=lambda m: (m != "none", list(METHODS).index(m)))
+    loads: list[int | None] = sorted(set(concurrencies)) or [None]
     runs = []
-    for dataset in datasets:
-        for method in ordered:
-            for n in [0] if method == "none" else ns:
-                runs.append(RunSpec(dataset, method, n, temperature, engine))
+    for repeat in range(repeats):
+        for concurrency in loads:
+            for dataset in datasets:
+                for method in ordered:
+                    for n in [0] if method == "none" else ns:
+                        runs.append(
+                            RunSpec(dataset, method, n, temperature, engine, concurrency, repeat)
+                        )
     return runs
+
+
+def load_block(spec: RunSpec, concurrency: int, batch_sizes: Iterable[Any] = ()) -> dict[str, Any]:
+    """run.json's ``load``: the requests in flight the run kept (``concurrency``: the
+    spec's, else the engine's own), its ``repeat``, and how many of its request-steps ran
+    in a batch of each size (``batch_sizes``, ``{"size": steps}``; absent when the steps
+    record none)."""
+    block: dict[str, Any] = {"concurrency": int(concurrency), "repeat": int(spec.repeat)}
+    sizes = Counter(int(size) for size in batch_sizes if size == size and size is not None)
+    if sizes:
+        block["batch_sizes"] = {str(size): sizes[size] for size in sorted(sizes)}
+    return block
 
 
 def is_complete(run_dir: Where) -> bool:
@@ -166,6 +213,9 @@ class CollectOptions:
         ``smol``; a served model outside the zoo: ``custom``).
     engine
         The engine that collects (its key names the runs); each collector sets its own.
+    concurrencies, repeats
+        Load: each run at each concurrency (requests in flight; empty: the engine's own),
+        ``repeats`` times, interleaved (:func:`plan_runs`).
     """
 
     methods: Sequence[str]
@@ -184,6 +234,8 @@ class CollectOptions:
     progress: bool = True
     tier: str | None = None
     engine: str = "reference"
+    concurrencies: Sequence[int] = ()
+    repeats: int = 1
 
     @property
     def drafters(self) -> dict[str, str | Path]:
@@ -193,13 +245,20 @@ class CollectOptions:
     def runs(self) -> list[RunSpec]:
         """Every run these options name (:func:`plan_runs`)."""
         return plan_runs(
-            self.methods, self.ns, self.datasets, temperature=self.temperature, engine=self.engine
+            self.methods,
+            self.ns,
+            self.datasets,
+            temperature=self.temperature,
+            engine=self.engine,
+            concurrencies=self.concurrencies,
+            repeats=self.repeats,
         )
 
     def identity(self, spec: RunSpec) -> dict[str, Any]:
         """What makes ``spec``'s run this run and no other, as its run.json records it:
         engine, target, the method's drafter, decoding settings and the prompt limit (the
-        seed only when sampling: greedy runs do not depend on it)."""
+        seed only when sampling: greedy runs do not depend on it; the concurrency when the
+        collect named one)."""
         drafter = self.drafters.get(spec.method)
         identity: dict[str, Any] = {
             "engine": spec.engine,
@@ -211,6 +270,8 @@ class CollectOptions:
         }
         if spec.temperature:
             identity["seed"] = int(self.seed)
+        if spec.concurrency is not None:
+            identity["concurrency"] = int(spec.concurrency)
         return identity
 
     def todo(self) -> list[RunSpec]:

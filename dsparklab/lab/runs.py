@@ -593,6 +593,7 @@ COUNTED_RUN_COLUMNS = (
     "target",
     "drafter",
     "temperature",
+    "concurrency",
 )
 
 

@@ -202,6 +202,7 @@ RUN_HEADER = (
     "target",
     "drafter",
     "temperature",
+    "concurrency",
     "created_at",
     "git",
 )
@@ -237,6 +238,7 @@ def run_provenance(catalog: Catalog) -> list[dict[str, str]]:
                     else "none"
                 ),
                 "temperature": str(record["temperature"]),
+                "concurrency": str(record["concurrency"] or "not recorded"),
                 "created_at": str(meta.get("created_at", "")),
                 "git": f"{str(git.get('sha') or '')[:10]}{' dirty' if git.get('dirty') else ''}",
             }

@@ -289,7 +289,18 @@ def run_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
         # an imported run whose source does not record its temperature stores null: NaN
         "temperature": _float_or_nan(meta["sampling"].get("temperature", 0.0)),
         "dataset": meta["dataset"],
+        "concurrency": run_concurrency(meta),
     }
+
+
+def run_concurrency(meta: Mapping[str, Any]) -> int:
+    """The requests the run kept in flight (run.json ``load.concurrency``): 1 for the
+    reference engine, which decodes one request at a time; 0 where nothing recorded it
+    (an imported run, or one written before runs recorded their load)."""
+    recorded = (meta.get("load") or {}).get("concurrency")
+    if recorded is not None:
+        return int(recorded)
+    return 1 if (meta.get("engine") or {}).get("name") == "reference" else 0
 
 
 def _float_or_nan(value: Any) -> float:

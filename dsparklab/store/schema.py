@@ -241,4 +241,5 @@ RUN_COLUMNS = (
     "tier",
     "temperature",
     "dataset",
+    "concurrency",
 )

@@ -57,6 +57,7 @@ RUN_TYPES: dict[str, pa.DataType] = {
     **dict.fromkeys(RUN_COLUMNS, pa.string()),
     "n": pa.int64(),
     "temperature": pa.float64(),
+    "concurrency": pa.int64(),
 }
 RUNS_SCHEMA = pa.schema([pa.field(name, RUN_TYPES[name]) for name in RUN_COLUMNS])
 

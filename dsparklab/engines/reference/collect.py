@@ -24,10 +24,11 @@ from tqdm.auto import tqdm
 
 import dsparklab
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.plan import DEFAULT_DRAFTERS, CollectOptions, RunSpec
+from dsparklab.engines.plan import DEFAULT_DRAFTERS, CollectOptions, RunSpec, load_block
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
 from dsparklab.engines.stats import DraftStats
+from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.provenance import provenance
 from dsparklab.store import TraceWriter, new_run_json
@@ -133,6 +134,7 @@ class RunRecorder:
             config_descriptions=ReferenceConfig.describe(),
             provenance=provenance(),
             identity=dict(identity),
+            load=load_block(spec, 1),  # one request at a time
         )
         self.stats = DraftStats.new(spec.n)
         self.requests = 0
@@ -179,6 +181,11 @@ def collect(options: CollectOptions) -> Location:
     root.
     """
     options = replace(options, engine=ENGINE_NAME)
+    if any(c != 1 for c in options.concurrencies):
+        raise ConfigError(
+            f"--concurrency {','.join(map(str, options.concurrencies))}: the reference engine "
+            "decodes one request at a time; collect load with --engine vllm or vllm-serve"
+        )
     out = Location.of(options.out)
     if options.threads is not None:
         torch.set_num_threads(options.threads)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.plan import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec, load_block
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.join import (
@@ -98,7 +98,9 @@ def collect(
 ) -> Location:
     """Collect every (dataset, method, n) run of ``options`` with ``vllm.LLM`` and the taps.
 
-    One engine per (method, n) serves all datasets (``dsparklab collect --engine vllm``).
+    One engine per (method, n, concurrency) serves all datasets (``dsparklab collect
+    --engine vllm``); a concurrency named in ``options.concurrencies`` is the engine's
+    ``max_num_seqs`` (every prompt is submitted at once, so that many are in flight).
 
     Parameters
     ----------
@@ -135,13 +137,13 @@ def collect(
             "collect dspark with --engine reference here, or run on a GPU machine"
         )
     target_ref = resolve_model(options.target)
-    groups: dict[tuple[str, int], list[RunSpec]] = {}
+    groups: dict[tuple[str, int, int | None], list[RunSpec]] = {}
     for spec in todo:
-        groups.setdefault((spec.method, spec.n), []).append(spec)
+        groups.setdefault((spec.method, spec.n, spec.concurrency), []).append(spec)
     prompt_sets: dict[str, list[Prompt]] = {}
     tap_root = Path(keep_taps) if keep_taps else Path(tempfile.mkdtemp(prefix="dsparklab-taps-"))
     try:
-        for (method, n), specs in groups.items():
+        for (method, n, concurrency), specs in groups.items():
             drafter_ref = None if method == "none" else resolve_model(options.drafters[method])
             for spec in specs:
                 if spec.dataset not in prompt_sets:
@@ -154,7 +156,10 @@ def collect(
                 options,
                 target=target_ref,
                 drafter=drafter_ref,
-                engine_kwargs=dict(engine_kwargs or {}),
+                engine_kwargs={
+                    **dict(engine_kwargs or {}),
+                    **({} if concurrency is None else {"max_num_seqs": concurrency}),
+                },
                 tap_config=TapConfig(
                     trace_dir=Location.of(tap_root),
                     run_name=f"{method}-n{n}-{uuid.uuid4().hex[:8]}",
@@ -195,6 +200,7 @@ def _collect_engine(
         llm = LLM(**kwargs)
         try:
             tokenizer = llm.get_tokenizer()
+            in_flight = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
             max_new = options.max_new_tokens
             max_len = int(llm.llm_engine.model_config.max_model_len) - max_new - n - 1
             sampling = SamplingParams(
@@ -239,6 +245,7 @@ def _collect_engine(
             options,
             engine={"version": getattr(vllm, "__version__", "unknown"), "mode": "offline"},
             extra={"engine_kwargs": _jsonable(kwargs), "taps": tap_config.as_dict()},
+            load=load_block(spec, in_flight),
         )
         reports.append(
             write_run(

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from dsparklab.engines.plan import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec, load_block
 from dsparklab.engines.reference.core import verify_greedy
 from dsparklab.engines.reference.markov import argmax_last
 from dsparklab.engines.reference.models import (
@@ -640,6 +640,7 @@ def collect(
                     "model_runner": "v2",
                 },
                 extra={"max_num_seqs": max_num_seqs, "taps": tap_config.as_dict()},
+                load=load_block(run.spec, max_num_seqs),
             )
             write_run(Location.of(options.out), run.spec, meta, run.requests, taps=taps)
         served.extend(group)

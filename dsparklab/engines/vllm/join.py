@@ -41,7 +41,7 @@ import pandas as pd
 
 import dsparklab
 from dsparklab.engines.checkpoints import ModelRef
-from dsparklab.engines.plan import CollectOptions, RunSpec
+from dsparklab.engines.plan import CollectOptions, RunSpec, load_block
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.served import (
     CollectError,
@@ -336,7 +336,13 @@ def write_run(
                     prometheus.accepted_per_pos,
                     report.stats.accepted_per_pos,
                 )
-        writer.update_meta(stats=report.stats.to_json(), num_requests=len(requests), checks=checks)
+        # the batch sizes the run's own steps ran in (the taps' rows of its requests)
+        tapped = [by_prompt.get(id_map.get(r.request_id, "")) for r in requests]
+        sizes = [s for t in tapped if t is not None and "batch_size" in t for s in t["batch_size"]]
+        load = load_block(spec, (run_json.get("load") or {}).get("concurrency", 0), sizes)
+        writer.update_meta(
+            stats=report.stats.to_json(), num_requests=len(requests), checks=checks, load=load
+        )
     return report
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dsparklab.engines.checkpoints import ModelRef, resolve_model
-from dsparklab.engines.plan import CollectOptions
+from dsparklab.engines.plan import CollectOptions, load_block
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR
 from dsparklab.engines.vllm.join import (
     CollectedRequest,
@@ -253,8 +253,10 @@ def collect_serve(
     per-step counts, ``--per-request-spec-decode-metrics detailed``. ``server_url``
     defaults to ``$DSPARKLAB_VLLM_URL`` or ``http://localhost:8000``; ``tap_dir`` to
     ``$DSPARKLAB_TRACE_DIR`` (neither: runs keep vLLM's per-step counts, no positions).
-    ``concurrency`` requests are in flight at once; ``tap_timeout`` bounds each wait for
-    the taps' rows; ``tokenize`` (prompt -> token ids) sends token ids instead of text.
+    ``concurrency`` requests are in flight at once (a closed loop; where
+    ``options.concurrencies`` names loads, each run keeps its own); ``tap_timeout`` bounds
+    each wait for the taps' rows; ``tokenize`` (prompt -> token ids) sends token ids
+    instead of text.
     """
     options = replace(options, engine=SERVE_ENGINE)
     out = Location.of(options.out)
@@ -299,7 +301,8 @@ def collect_serve(
                 seed=options.seed,
             )
 
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        in_flight = spec.concurrency or concurrency
+        with ThreadPoolExecutor(max_workers=max(1, in_flight)) as pool:
             results = list(pool.map(one, enumerate(prompts)))
         # target-only servers record their steps' costs too (engines/vllm/steps.py)
         tables, sample = _wait_for_taps(taps, results, timeout=tap_timeout) if taps else (None, 1.0)
@@ -321,6 +324,7 @@ def collect_serve(
                 "tap_dir": None if taps is None else str(taps),
                 "served": served.to_json(),
             },
+            load=load_block(spec, in_flight),
         )
         write_run(out, spec, meta, results, taps=tables, exact_ids=False, sample=sample)
     return out

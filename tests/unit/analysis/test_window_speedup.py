@@ -192,3 +192,38 @@ def test_unknown_drafter_kind_lists_the_known_methods():
         fit_speedup_model(steps)
     params = fit_speedup_model(steps, kinds={"medusa": "block"})
     assert params["c0"].iloc[0] == pytest.approx(0.1)
+
+
+def test_each_load_is_measured_against_the_baseline_at_that_load():
+    """Issue 32: a method run at concurrency C pairs with the target-only run at C (the
+    baseline's step slows with load too), and grouping by concurrency gives speedup(n, C)
+    and the best n per load."""
+    from dsparklab.analysis import compute_best_n
+
+    loads = []
+    for c, base_verify, verify in ((1, 0.010, 0.012), (4, 0.020, 0.040)):
+        parts = [
+            steps_of(f"base-c{c}", "none", 0, [0] * 5, np.nan, base_verify),
+            steps_of(f"ds3-c{c}", "dspark", 3, [3, 1, 2, 0], 0.003, verify),
+            steps_of(f"ds5-c{c}", "dspark", 5, [5, 1, 2, 4], 0.003, verify * (2 if c > 1 else 1)),
+        ]
+        loads.append(pd.concat(parts, ignore_index=True).assign(concurrency=c))
+    steps = pd.concat(loads, ignore_index=True)
+    table = compute_window_scaling(steps, by=("method", "concurrency"), n_boot=0)
+    table = table.set_index(["concurrency", "n"])
+    # at 1: tokens per step over (draft + verify) in baseline steps
+    assert table.loc[(1, 3), "speedup"] == pytest.approx(2.5 / (0.015 / 0.010))
+    assert table.loc[(1, 5), "speedup"] == pytest.approx(4.0 / (0.015 / 0.010))
+    # at 4: the baseline at 4 (0.020 a step), not the one at 1
+    assert table.loc[(4, 3), "speedup"] == pytest.approx(2.5 / (0.043 / 0.020))
+    assert table.loc[(4, 5), "speedup"] == pytest.approx(4.0 / (0.083 / 0.020))
+    best = compute_best_n(
+        table.reset_index().assign(
+            speedup_lo=lambda t: t["speedup"], speedup_hi=lambda t: t["speedup"]
+        ),
+        by=("method", "concurrency"),
+    ).set_index("concurrency")
+    assert best.loc[1, "best_n"] == 5 and best.loc[4, "best_n"] == 3
+    # a frame without the column (built by hand) is one load, as before
+    pooled = compute_window_scaling(loads[0].drop(columns="concurrency"), by="method", n_boot=0)
+    assert pooled.set_index("n").loc[3, "speedup"] == pytest.approx(table.loc[(1, 3), "speedup"])
