@@ -303,3 +303,64 @@ def test_target_only_server_gives_baseline_runs(tmp_path: Path) -> None:
     assert tap["rows"].tolist() == [int(i["gen_reqs"]) for i in vllm]
     assert tap["batch_size"].tolist() == [int(i["gen_reqs"] + i["ctx_reqs"]) for i in vllm]
     assert tap_meta["step_costs"]["engine_steps"] == len(iterations(server.log))
+
+
+def _recounted_speedup(runs: Path, concurrency: int) -> float:
+    """Speedup at one load straight from the parquet: baseline time per token over the
+    method's, each run's steps summed by hand."""
+
+    def per_token(method: str) -> tuple[float, float]:
+        (run,) = [
+            p
+            for p in find_runs(runs)
+            if read_run_json(p)["method"] == method
+            and read_run_json(p)["load"]["concurrency"] == concurrency
+        ]
+        steps = read_trace(run, "steps")
+        time = steps[["draft_time_s", "verify_time_s", "other_time_s"]].fillna(0.0).sum().sum()
+        return float(time), float(steps["emitted"].sum())
+
+    base_time, base_tokens = per_token("none")
+    time, tokens = per_token("eagle3")
+    return (base_time / base_tokens) / (time / tokens)
+
+
+def test_a_load_sweep_gives_speedup_by_concurrency(eagle3_server: Server, tmp_path: Path) -> None:
+    """Issue 32, at its smallest: the target-only and the Eagle3 server each driven at
+    concurrency 1 and 2 (a closed loop), every run recording its load and the batch
+    sizes its steps saw; speedup(n, concurrency) pairs each run with the baseline at its
+    own load, with intervals, the best n per load, and equals a recount from the parquet."""
+    from dsparklab.analysis import compute_best_n, compute_window_scaling
+    from dsparklab.analysis.sql import aggregate_store
+
+    out = tmp_path / "runs"
+    load = ["--concurrency", "1,2"]
+    with serve(tmp_path, "serve-load-baseline", eagle3=False) as baseline:
+        proc = collect_served(baseline, out, *SMALL, *load)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = collect_served(eagle3_server, out, *SMALL, *load)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    names = [line.split(":")[0] for line in proc.stdout.strip().splitlines()[-2:]]
+    assert names == [f"vllm-serve/humaneval/eagle3-n{N}-c1", f"vllm-serve/humaneval/eagle3-n{N}-c2"]
+
+    for run in find_runs(out):
+        meta = read_run_json(run)
+        c = meta["load"]["concurrency"]
+        assert meta["identity"]["concurrency"] == c and meta["run_id"].endswith(f"-c{c}")
+        sizes = {int(k): v for k, v in meta["load"]["batch_sizes"].items()}
+        steps = read_trace(run, "steps")
+        assert sum(sizes.values()) == len(steps)  # every step's batch counted once
+        assert max(sizes) <= c, (meta["run_id"], sizes)  # a closed loop of c
+        if c == 2:
+            assert 2 in sizes, "two requests in flight never shared a step"
+
+    counts = aggregate_store(
+        out, metric="step_times", by=("method", "concurrency"), per_request=True
+    )
+    table = compute_window_scaling(counts, by=("method", "concurrency"), n_boot=200)
+    assert sorted(table["concurrency"]) == [1, 2] and set(table["n"]) == {N}
+    for row in table.itertuples():
+        assert row.speedup_lo <= row.speedup <= row.speedup_hi
+        assert abs(row.speedup - _recounted_speedup(out, row.concurrency)) < 0.01
+    best = compute_best_n(table, by=("method", "concurrency"))
+    assert best["best_n"].tolist() == [N, N] and best["concurrency"].tolist() == [1, 2]
