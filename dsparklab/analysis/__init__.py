@@ -67,6 +67,7 @@ from dsparklab.analysis.reported_reliability import (
     compute_reliability_ece,
     compute_reported_reliability,
 )
+from dsparklab.analysis.schedule import compute_speculation_schedule, schedule_config
 from dsparklab.analysis.speedup import (
     DRAFTER_KINDS,
     compute_speedup_model,
@@ -114,6 +115,7 @@ __all__ = [
     "compute_reliability_ece",
     "compute_reported_reliability",
     "compute_required_survival",
+    "compute_speculation_schedule",
     "compute_speedup_attribution",
     "compute_speedup_model",
     "compute_token_class_acceptance",
@@ -134,4 +136,5 @@ __all__ = [
     "fitted_cost_table",
     "rejected_pairs",
     "require_step_costs",
+    "schedule_config",
 ]

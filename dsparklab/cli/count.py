@@ -112,3 +112,64 @@ def replay_config(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n", encoding="utf-8")
         typer.echo(f"wrote {out}", err=True)
+
+
+def schedule(
+    runs: str = typer.Argument(..., help="The runs: a directory or s3://bucket/prefix."),
+    method: str = typer.Option(..., "--method", help="The drafter to schedule."),
+    dataset: list[str] = typer.Option(
+        [], "--dataset", help="Only these datasets (repeatable; default: all, pooled)."
+    ),
+    n_boot: int = typer.Option(1000, "--n-boot", min=1, help="Bootstrap resamples."),
+    max_batch: int | None = typer.Option(
+        None, "--max-batch", min=1, help="Where the last range ends (default: its start)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Write the schedule JSON here too."),
+) -> None:
+    """The n to serve at each batch size, from speedup measured at several concurrencies
+    (collect --concurrency): vLLM's num_speculative_tokens_per_batch_size, each choice with
+    its interval and the rule. Counted over every request of the complete runs of the
+    method and their target-only baselines at the same loads."""
+    import json
+
+    import pandas as pd
+
+    from dsparklab.analysis import (
+        compute_speculation_schedule,
+        compute_window_scaling,
+        schedule_config,
+    )
+    from dsparklab.analysis.schedule import SCHEDULE_RULE
+    from dsparklab.errors import MissingInputError
+    from dsparklab.lab.runs import by_status, count_runs, open_catalog, read_statuses, token_runs
+
+    catalog = open_catalog(runs)
+    table, _ = by_status(token_runs(catalog, datasets=dataset), read_statuses())
+    chosen = table[table["method"].isin([method, "none"])]
+    if not (chosen["method"] == method).any():
+        raise MissingInputError(f"no complete {method} run in {runs}")
+    counts = count_runs(catalog, chosen, "step_times")
+    scaling = compute_window_scaling(counts, by=("method", "concurrency"), n_boot=n_boot)
+    plan = compute_speculation_schedule(scaling, by=("method",))
+    config = schedule_config(plan, max_batch=max_batch)
+    typer.echo(json.dumps(config))
+    for row in plan.itertuples():
+        end = "on" if pd.isna(row.range_end) else int(row.range_end)
+        typer.echo(
+            f"# batch {row.range_start}-{end} (measured at concurrency {row.concurrency}): "
+            f"n = {row.n}, speedup {row.speedup:.2f} ({row.speedup_lo:.2f}-"
+            f"{row.speedup_hi:.2f}); best n {row.best_n} at {row.best_speedup:.2f}, "
+            f"indistinguishable: {row.candidates}",
+            err=True,
+        )
+    if out is not None:
+        document = {
+            "speculative_config": config,
+            "method": method,
+            "rule": SCHEDULE_RULE,
+            "choices": json.loads(plan.to_json(orient="records")),
+            "runs": sorted(chosen["run_id"]),
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        typer.echo(f"wrote {out}", err=True)

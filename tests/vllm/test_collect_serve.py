@@ -364,3 +364,32 @@ def test_a_load_sweep_gives_speedup_by_concurrency(eagle3_server: Server, tmp_pa
         assert abs(row.speedup - _recounted_speedup(out, row.concurrency)) < 0.01
     best = compute_best_n(table, by=("method", "concurrency"))
     assert best["best_n"].tolist() == [N, N] and best["concurrency"].tolist() == [1, 2]
+
+    # the schedule of those loads, as vLLM reads it (its own lookup): the rule applied to
+    # the table above, or one line when speculation pays at no load
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    from dsparklab.analysis import compute_speculation_schedule
+
+    plan = compute_speculation_schedule(table, by=("method",)).set_index("concurrency")
+    done = subprocess.run(
+        [DSPARKLAB, "schedule", str(out), "--method", "eagle3", "--n-boot", "200",
+         "--max-batch", "4", "--out", str(tmp_path / "schedule.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if (plan["n"] == 0).all():
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "speculation pays at no measured load" in done.stderr, done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads(done.stdout.splitlines()[0])
+    lookup = build_dynamic_sd_schedule_lookup(
+        config["num_speculative_tokens_per_batch_size"], 4, config["num_speculative_tokens"]
+    )
+    assert lookup[1:] == [plan.loc[1, "n"], *[plan.loc[2, "n"]] * 3], (config, plan)
+    document = json.loads((tmp_path / "schedule.json").read_text())
+    assert document["speculative_config"] == config and "smallest n" in document["rule"]
+    for choice in document["choices"]:
+        row = table.set_index("concurrency").loc[choice["concurrency"]]
+        if choice["n"]:
+            assert choice["speedup_lo"] == pytest.approx(row["speedup_lo"])

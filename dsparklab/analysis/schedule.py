@@ -1,0 +1,133 @@
+"""Which n at which load, as a schedule vLLM serves: ``num_speculative_tokens_per_batch_size``.
+
+vLLM's dynamic speculative decoding takes a list of ``(range_start, range_end, n)``
+entries, inclusive batch-size ranges, the first starting at 1; the scheduler looks the
+step's number of scheduled requests up in it, carries the last range's n to its largest
+batch, and caps every n at the config's ``num_speculative_tokens`` (vLLM 0.34.0,
+``vllm/v1/spec_decode/dynamic/utils.py``, ``build_dynamic_sd_schedule_lookup``; 0.32.0's
+scheduler, ``vllm/v1/core/sched/scheduler.py``, reads it per step). An n of 0 there
+drafts nothing at that batch size.
+
+The lab measures speedup per window n at each concurrency C (a closed loop of C
+requests, whose steps run at batch sizes up to C: run.json's ``load.batch_sizes``) and
+turns it into ranges by the rule of :func:`compute_speculation_schedule`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from dsparklab.analysis._frames import as_columns, require_columns
+from dsparklab.errors import MissingInputError
+
+SCHEDULE_RULE = (
+    "at each measured concurrency: among the windows whose speedup interval reaches the "
+    "best window's lower bound (the ones the evidence cannot tell from the best), the "
+    "smallest n; 0 (no speculation) where every window's upper bound is below 1. Ranges "
+    "start at each measured concurrency (the first at 1) and end below the next; the last "
+    "carries to vLLM's largest batch."
+)
+
+
+def compute_speculation_schedule(
+    scaling: pd.DataFrame,
+    *,
+    by: str | Iterable[str] = (),
+    load: str = "concurrency",
+) -> pd.DataFrame:
+    """The n to serve at each measured load, as batch-size ranges.
+
+    Parameters
+    ----------
+    scaling
+        ``n``, ``speedup``, ``speedup_lo``, ``speedup_hi`` per ``load`` (and ``by``
+        group), e.g. :func:`dsparklab.analysis.compute_window_scaling` with
+        ``by=("method", "concurrency")``.
+    by
+        One schedule per group (e.g. ``("method",)``).
+    load
+        The column holding the requests in flight of each measurement.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per group and load, sorted: ``range_start``, ``range_end`` (inclusive;
+        ``<NA>`` on the last: vLLM carries it to its largest batch), ``n`` (the choice),
+        ``best_n``, ``speedup`` (+ ``_lo``/``_hi``) of the choice, ``best_speedup`` and
+        ``candidates`` (the windows the evidence cannot tell from the best).
+
+    Notes
+    -----
+    At load :math:`C` with windows :math:`n` measured as :math:`S_n \\in [l_n, h_n]`
+    and :math:`b = \\arg\\max_n S_n`, the candidates are
+    :math:`\\{n : h_n \\ge l_b\\}` and the choice is :math:`\\min` of them (a smaller
+    window verifies fewer tokens per request, which grows in cost with the batch), or
+    0 when :math:`\\max_n h_n < 1` (speculation measurably slower than target-only).
+    Loads :math:`C_1 < C_2 < \\dots` give ranges :math:`[C_i, C_{i+1} - 1]`, the first
+    starting at 1.
+    """
+    by = list(as_columns(by))
+    require_columns(
+        scaling, [*by, load, "n", "speedup", "speedup_lo", "speedup_hi"], what="schedule"
+    )
+    measured = scaling.dropna(subset=["speedup"])
+    if measured.empty:
+        raise MissingInputError(
+            "no measured speedup to schedule: the runs need target-only baselines at the "
+            "same loads and step timings"
+        )
+    rows: list[dict[str, Any]] = []
+    for key, group in measured.groupby(by, sort=True) if by else [((), measured)]:
+        key = key if isinstance(key, tuple) else (key,)
+        loads = sorted(int(c) for c in group[load].unique())
+        for index, concurrency in enumerate(loads):
+            at = group[group[load] == concurrency]
+            best = at.loc[at["speedup"].idxmax()]
+            floor = best["speedup_lo"] if pd.notna(best["speedup_lo"]) else best["speedup"]
+            top = at["speedup_hi"].fillna(at["speedup"])
+            candidates = sorted(int(n) for n in at.loc[top >= floor, "n"])
+            pays = bool((top >= 1.0).any())
+            chosen = at[at["n"] == candidates[0]].iloc[0]
+            rows.append(
+                {
+                    **dict(zip(by, key, strict=True)),
+                    load: concurrency,
+                    "range_start": 1 if index == 0 else concurrency,
+                    "range_end": loads[index + 1] - 1 if index + 1 < len(loads) else None,
+                    "n": candidates[0] if pays else 0,
+                    "best_n": int(best["n"]),
+                    "speedup": float(chosen["speedup"]) if pays else 1.0,
+                    "speedup_lo": float(chosen["speedup_lo"]) if pays else float("nan"),
+                    "speedup_hi": float(chosen["speedup_hi"]) if pays else float("nan"),
+                    "best_speedup": float(best["speedup"]),
+                    "candidates": " ".join(map(str, candidates)),
+                }
+            )
+    schedule = pd.DataFrame(rows)
+    schedule["range_end"] = schedule["range_end"].astype("Int64")  # <NA>: carried on
+    return schedule
+
+
+def schedule_config(schedule: pd.DataFrame, *, max_batch: int | None = None) -> dict[str, Any]:
+    """vLLM's speculative-config keys serving one schedule of
+    :func:`compute_speculation_schedule`: ``num_speculative_tokens`` (the largest n: vLLM
+    caps every entry at it) and ``num_speculative_tokens_per_batch_size``; the last
+    range ends at ``max_batch`` (default: its own start, vLLM carrying it further)."""
+    require_columns(schedule, ["range_start", "range_end", "n"], what="schedule_config")
+    if schedule.empty or int(schedule["n"].max()) == 0:
+        raise MissingInputError(
+            "speculation pays at no measured load: serve without a speculative config"
+        )
+    entries = []
+    for row in schedule.sort_values("range_start").itertuples():
+        end = row.range_end
+        if pd.isna(end):
+            end = max(int(max_batch or row.range_start), int(row.range_start))
+        entries.append([int(row.range_start), int(end), int(row.n)])
+    return {
+        "num_speculative_tokens": int(schedule["n"].max()),
+        "num_speculative_tokens_per_batch_size": entries,
+    }
