@@ -50,6 +50,7 @@ from dsparklab.plots.style import (
 from dsparklab.plots.window import (
     plot_draft_costs,
     plot_published_comparison,
+    plot_speedup_by_load,
     plot_window_scaling,
 )
 
@@ -78,6 +79,7 @@ __all__ = [
     "plot_reliability",
     "plot_request_strip",
     "plot_speedup_attribution",
+    "plot_speedup_by_load",
     "plot_survival_curves",
     "plot_token_class_deltas",
     "plot_verify_costs",

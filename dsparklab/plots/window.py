@@ -20,6 +20,7 @@ from dsparklab.plots._common import (
     interval_bars,
     label,
     levels,
+    method_window_lines,
     panel_row,
     require,
     select,
@@ -267,3 +268,69 @@ def plot_published_comparison(
     fig.update_xaxes(title_text="window n", dtick=1)
     fig.update_yaxes(title_text="speedup", col=1)
     return finish(fig, title=title, name="published_comparison")
+
+
+def plot_speedup_by_load(
+    scaling: pd.DataFrame,
+    *,
+    schedule: pd.DataFrame | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Speedup against the requests in flight, one line per method and window n, one
+    panel per dataset where the frame has several; a ring marks the n the schedule serves
+    at each load.
+
+    Parameters
+    ----------
+    scaling
+        From ``compute_window_scaling(..., by=("method", "concurrency"))`` (``dataset``
+        too for one panel each); ``speedup_lo`` / ``_hi`` draw error bars.
+    schedule
+        From ``compute_speculation_schedule(scaling, by=("method",))``: its ``n`` per
+        load, ringed at its speedup (0, no speculation, sits on the target-only line).
+    title
+        Figure title.
+    """
+    require(scaling, ["method", "n", "concurrency", "speedup"], what="plot_speedup_by_load")
+    title = title or "Speedup as the load grows: which n at which concurrency"
+    if scaling.empty:
+        return empty_figure("no runs in this selection", title=title, name="speedup_by_load")
+    panels = levels(scaling, "dataset")
+    fig = panel_row([str(p) for p in panels], show_titles=len(panels) > 1, shared_y=True)
+    for line, color, name in method_window_lines(
+        scaling, sort_by="concurrency", default_method="method"
+    ):
+        c = panels.index(line["dataset"].iloc[0]) + 1 if "dataset" in line else 1
+        fig.add_trace(
+            go.Scatter(
+                x=line["concurrency"],
+                y=line["speedup"],
+                mode="lines+markers",
+                name=name,
+                legendgroup=name,
+                showlegend=c == 1,
+                line=dict(color=color),
+                error_y=_error_bars(line, "speedup"),
+                hovertemplate=f"{name}<br>concurrency=%{{x}}<br>speedup=%{{y:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=c,
+        )
+    if schedule is not None and not schedule.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=schedule["concurrency"],
+                y=schedule["speedup"],
+                mode="markers",
+                name="the schedule's n",
+                marker=dict(size=16, symbol="circle-open", color="#212529", line=dict(width=2)),
+                text=[f"n = {n}" for n in schedule["n"]],
+                hovertemplate="schedule at concurrency %{x}: %{text}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+    fig.add_hline(y=1.0, line=dict(color="#868e96", dash="dot", width=1))
+    fig.update_xaxes(title_text="requests in flight (concurrency)")
+    fig.update_yaxes(title_text="speedup vs target-only at the same load", col=1)
+    return finish(fig, title=title, name="speedup_by_load")

@@ -304,7 +304,7 @@ def _window_findings(
         cell[f"AL({int(row['n'])})"] = _interval(
             row["accept_len"], row["accept_len_lo"], row["accept_len_hi"]
         )
-    scalings, models = [], []
+    scalings, load_scalings, models = [], [], []
     for root in catalog.roots:
         try:
             token = token_runs(catalog.only(root))
@@ -323,8 +323,16 @@ def _window_findings(
             except MissingInputError as err:
                 findings.notes.append(f"{run_set}: speedup not measured: {err}")
                 continue
+            # per load (each run against the baseline at its own load); pooled over loads
+            # for the window table only where the run set holds several
+            by_load = compute_window_scaling(
+                part, by=("run_set", "method", "dataset", "concurrency"), n_boot=n_boot
+            )
+            load_scalings.append(by_load)
             scalings.append(
                 compute_window_scaling(part, by=("run_set", "method", "dataset"), n_boot=n_boot)
+                if by_load["concurrency"].nunique() > 1
+                else by_load.drop(columns="concurrency")
             )
             rows, parts = _window_attribution(part, n_boot)
             findings.attribution += rows
@@ -344,12 +352,19 @@ def _window_findings(
                 row["speedup"], row["speedup_lo"], row["speedup_hi"], "x"
             )
         ns = sorted({*ns, *(int(n) for n in scaling["n"])})
-        findings.best_frame = compute_best_n(scaling, by=("run_set", "dataset", "method"))
+        # the best n at each load: where the runs hold one load, its column says nothing
+        by_load = pd.concat(load_scalings, ignore_index=True)
+        by_load = by_load[by_load["method"] != "none"]
+        best = compute_best_n(by_load, by=("run_set", "dataset", "method", "concurrency"))
+        if best["concurrency"].nunique() == 1:
+            best = best.drop(columns="concurrency")
+        findings.best_frame = best
         findings.best_n = [
             {
                 "run set": r["run_set"],
                 "dataset": r["dataset"],
                 "method": r["method"],
+                **({"concurrency": r["concurrency"]} if "concurrency" in r else {}),
                 "best n": r["best_n"],
                 "speedup": _interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], "x"),
                 "cannot be told apart": r["indistinguishable"],

