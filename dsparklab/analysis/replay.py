@@ -75,3 +75,112 @@ def synthetic_acceptance_config(
         "rejection_sample_method": SYNTHETIC_METHOD,
         "synthetic_acceptance_rates": rates,
     }
+
+
+# NVIDIA specdec_bench's speculation_profile.json, read field by field from
+# NVIDIA/Model-Optimizer examples/specdec_bench/specdec_bench/speculation_profile.py
+# (build_profile, commit edf879d3daf7879acdeb2dab9f54a591837da7b0): schema 1.0
+SPECULATION_PROFILE_SCHEMA = "1.0"
+# drafters whose n-token draft is the prefix of their (n + 1)-token draft: one window's
+# marginals give every smaller one (that file's _CHAIN_DRAFTING_METHODS)
+CHAIN_DRAFTING_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model"})
+
+
+def speculation_profile(
+    counts: pd.DataFrame,
+    *,
+    method: str,
+    n: int,
+    draft_checkpoint: dict[str, Any] | None = None,
+    target_model: dict[str, Any] | None = None,
+    measurement_conditions: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """specdec_bench's ``speculation_profile.json`` of one drafter at one window.
+
+    Parameters
+    ----------
+    counts
+        Per-request acceptance counts of the runs (``run_id``, ``request_id``,
+        ``position``, ``n_drafted``, ``n_reached``, ``n_accepted``: the lab's
+        ``count_runs(..., "acceptance")``), positions 0 .. n - 1.
+    method, n
+        The drafter and its window (``num_speculative_tokens``).
+    draft_checkpoint, target_model, measurement_conditions
+        What was measured, as the profile records it (names and content hashes, never
+        local paths; dataset, concurrency, engine, hardware).
+
+    Returns
+    -------
+    dict
+        The profile. With :math:`N` steps and :math:`A_i` of them accepting position
+        :math:`i` (prefix-closed), the ``marginal_accept_rates`` are the survival
+        :math:`s_i` (as :func:`synthetic_acceptance_config` exports them), the
+        ``conditional_accept_rates`` :math:`s_i / s_{i-1}` (:math:`s_{-1} = 1`), the
+        ``acceptance_length_histogram`` (tokens a step emitted, bonus included)
+        :math:`h_1 = N - A_0`, :math:`h_{k+1} = A_{k-1} - A_k`, :math:`h_{n+1} = A_{n-1}`,
+        ``mean_accept_length`` the per-step mean :math:`\\sum_L L h_L / N` and
+        ``mean_accept_length_per_request`` the mean of each request's. ``validation``
+        holds the source's two checks: :math:`1 + \\sum_i s_i` against the per-step mean
+        (tolerance 0.02) and non-increasing marginals.
+    """
+    from dsparklab.analysis.aggregate import compute_acceptance_by_position
+
+    require_columns(
+        counts,
+        ("run_id", "request_id", "position", "n_drafted", "n_accepted"),
+        what="speculation_profile",
+    )
+    curve = compute_acceptance_by_position(counts, by=(), n_boot=0)
+    marginal = synthetic_acceptance_config(curve, method=method, n=n)["synthetic_acceptance_rates"]
+    conditional, previous = [], 1.0
+    for value in marginal:
+        conditional.append(round(value / previous, 6) if previous > 0 else 0.0)
+        previous = value
+    pooled = counts.groupby("position")[["n_drafted", "n_accepted"]].sum().reindex(range(n))
+    steps = int(pooled.loc[0, "n_drafted"])
+    accepted = [int(a) for a in pooled["n_accepted"].fillna(0)]
+    histogram = {"1": steps - accepted[0]}
+    for k in range(1, n):
+        histogram[str(k + 1)] = accepted[k - 1] - accepted[k]
+    histogram[str(n + 1)] = accepted[n - 1]
+    mean = sum(int(length) * c for length, c in histogram.items()) / steps
+    first = counts[counts["position"] == 0].set_index(["run_id", "request_id"])["n_drafted"]
+    per_request = counts.groupby(["run_id", "request_id"])["n_accepted"].sum() / first
+    implied = 1.0 + sum(marginal)
+    rising = [
+        {"position": i, "value": marginal[i], "previous": marginal[i - 1]}
+        for i in range(1, n)
+        if marginal[i] > marginal[i - 1] + 1e-9
+    ]
+    return {
+        "schema_version": SPECULATION_PROFILE_SCHEMA,
+        "measured": True,
+        "method": method,
+        "draft_checkpoint": draft_checkpoint,
+        "target_model": target_model,
+        "num_speculative_tokens": int(n),
+        "block_size": None,
+        "max_supported_k": int(n),
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": conditional,
+        "marginal_accept_rates": marginal,
+        "mean_accept_length": round(mean, 6),
+        "mean_accept_length_per_request": round(float(1.0 + per_request.mean()), 6),
+        "accept_length_model": (
+            "chain_analytic" if method.lower() in CHAIN_DRAFTING_METHODS else "measured_per_k"
+        ),
+        "accept_length_by_k": {str(n): round(mean, 6)},
+        "acceptance_length_histogram": histogram,
+        "per_category": None,
+        "measurement_conditions": measurement_conditions,
+        "validation": {
+            "mean_consistency": {
+                "implied_mean_accept_length": round(implied, 6),
+                "reported_mean_accept_length": round(mean, 6),
+                "abs_delta": round(abs(implied - mean), 6),
+                "tolerance": 0.02,
+                "passed": abs(implied - mean) <= 0.02,
+            },
+            "marginal_monotonicity": {"passed": not rising, "violations": rising},
+        },
+    }

@@ -79,17 +79,26 @@ def replay_config(
         None, "--speculative-method", help="vLLM's method in the config (default: --method)."
     ),
     out: Path | None = typer.Option(None, "--out", help="Write the JSON config here too."),
+    output_format: str = typer.Option(
+        "vllm",
+        "--format",
+        help="vllm: the speculative config (synthetic rejection sampling); "
+        "speculation-profile: NVIDIA specdec_bench's speculation_profile.json.",
+    ),
 ) -> None:
-    """vLLM's speculative config replaying a measured acceptance curve (synthetic
-    rejection sampling): serve it on other hardware to measure what that acceptance costs
-    and pays there. Counted over every request of the complete runs selected."""
+    """A measured acceptance curve to replay elsewhere: vLLM's speculative config for
+    synthetic rejection sampling (serve it on other hardware to measure what that
+    acceptance costs and pays there), or specdec_bench's speculation profile. Counted
+    over every request of the complete runs selected."""
     import json
 
     from dsparklab.analysis import compute_acceptance_by_position
-    from dsparklab.analysis.replay import synthetic_acceptance_config
-    from dsparklab.errors import MissingInputError
+    from dsparklab.analysis.replay import speculation_profile, synthetic_acceptance_config
+    from dsparklab.errors import ConfigError, MissingInputError
     from dsparklab.lab.runs import by_status, count_runs, open_catalog, read_statuses, token_runs
 
+    if output_format not in ("vllm", "speculation-profile"):
+        raise ConfigError(f"--format {output_format!r}: expected vllm or speculation-profile")
     catalog = open_catalog(runs)
     table, _ = by_status(token_runs(catalog, datasets=dataset), read_statuses())
     chosen = table[(table["method"] == method) & (table["n"] == n)]
@@ -98,9 +107,27 @@ def replay_config(
         raise MissingInputError(f"no complete {method} run at n = {n} in {runs}; runs: {have}")
     counts = count_runs(catalog, chosen, "acceptance")
     curve = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
-    config = synthetic_acceptance_config(
-        curve, method=method, n=n, speculative_method=speculative_method
-    )
+    if output_format == "vllm":
+        config = synthetic_acceptance_config(
+            curve, method=method, n=n, speculative_method=speculative_method
+        )
+    else:
+        first = catalog.run_json(str(chosen["path"].iloc[0]))
+        config = speculation_profile(
+            counts,
+            method=method,
+            n=n,
+            draft_checkpoint=_model_id(first.get("drafter")),
+            target_model=_model_id(first.get("target")),
+            measurement_conditions={
+                "datasets": sorted(chosen["dataset"].unique()),
+                "concurrency": sorted(int(c) for c in chosen["concurrency"].unique()),
+                "engine": sorted(chosen["engine"].unique()),
+                "hardware": first.get("hardware"),
+                "runs": sorted(chosen["run_id"]),
+                "source": "dsparklab replay-config",
+            },
+        )
     text = json.dumps(config)
     typer.echo(text)
     typer.echo(
@@ -173,3 +200,11 @@ def schedule(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         typer.echo(f"wrote {out}", err=True)
+
+
+def _model_id(model: dict | None) -> dict | None:
+    """A run.json model as a published profile names it: its name and content hash, never
+    a local path."""
+    if not model:
+        return None
+    return {"name": model.get("name"), "content_hash": model.get("content_hash")}

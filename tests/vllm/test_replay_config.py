@@ -60,3 +60,35 @@ def test_a_curve_with_a_gap_or_no_run_is_refused_in_one_line() -> None:
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "no complete medusa run at n = 3" in line
+
+
+def test_the_speculation_profile_matches_the_steps_it_counts(tmp_path: Path) -> None:
+    """specdec_bench's speculation_profile.json (fields as its build_profile writes them):
+    the marginals are the rates vLLM replays, the length histogram and its means equal a
+    recount of the run's steps, and its own two checks pass."""
+    out = tmp_path / "speculation_profile.json"
+    args = ["replay-config", str(TRACES), "--method", "eagle3", "--n", "3", "--dataset", "gsm8k"]
+    vllm = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, [*args, "--format", "speculation-profile", "--out", str(out)])
+    assert vllm.exit_code == 0 and result.exit_code == 0, result.output
+    profile = json.loads(out.read_text())
+    rates = json.loads(vllm.stdout.splitlines()[0])["synthetic_acceptance_rates"]
+    assert profile["schema_version"] == "1.0" and profile["measured"] is True
+    assert profile["marginal_accept_rates"] == rates
+    assert profile["accept_length_model"] == "chain_analytic"  # Eagle3 drafts a chain
+    steps = load_runs(TRACES, datasets=["gsm8k"], methods=["eagle3"], n_values=[3]).steps
+    steps = steps[steps["method"] == "eagle3"]  # not the baselines load_runs adds
+    lengths = (steps["accepted_len"] + 1).value_counts()
+    assert profile["acceptance_length_histogram"] == {
+        str(k): int(lengths.get(k, 0)) for k in range(1, 5)
+    }
+    assert profile["mean_accept_length"] == pytest.approx((steps["accepted_len"] + 1).mean())
+    per_request = (steps["accepted_len"] + 1).groupby(steps["request_id"]).mean().mean()
+    assert profile["mean_accept_length_per_request"] == pytest.approx(per_request, abs=1e-6)
+    conditional = [rates[0]] + [b / a for a, b in zip(rates, rates[1:], strict=False)]
+    assert profile["conditional_accept_rates"] == pytest.approx(conditional, abs=1e-5)
+    assert profile["validation"]["mean_consistency"]["passed"]
+    assert profile["validation"]["marginal_monotonicity"]["passed"]
+    assert profile["draft_checkpoint"]["name"] == "smol-eagle3"
+    assert "path" not in profile["draft_checkpoint"]  # a published profile names, never paths
+    assert profile["measurement_conditions"]["concurrency"] == [1]
