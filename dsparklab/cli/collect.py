@@ -118,7 +118,6 @@ def collect(
     repeats: Annotated[
         int,
         typer.Option(
-            min=1,
             help="Make every run this many times (-r<R> after the first), repeat-major and "
             "then by concurrency, so drift spreads over all configurations.",
         ),

@@ -178,9 +178,11 @@ def test_served_steps_carry_their_share_of_each_engine_step(
     assert len(tap) == len(vllm) > 0, (len(tap), len(vllm))
     assert tap["rows"].tolist() == [int(i["gen_reqs"]) for i in vllm]
     assert tap["batch_size"].tolist() == [int(i["gen_reqs"] + i["ctx_reqs"]) for i in vllm]
-    # the worker's clock (execute_model to sample_tokens) against the engine core's
+    # the worker's clock (execute_model to sample_tokens) against the engine core's: the
+    # same span within a factor, which catches a clock in the wrong unit or over the wrong
+    # span; closer than that is timing, and the other test worker's load moves it
     worker, core = float(tap["time_s"].sum()), sum(i["ms"] for i in vllm) / 1e3
-    assert 0.5 < worker / core < 2.0, (worker, core)
+    assert 0.25 < worker / core < 4.0, (worker, core)
     # a step whose batch is all decoding rows: its shares add up to its time, once
     full = tap[tap["rows"] == tap["batch_size"]]
     assert (full["batch_size"] == PROMPTS).any()
