@@ -72,6 +72,9 @@ def test_window_scaling_schedules_the_n_of_each_load(
     assert schedule["n"].to_dict() == expected.set_index("concurrency")["n"].to_dict()
     # the wide window fills the batch: the load of four takes a smaller n than one
     assert schedule.loc[1, "n"] > schedule.loc[4, "n"] >= 1, schedule
+    # why: verifying n + 1 tokens costs more target-only steps as the batch fills
+    costs = pd.DataFrame.from_records(records["costs_by_load"]).set_index(["concurrency", "n"])
+    assert costs.loc[(4, 6), "verify_cost"] > costs.loc[(1, 6), "verify_cost"] + 0.5, costs
 
 
 def test_regression_diagnosis_compares_two_loads(
