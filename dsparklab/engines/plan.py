@@ -154,7 +154,7 @@ def plan_runs(
         )
     ns = sorted(set(ns))
     ordered = sorted(set(methods), key=lambda m: (m != "none", list(METHODS).index(m)))
-    loads: list[int | None] = sorted(set(concurrencies)) or [None]
+    loads: list[int | None] = [*sorted(set(concurrencies))] or [None]
     runs = []
     for repeat in range(repeats):
         for concurrency in loads:
