@@ -135,16 +135,19 @@ def serve(
     trace_dir: str | None = "",
     env: dict[str, str] | None = None,
     args: Sequence[str] = (),
+    schedule: list[list[int]] | None = None,
 ) -> Iterator[Server]:
     """`dsparklab serve` of the zoo target (+ Eagle3, n = N) with the taps in root/taps,
     or in ``trace_dir`` (an ``s3://`` URI; None: untraced); ``env`` adds variables,
-    ``args`` options of vllm serve. A server that does not come up fails the test."""
+    ``args`` options of vllm serve, ``schedule`` a ``num_speculative_tokens_per_batch_size``.
+    A server that does not come up fails the test."""
     speculative = None
     if eagle3:
         speculative = {
             "method": "eagle3",
             "model": str(zoo_path("tiny-eagle3")),
             "num_speculative_tokens": N,
+            **({"num_speculative_tokens_per_batch_size": schedule} if schedule else {}),
         }
     try:
         with local_server(

@@ -395,3 +395,32 @@ def test_a_load_sweep_gives_speedup_by_concurrency(eagle3_server: Server, tmp_pa
         row = table.set_index("concurrency").loc[choice["concurrency"]]
         if choice["n"]:
             assert choice["speedup_lo"] == pytest.approx(row["speedup_lo"])
+
+
+def test_a_schedule_that_drafts_nothing_at_a_batch_size_keeps_every_step(tmp_path: Path) -> None:
+    """Dynamic speculative decoding (num_speculative_tokens_per_batch_size) with n = 0 at
+    batch sizes 2 and more: at concurrency 2 the steps that drafted nothing are recorded as
+    target-only steps of the Eagle3 run, with their costs, so every output token has its
+    step, and vLLM's per-request counts (drafted steps only) still agree with the trace."""
+    out = tmp_path / "runs"
+    with serve(tmp_path, "serve-schedule", schedule=[[1, 1, N], [2, 4, 0]]) as server:
+        proc = collect_served(server, out, *SMALL, "--concurrency", "1,2")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for c in (1, 2):
+        run_dir = Path(
+            RunSpec("humaneval", "eagle3", N, engine="vllm-serve", concurrency=c).location(out).path
+        )
+        meta = read_run_json(run_dir)
+        (report,) = validate_trace(run_dir)  # 1 + sum(emitted) = output length, per request
+        assert report.ok and report.complete, [str(v) for v in report.violations]
+        assert meta["checks"]["requests_without_taps"] == []
+        check = meta["checks"]["totals_vs_trace"]
+        assert check["agree"] == check["requests"] == PROMPTS, check
+        steps = read_trace(run_dir, "steps")
+        assert steps["verify_time_s"].notna().all() and (steps["batch_size"] >= 1).all()
+        plain = steps[steps["num_drafted"] == 0]
+        if c == 1:  # batch 1: n = 3, every step verified a draft
+            assert plain.empty, plain
+        else:  # where two requests shared a step, nothing was drafted
+            assert len(plain) > 0 and (plain["accepted_len"] == 0).all()
+            assert (plain["batch_size"] >= 2).any(), plain

@@ -110,6 +110,8 @@ class Eagle3V1Tap(Eagle3Tap):
     def _logprobs(self, drafts: torch.Tensor, rows: int) -> torch.Tensor | None:
         """``[rows, k]`` log-probabilities of this step's drafts, or None."""
         k = int(drafts.shape[1])
+        if k == 0:  # a step that drafted nothing (a batch-size schedule's n = 0)
+            return drafts.new_zeros((rows, 0), dtype=torch.float32)
         take = getattr(self.drafter, "take_last_draft_probs", None)
         probs = take() if callable(take) else None
         if probs is not None:  # sampled drafts: vLLM's own distribution

@@ -142,8 +142,9 @@ class RunReport:
         self, request_id: str, reported: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
     ) -> None:
         """Check vLLM's per-request counts against the steps the trace holds for it."""
+        drafts = [s for s in steps if int(s["num_drafted"]) > 0]  # as vLLM counts them
         trace = {
-            "num_drafts": len(steps),
+            "num_drafts": len(drafts),
             "num_draft_tokens": sum(int(s["num_verified"]) for s in steps),
             "num_accepted_tokens": sum(int(s["accepted_len"]) for s in steps),
         }
@@ -422,10 +423,14 @@ def _write_tapped(
     pos_by_req: Mapping[str, pd.DataFrame],
     report: RunReport,
 ) -> list[dict[str, Any]]:
-    """Write one request's tapped steps and positions; returns its steps rows."""
-    tap_accepted = [int(x) for x in tap["accepted_len"]]
-    tap_verified = [int(x) for x in tap["num_verified"]]
-    accepted, verified = tap_accepted, tap_verified
+    """Write one request's tapped steps and positions; returns its steps rows.
+
+    vLLM's per-step counts list the steps that verified a draft: they are compared with
+    the taps' drafted steps (a step that drafted nothing, under a batch-size schedule, is
+    the taps' alone)."""
+    drafted = tap[tap["num_drafted"] > 0]
+    tap_accepted = [int(x) for x in drafted["accepted_len"]]
+    tap_verified = [int(x) for x in drafted["num_verified"]]
     per_step = req.per_step_accepted
     if per_step is not None:
         vllm_accepted = per_step
@@ -462,7 +467,8 @@ def _write_tapped(
     internal = str(tap["request_id"].iloc[0])
     positions = pos_by_req.get(internal)
     steps_out = []
-    for row, acc, ver in zip(tap.itertuples(index=False), accepted, verified, strict=True):
+    for row in tap.itertuples(index=False):
+        acc, ver = int(row.accepted_len), int(row.num_verified)
         steps_out.append(
             {
                 **base,
@@ -474,7 +480,8 @@ def _write_tapped(
                 **_tap_costs(row),
             }
         )
-        report.stats.observe_draft(ver, acc)
+        if row.num_drafted:  # vLLM's counters count drafts
+            report.stats.observe_draft(ver, acc)
     steps_out = _with_emitted(steps_out, req)
     writer.add_many("steps", steps_out)
     if positions is not None:

@@ -34,6 +34,11 @@ draft (a prefill chunk, a request's first token) get no ``steps`` row; their sha
 counted in run.json's ``step_costs`` (``unattributed_s``), so
 ``attributed_s + unattributed_s = step_time_s`` over the run.
 
+A request that samples one token and verifies nothing after its first token (the step
+before drafted nothing for it: vLLM's dynamic speculative decoding schedules no drafts at
+some batch sizes) is a target-only step of a speculative run: one ``steps`` row with
+``num_drafted = 0`` and the slot's shares, as below.
+
 Target-only engines (no speculative config) stage one host-only slot per engine step
 (``meta["target_only"]``): each row that sampled a token other than its first (the
 prefill's) is one ``steps`` row with ``num_drafted = 0``, ``verify_time_s`` = :math:`V / B`
@@ -332,6 +337,14 @@ class TraceRecorder:
                 continue
             pending = self._pending.pop(req_id, None)
             sampled = int(num_sampled[row])
+            if pending is None and sampled == 1 and int(num_rejected[row]) == 0:
+                # one token, no draft verified: the request's first (its prefill's), or a
+                # step after one that drafted nothing (vLLM's dynamic speculative decoding
+                # schedules 0 drafts at some batch sizes): a target-only step
+                if req_id in self._first_token:
+                    self._add_step(req_id, int(seq_lens[row]), 0, 0, 0, cost)
+                    resolved += 1
+                self._first_token.add(req_id)
             if pending is not None and sampled > 0:
                 accepted = sampled - 1
                 verified = accepted + int(num_rejected[row])

@@ -159,7 +159,8 @@ class SpecTap:
         rows = len(slot.meta["req_ids"])
         if "num_drafted" not in slot.meta:
             slot.meta["num_drafted"] = min(self.n, int(drafts.shape[1]))
-        self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
+        if slot.meta["num_drafted"]:  # nothing drafted (a schedule's n = 0): nothing to copy
+            self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
         if self.buffers is not None:
             for name, tensor in self.buffers.tensors().items():
                 self.ring.copy_in(slot, name, tensor[:rows])
