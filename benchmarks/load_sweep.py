@@ -228,11 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                 "concurrency": concurrency,
                 "best fixed n": chosen,
                 "fixed": interval(fixed_row.to_frame().T).iloc[0],
-                # where the schedule drafts nothing (n = 0) the taps record no step: the
-                # run holds no timed steps there, and says so (checks.requests_without_taps)
+                # a load whose runs hold no timed step (run.json's checks say why)
                 "schedule": interval(sched.to_frame().T).iloc[0]
                 if measured_sched
-                else "not measured (n = 0 here: no step recorded)",
+                else "not measured (no timed step)",
                 "schedule reaches the fixed": bool(sched["speedup_hi"] >= fixed_row["speedup_lo"])
                 if measured_sched
                 else "",
