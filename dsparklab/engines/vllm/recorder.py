@@ -34,10 +34,11 @@ draft (a prefill chunk, a request's first token) get no ``steps`` row; their sha
 counted in run.json's ``step_costs`` (``unattributed_s``), so
 ``attributed_s + unattributed_s = step_time_s`` over the run.
 
-A request that samples one token and verifies nothing after its first token (the step
-before drafted nothing for it: vLLM's dynamic speculative decoding schedules no drafts at
-some batch sizes) is a target-only step of a speculative run: one ``steps`` row with
-``num_drafted = 0`` and the slot's shares, as below.
+On Model Runner V1, a request that schedules one token and verifies nothing after its
+first token (the step before drafted nothing for it: vLLM's dynamic speculative decoding
+schedules no drafts at some batch sizes) is a target-only step of a speculative run: one
+``steps`` row with ``num_drafted = 0`` and the slot's shares, as below (a re-prefill after
+a preemption schedules more than one token and is no step).
 
 Target-only engines (no speculative config) stage one host-only slot per engine step
 (``meta["target_only"]``): each row that sampled a token other than its first (the
@@ -331,6 +332,8 @@ class TraceRecorder:
             for name in TAP_FIELDS
             if name in t and num_drafted
         }
+        # V1: the tokens each row scheduled this step (V2 stages none: no such steps there)
+        scheduled = meta.get("num_scheduled")
         resolved = 0
         for row, req_id in enumerate(req_ids):
             if not self.keeps(req_id):
@@ -338,10 +341,12 @@ class TraceRecorder:
             pending = self._pending.pop(req_id, None)
             sampled = int(num_sampled[row])
             if pending is None and sampled == 1 and int(num_rejected[row]) == 0:
-                # one token, no draft verified: the request's first (its prefill's), or a
-                # step after one that drafted nothing (vLLM's dynamic speculative decoding
-                # schedules 0 drafts at some batch sizes): a target-only step
-                if req_id in self._first_token:
+                # one token, no draft verified: the request's first (its prefill's), a
+                # re-prefill's after a preemption (many tokens scheduled), or a decode step
+                # after one that drafted nothing (one token scheduled: vLLM's dynamic
+                # speculative decoding schedules 0 drafts at some batch sizes), which is a
+                # target-only step of this run
+                if req_id in self._first_token and scheduled and int(scheduled[row]) == 1:
                     self._add_step(req_id, int(seq_lens[row]), 0, 0, 0, cost)
                     resolved += 1
                 self._first_token.add(req_id)

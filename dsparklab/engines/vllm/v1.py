@@ -46,6 +46,7 @@ def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | Non
     slot.meta.update(
         req_ids=req_ids,
         num_verified=verified,
+        num_scheduled=[int(sched.get(r, 0)) for r in req_ids],
         seq_base=[c + int(sched.get(r, 0)) for c, r in zip(computed, req_ids, strict=True)],
     )
     if isinstance(tap, Eagle3V1Tap):
