@@ -23,6 +23,7 @@ Runs land in ``OUT/sweep`` and ``OUT/loop/<arm>`` (``dsparklab report`` reads th
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -59,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=8, help="prompts per run")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--n-boot", type=int, default=1000)
+    parser.add_argument(
+        "--schedule",
+        help="serve this num_speculative_tokens_per_batch_size (JSON) in the loop, "
+        "without the sweep: beside each load's fixed n and the target alone",
+    )
     return parser.parse_args(argv)
 
 
@@ -139,19 +145,17 @@ def interval(frame: pd.DataFrame, column: str = "speedup") -> pd.Series:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    ns = parse_ns(args.n)
-    sweep = args.out / "sweep"
-    arms: list[tuple[str, Path, dict | None]] = [("none", sweep, None)]
-    arms += [(f"eagle3-n{n}", sweep, eagle3(args, n)) for n in ns]
+def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict | None]:
+    """Serve and count the sweep; print its tables. The best n per load, and the schedule's
+    config (None where speculation pays at no load)."""
+    sweep_out = args.out / "sweep"
+    arms: list[tuple[str, Path, dict | None]] = [("none", sweep_out, None)]
+    arms += [(f"eagle3-n{n}", sweep_out, eagle3(args, n)) for n in parse_ns(args.n)]
     interleaved(args, arms)
-
-    counts = aggregate_store(sweep, metric="step_times", by=BY, per_request=True)
+    counts = aggregate_store(sweep_out, metric="step_times", by=BY, per_request=True)
     scaling = compute_window_scaling(counts, by=BY, n_boot=args.n_boot)
     scaling["recount"] = [
-        recounted_speedup(sweep, r.method, int(r.n), int(r.concurrency))
+        recounted_speedup(sweep_out, r.method, int(r.n), int(r.concurrency))
         for r in scaling.itertuples()
     ]
     worst = float((scaling["speedup"] - scaling["recount"]).abs().max())
@@ -185,16 +189,20 @@ def main(argv: list[str] | None = None) -> int:
             plan[["concurrency", "range_start", "range_end", "n", "best_n", "candidates"]]
         )
     )
+    chosen = {int(c): int(n) for c, n in zip(best["concurrency"], best["best_n"], strict=True)}
     try:
-        config = schedule_config(plan, max_batch=max(parse_concurrencies(args.concurrency)))
+        return chosen, schedule_config(plan, max_batch=max(chosen))
     except MissingInputError as err:  # speculation pays at no load: nothing to serve
         print(f"\nno schedule to serve: {err}")
-        return 0
-    print(f"\n`{config}`\n")
+        return chosen, None
 
+
+def closed_loop(args: argparse.Namespace, config: dict, chosen: dict[int, int]) -> None:
+    """Serve ``config`` beside the fixed windows ``chosen`` (load -> n; 0: target only) and
+    the baseline, interleaved; print each load's speedups."""
     loop = args.out / "loop"
-    fixed = sorted({int(n) for n in best["best_n"]})
-    loop_arms: list[tuple[str, Path, dict | None]] = [
+    schedule = config["num_speculative_tokens_per_batch_size"]
+    arms: list[tuple[str, Path, dict | None]] = [
         ("none", loop / "fixed", None),
         (
             "schedule",
@@ -202,14 +210,13 @@ def main(argv: list[str] | None = None) -> int:
             eagle3(
                 args,
                 config["num_speculative_tokens"],
-                num_speculative_tokens_per_batch_size=config[
-                    "num_speculative_tokens_per_batch_size"
-                ],
+                num_speculative_tokens_per_batch_size=schedule,
             ),
         ),
     ]
-    loop_arms += [(f"eagle3-n{n}", loop / "fixed", eagle3(args, n)) for n in fixed]
-    interleaved(args, loop_arms)
+    fixed = sorted({n for n in chosen.values() if n > 0})
+    arms += [(f"eagle3-n{n}", loop / "fixed", eagle3(args, n)) for n in fixed]
+    interleaved(args, arms)
     frames = []
     for arm in ("fixed", "schedule"):
         part = aggregate_store(loop / arm, metric="step_times", by=BY, per_request=True)
@@ -219,26 +226,53 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for concurrency, at in measured.groupby("concurrency"):
-        chosen = int(best.set_index("concurrency").loc[concurrency, "best_n"])
-        fixed_row = at[(at["arm"] == "fixed") & (at["n"] == chosen)].iloc[0]
+        n = chosen[int(concurrency)]
         sched = at[at["arm"] == "schedule"].iloc[0]
+        if n:
+            fixed_row = at[(at["arm"] == "fixed") & (at["n"] == n)].iloc[0]
+            fixed_text, floor = interval(fixed_row.to_frame().T).iloc[0], fixed_row["speedup_lo"]
+        else:  # the target alone: speedup 1 by definition
+            fixed_text, floor = "1.00x (target only)", 1.0
         measured_sched = pd.notna(sched["speedup"])
         rows.append(
             {
                 "concurrency": concurrency,
-                "best fixed n": chosen,
-                "fixed": interval(fixed_row.to_frame().T).iloc[0],
+                "fixed n": n,
+                "fixed": fixed_text,
                 # a load whose runs hold no timed step (run.json's checks say why)
                 "schedule": interval(sched.to_frame().T).iloc[0]
                 if measured_sched
                 else "not measured (no timed step)",
-                "schedule reaches the fixed": bool(sched["speedup_hi"] >= fixed_row["speedup_lo"])
+                "schedule reaches the fixed": bool(sched["speedup_hi"] >= floor)
                 if measured_sched
                 else "",
             }
         )
-    print("## The schedule served beside the best fixed n (interleaved)\n")
+    print(f"## The schedule {schedule} served beside the fixed n (interleaved)\n")
     print(markdown_table(pd.DataFrame(rows)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.schedule:  # the loop alone, on a schedule given
+        entries = json.loads(args.schedule)
+        config = {
+            "num_speculative_tokens": max(n for _, _, n in entries),
+            "num_speculative_tokens_per_batch_size": entries,
+        }
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        loads = parse_concurrencies(args.concurrency)
+        # batch size -> n, as vLLM's scheduler expands the schedule
+        lookup = build_dynamic_sd_schedule_lookup(
+            entries, max(loads), config["num_speculative_tokens"]
+        )
+        closed_loop(args, config, {c: lookup[c] for c in loads})
+        return 0
+    chosen, config = sweep(args)
+    if config is not None:
+        closed_loop(args, config, chosen)
     return 0
 
 
