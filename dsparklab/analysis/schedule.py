@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, require_columns
+from dsparklab.analysis.projection import compute_best_n
 from dsparklab.errors import MissingInputError
 
 SCHEDULE_RULE = (
@@ -63,7 +64,8 @@ def compute_speculation_schedule(
     -----
     At load :math:`C` with windows :math:`n` measured as :math:`S_n \\in [l_n, h_n]`
     and :math:`b = \\arg\\max_n S_n`, the candidates are
-    :math:`\\{n : h_n \\ge l_b\\}` and the choice is :math:`\\min` of them (a smaller
+    :math:`\\{n : h_n \\ge l_b\\}` (:func:`~dsparklab.analysis.compute_best_n`'s
+    ``indistinguishable``) and the choice is :math:`\\min` of them (a smaller
     window verifies fewer tokens per request, which grows in cost with the batch), or
     0 when :math:`\\max_n h_n < 1` (speculation measurably slower than target-only).
     Loads :math:`C_1 < C_2 < \\dots` give ranges :math:`[C_i, C_{i+1} - 1]`, the first
@@ -79,18 +81,26 @@ def compute_speculation_schedule(
             "no measured speedup to schedule: the runs need target-only baselines at the "
             "same loads and step timings"
         )
+    # the best window per group and load, and the windows it cannot be told from
+    keys = [*by, load]
+    best = {
+        tuple(row[c] for c in keys): row
+        for row in compute_best_n(measured, by=keys).to_dict("records")
+    }
+    tops = measured.assign(top=measured["speedup_hi"].fillna(measured["speedup"]))
+    top = {
+        k if isinstance(k, tuple) else (k,): float(v)
+        for k, v in tops.groupby(keys)["top"].max().items()
+    }
     rows: list[dict[str, Any]] = []
     for key, group in measured.groupby(by, sort=True) if by else [((), measured)]:
         key = key if isinstance(key, tuple) else (key,)
         loads = sorted(int(c) for c in group[load].unique())
         for index, concurrency in enumerate(loads):
-            at = group[group[load] == concurrency]
-            best = at.loc[at["speedup"].idxmax()]
-            floor = best["speedup_lo"] if pd.notna(best["speedup_lo"]) else best["speedup"]
-            top = at["speedup_hi"].fillna(at["speedup"])
-            candidates = sorted(int(n) for n in at.loc[top >= floor, "n"])
-            pays = bool((top >= 1.0).any())
-            chosen = at[at["n"] == candidates[0]].iloc[0]
+            found = best[(*key, concurrency)]
+            candidates = [int(n) for n in str(found["indistinguishable"]).split()]
+            pays = top[(*key, concurrency)] >= 1.0
+            chosen = group[(group[load] == concurrency) & (group["n"] == candidates[0])].iloc[0]
             rows.append(
                 {
                     **dict(zip(by, key, strict=True)),
@@ -98,12 +108,12 @@ def compute_speculation_schedule(
                     "range_start": 1 if index == 0 else concurrency,
                     "range_end": loads[index + 1] - 1 if index + 1 < len(loads) else None,
                     "n": candidates[0] if pays else 0,
-                    "best_n": int(best["n"]),
+                    "best_n": int(found["best_n"]),
                     "speedup": float(chosen["speedup"]) if pays else 1.0,
                     "speedup_lo": float(chosen["speedup_lo"]) if pays else float("nan"),
                     "speedup_hi": float(chosen["speedup_hi"]) if pays else float("nan"),
-                    "best_speedup": float(best["speedup"]),
-                    "candidates": " ".join(map(str, candidates)),
+                    "best_speedup": float(found["speedup"]),
+                    "candidates": found["indistinguishable"],
                 }
             )
     schedule = pd.DataFrame(rows)

@@ -106,8 +106,8 @@ def replay_config(
         have = sorted({(str(m), int(k)) for m, k in zip(table["method"], table["n"], strict=True)})
         raise MissingInputError(f"no complete {method} run at n = {n} in {runs}; runs: {have}")
     counts = count_runs(catalog, chosen, "acceptance")
-    curve = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
     if output_format == "vllm":
+        curve = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
         config = synthetic_acceptance_config(
             curve, method=method, n=n, speculative_method=speculative_method
         )
@@ -130,8 +130,9 @@ def replay_config(
         )
     text = json.dumps(config)
     typer.echo(text)
+    drafted = int(counts.loc[counts["position"] == 0, "n_drafted"].sum())
     typer.echo(
-        f"# from {len(chosen)} run(s), {int(curve['n_drafted'].iloc[0])} drafted steps: "
+        f"# from {len(chosen)} run(s), {drafted} drafted steps: "
         f"{', '.join(sorted(chosen['run_id']))}",
         err=True,
     )

@@ -28,12 +28,12 @@ from dsparklab.engines.vllm.local_server import (
     DSPARKLAB,
     Server,
     ServerError,
-    http_get,
     local_server,
 )
+from dsparklab.engines.vllm.local_server import http_get as get
 from dsparklab.zoo import zoo_path
 
-__all__ = ["DSPARKLAB", "Server"]
+__all__ = ["DSPARKLAB", "Server", "get"]
 
 N = 3
 BIN = Path(sys.executable).parent
@@ -110,10 +110,6 @@ def settled(taps: Path, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"the tap runs below {taps} did not settle within {timeout:.0f} s")
         time.sleep(0.2)
-
-
-def get(url: str, timeout: float = 10.0) -> str:
-    return http_get(url, timeout)
 
 
 def post(url: str, payload: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
