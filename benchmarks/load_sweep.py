@@ -186,7 +186,7 @@ def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict | None]:
     print("\n## The schedule\n")
     print(
         markdown_table(
-            plan[["concurrency", "range_start", "range_end", "n", "best_n", "candidates"]]
+            plan[["concurrency", "range_start", "range_end", "n", "best_n", "candidates", "pays"]]
         )
     )
     chosen = {int(c): int(n) for c, n in zip(best["concurrency"], best["best_n"], strict=True)}

@@ -6,7 +6,13 @@ step's number of scheduled requests up in it, carries the last range's n to its 
 batch, and caps every n at the config's ``num_speculative_tokens`` (vLLM 0.34.0,
 ``vllm/v1/spec_decode/dynamic/utils.py``, ``build_dynamic_sd_schedule_lookup``; 0.32.0's
 scheduler, ``vllm/v1/core/sched/scheduler.py``, reads it per step). An n of 0 there
-drafts nothing at that batch size.
+proposes no token at that batch size, but it does not make the server target-only: the
+drafter still runs its forward every step to keep its KV cache in step with the target's
+(vLLM 0.32.0, ``vllm/v1/spec_decode/llm_base_proposer.py:616-627``; 0.34.0's V2 runner
+calls the speculator's ``propose`` whatever n the step schedules,
+``vllm/v1/worker/gpu/model_runner.py:2367-2380``). So 0 is a choice only where it was
+measured on the speculative server (as vLLM's ``tune_speculative_k`` measures its K = 0
+candidate, a one-range schedule), never inferred from the target-only baseline.
 
 The lab measures speedup per window n at each concurrency C (a closed loop of C
 requests, whose steps run at batch sizes up to C: run.json's ``load.batch_sizes``) and
@@ -25,11 +31,13 @@ from dsparklab.analysis.projection import compute_best_n
 from dsparklab.errors import MissingInputError
 
 SCHEDULE_RULE = (
-    "at each measured concurrency: among the windows whose speedup interval reaches the "
-    "best window's lower bound (the ones the evidence cannot tell from the best), the "
-    "smallest n; 0 (no speculation) where every window's upper bound is below 1. Ranges "
-    "start at each measured concurrency (the first at 1) and end below the next; the last "
-    "carries to vLLM's largest batch."
+    "at each measured concurrency: among the measured windows whose speedup interval "
+    "reaches the best window's lower bound (the ones the evidence cannot tell from the "
+    "best), the smallest n. Where every window's upper bound is below 1 the choice stands "
+    "and is marked as not paying: a target-only server is faster there, and a schedule "
+    "cannot turn the drafter off (at n = 0 vLLM still runs the drafter's forward each "
+    "step). Ranges start at each measured concurrency (the first at 1) and end below the "
+    "next; the last carries to vLLM's largest batch."
 )
 
 
@@ -57,8 +65,9 @@ def compute_speculation_schedule(
     pandas.DataFrame
         One row per group and load, sorted: ``range_start``, ``range_end`` (inclusive;
         ``<NA>`` on the last: vLLM carries it to its largest batch), ``n`` (the choice),
-        ``best_n``, ``speedup`` (+ ``_lo``/``_hi``) of the choice, ``best_speedup`` and
-        ``candidates`` (the windows the evidence cannot tell from the best).
+        ``best_n``, ``speedup`` (+ ``_lo``/``_hi``) of the choice, ``best_speedup``,
+        ``candidates`` (the windows the evidence cannot tell from the best) and ``pays``
+        (some window's upper bound reaches 1: speculation can beat target-only there).
 
     Notes
     -----
@@ -66,8 +75,9 @@ def compute_speculation_schedule(
     and :math:`b = \\arg\\max_n S_n`, the candidates are
     :math:`\\{n : h_n \\ge l_b\\}` (:func:`~dsparklab.analysis.compute_best_n`'s
     ``indistinguishable``) and the choice is :math:`\\min` of them (a smaller
-    window verifies fewer tokens per request, which grows in cost with the batch), or
-    0 when :math:`\\max_n h_n < 1` (speculation measurably slower than target-only).
+    window verifies fewer tokens per request, which grows in cost with the batch);
+    ``pays`` is :math:`\\max_n h_n \\ge 1`. Where it is false the choice is still the
+    cheapest window the server can run, and the caller says that target-only is faster.
     Loads :math:`C_1 < C_2 < \\dots` give ranges :math:`[C_i, C_{i+1} - 1]`, the first
     starting at 1.
     """
@@ -99,7 +109,6 @@ def compute_speculation_schedule(
         for index, concurrency in enumerate(loads):
             found = best[(*key, concurrency)]
             candidates = [int(n) for n in str(found["indistinguishable"]).split()]
-            pays = top[(*key, concurrency)] >= 1.0
             chosen = group[(group[load] == concurrency) & (group["n"] == candidates[0])].iloc[0]
             rows.append(
                 {
@@ -107,13 +116,14 @@ def compute_speculation_schedule(
                     load: concurrency,
                     "range_start": 1 if index == 0 else concurrency,
                     "range_end": loads[index + 1] - 1 if index + 1 < len(loads) else None,
-                    "n": candidates[0] if pays else 0,
+                    "n": candidates[0],
                     "best_n": int(found["best_n"]),
-                    "speedup": float(chosen["speedup"]) if pays else 1.0,
-                    "speedup_lo": float(chosen["speedup_lo"]) if pays else float("nan"),
-                    "speedup_hi": float(chosen["speedup_hi"]) if pays else float("nan"),
+                    "speedup": float(chosen["speedup"]),
+                    "speedup_lo": float(chosen["speedup_lo"]),
+                    "speedup_hi": float(chosen["speedup_hi"]),
                     "best_speedup": float(found["speedup"]),
                     "candidates": found["indistinguishable"],
+                    "pays": top[(*key, concurrency)] >= 1.0,
                 }
             )
     schedule = pd.DataFrame(rows)
@@ -124,19 +134,23 @@ def compute_speculation_schedule(
 def schedule_config(schedule: pd.DataFrame, *, max_batch: int | None = None) -> dict[str, Any]:
     """vLLM's speculative-config keys serving one schedule of
     :func:`compute_speculation_schedule`: ``num_speculative_tokens`` (the largest n: vLLM
-    caps every entry at it) and ``num_speculative_tokens_per_batch_size``; the last
-    range ends at ``max_batch`` (default: its own start, vLLM carrying it further)."""
-    require_columns(schedule, ["range_start", "range_end", "n"], what="schedule_config")
-    if schedule.empty or int(schedule["n"].max()) == 0:
+    caps every entry at it) and ``num_speculative_tokens_per_batch_size``, adjacent ranges
+    of one n merged; the last range ends at ``max_batch`` (default: its own start, vLLM
+    carrying it further)."""
+    require_columns(schedule, ["range_start", "range_end", "n", "pays"], what="schedule_config")
+    if schedule.empty or not schedule["pays"].any() or int(schedule["n"].max()) == 0:
         raise MissingInputError(
             "speculation pays at no measured load: serve without a speculative config"
         )
-    entries = []
+    entries: list[list[int]] = []
     for row in schedule.sort_values("range_start").itertuples():
         end = row.range_end
         if pd.isna(end):
             end = max(int(max_batch or row.range_start), int(row.range_start))
-        entries.append([int(row.range_start), int(end), int(row.n)])
+        if entries and entries[-1][2] == int(row.n):
+            entries[-1][1] = int(end)
+        else:
+            entries.append([int(row.range_start), int(end), int(row.n)])
     return {
         "num_speculative_tokens": int(schedule["n"].max()),
         "num_speculative_tokens_per_batch_size": entries,

@@ -187,7 +187,13 @@ def schedule(
             f"# batch {row.range_start}-{end} (measured at concurrency {row.concurrency}): "
             f"n = {row.n}, speedup {row.speedup:.2f} ({row.speedup_lo:.2f}-"
             f"{row.speedup_hi:.2f}); best n {row.best_n} at {row.best_speedup:.2f}, "
-            f"indistinguishable: {row.candidates}",
+            f"indistinguishable: {row.candidates}"
+            + (
+                ""
+                if row.pays
+                else "; pays at no window: target-only is faster here, and n = 0 would "
+                "still run the drafter"
+            ),
             err=True,
         )
     if out is not None:

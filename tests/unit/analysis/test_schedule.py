@@ -1,6 +1,6 @@
 """The schedule rule (issue 32): the smallest window the evidence cannot tell from the
-best at each load, none where speculation is measurably slower, and batch-size ranges
-vLLM's own lookup reads as intended."""
+best at each load, marked where no window pays (never a 0 nobody measured: vLLM's n = 0
+still runs the drafter), and batch-size ranges vLLM's own lookup reads as intended."""
 
 from __future__ import annotations
 
@@ -35,16 +35,36 @@ def test_each_load_takes_the_smallest_window_it_cannot_tell_from_the_best():
         ]
     )
     plan = compute_speculation_schedule(table, by=("method",)).set_index("concurrency")
-    assert plan["n"].tolist() == [3, 2, 0]
+    # at 4 no window pays: the cheapest window the server can run, marked, not an
+    # unmeasured 0
+    assert plan["n"].tolist() == [3, 2, 1]
+    assert plan["pays"].tolist() == [True, True, False]
     assert plan["best_n"].tolist() == [4, 2, 1]
     assert plan.loc[1, "candidates"] == "3 4" and plan.loc[1, "speedup_lo"] == 1.60
+    assert plan.loc[4, "speedup"] == 0.90 and plan.loc[4, "speedup_hi"] == 0.95
     assert plan["range_start"].tolist() == [1, 2, 4]
     assert plan["range_end"].tolist()[:2] == [1, 3] and pd.isna(plan.loc[4, "range_end"])
     config = schedule_config(plan.reset_index(), max_batch=8)
     assert config == {
         "num_speculative_tokens": 3,
-        "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 3, 2], [4, 8, 0]],
+        "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 3, 2], [4, 8, 1]],
     }
+
+
+def test_a_zero_window_measured_on_the_speculative_server_can_be_chosen():
+    # n = 0 served as a one-range schedule (the drafter still runs, no token proposed),
+    # as tune_speculative_k measures its K = 0 candidate
+    table = scaling([(1, 2, 1.3, 1.2, 1.4), (8, 0, 0.97, 0.95, 0.99), (8, 1, 0.9, 0.85, 0.94)])
+    plan = compute_speculation_schedule(table).set_index("concurrency")
+    assert plan["n"].tolist() == [2, 0] and plan["pays"].tolist() == [True, False]
+    config = schedule_config(plan.reset_index(), max_batch=8)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 8, 0]]
+
+
+def test_adjacent_ranges_of_one_window_merge():
+    table = scaling([(1, 2, 1.3, 1.2, 1.4), (2, 2, 1.2, 1.1, 1.3), (4, 1, 1.1, 1.0, 1.2)])
+    config = schedule_config(compute_speculation_schedule(table), max_batch=4)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 3, 2], [4, 4, 1]]
 
 
 def test_the_first_range_starts_at_one_and_vllm_reads_the_ranges_as_intended():
