@@ -145,7 +145,7 @@ def interval(frame: pd.DataFrame, column: str = "speedup") -> pd.Series:
     )
 
 
-def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict | None]:
+def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict]:
     """Serve and count the sweep; print its tables. The best n per load, and the schedule's
     config (None where speculation pays at no load)."""
     sweep_out = args.out / "sweep"
@@ -192,9 +192,11 @@ def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict | None]:
     chosen = {int(c): int(n) for c, n in zip(best["concurrency"], best["best_n"], strict=True)}
     try:
         return chosen, schedule_config(plan, max_batch=max(chosen))
-    except MissingInputError as err:  # speculation pays at no load: nothing to serve
-        print(f"\nno schedule to serve: {err}")
-        return chosen, None
+    except MissingInputError as err:
+        # the advice stands (dsparklab schedule says the same), but the loop is closed
+        # anyway: the rule's choices against the best fixed n, whatever target-only does
+        print(f"\n{err}; the loop below serves the rule's choices all the same")
+        return chosen, schedule_config(plan.assign(pays=True), max_batch=max(chosen))
 
 
 def closed_loop(args: argparse.Namespace, config: dict, chosen: dict[int, int]) -> None:
@@ -271,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         closed_loop(args, config, {c: lookup[c] for c in loads})
         return 0
     chosen, config = sweep(args)
-    if config is not None:
-        closed_loop(args, config, chosen)
+    closed_loop(args, config, chosen)
     return 0
 
 

@@ -35,16 +35,22 @@ def fitted_cost_table(
     steps: pd.DataFrame, *, by: str | Iterable[str] = (), profile: str = "measured"
 ) -> pd.DataFrame:
     """The speedup model's fitted costs of ``steps`` as a cost table (per method and n,
-    and per ``by`` group: ``("dataset",)`` fits each dataset's context lengths apart).
+    and per ``by`` group: ``("dataset",)`` fits each dataset's context lengths apart,
+    ``("concurrency",)`` each load, ``("batch_size",)`` each runtime batch size).
 
     :math:`c_{\\mathrm{draft}}(n) = \\hat c_0 + \\hat c_1 n` and
-    :math:`V(n) = 1 + \\hat v(n)` (:func:`dsparklab.analysis.fit_speedup_model`).
+    :math:`V(n) = 1 + \\hat v(n)` (:func:`dsparklab.analysis.fit_speedup_model`), in
+    target-only steps of the same group. By ``batch_size`` (a step column, counted per
+    request with it as a key) the unit is the target-only step of that many requests:
+    :math:`V_b(n) = \\bar u_b(n) / t_b`, the mean verify time of the steps that ran b
+    requests over the baseline's mean step of b requests.
     """
-    from dsparklab.analysis.window import require_step_costs
+    from dsparklab.analysis.window import MATCH_COLUMNS, STEP_MATCH_COLUMNS, require_step_costs
 
     require_step_costs(steps)
     by = [c for c in as_columns(by) if c != "method"]
-    params = fit_speedup_model(steps, fit_by=("method", *by))
+    match = [*MATCH_COLUMNS, *(c for c in by if c in STEP_MATCH_COLUMNS)]
+    params = fit_speedup_model(steps, fit_by=("method", *by), match=match)
     table = params.assign(
         profile=profile,
         draft_cost=params["draft_cost_fit"],

@@ -42,6 +42,10 @@ BASELINE_METHOD = "none"
 MATCH_COLUMNS = ("engine", "target", "dataset", "temperature", "concurrency")
 # Match columns a frame built by hand may lack: without one, its runs share one load.
 OPTIONAL_MATCH_COLUMNS = ("concurrency",)
+# Step columns a step-time table may be grouped by. A group by one is matched with the
+# baseline's steps of the same value: a step of b requests is costed against the
+# target-only steps of b requests, not against the baseline's mean step.
+STEP_MATCH_COLUMNS = ("batch_size",)
 # The counters of a step-time table (count_step_times; aggregate_store's "step_times").
 STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
 

@@ -10,7 +10,7 @@ time is one pass, Eagle3's grows with n. The engine is named ``synthetic``.
 A run written at a ``concurrency`` C records it (run.json ``load``); each request's share
 of its batch's verify is (1 + 0.15 (C - 1) k) / C of the batch-1 time, k the tokens each
 request verifies (n + 1; 1 for the target alone): a wide window fills the batch, so
-larger loads favour smaller windows.
+larger loads favour smaller windows. Its steps all ran at batch size C.
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ def write_synthetic_run(
                         emitted=accepted_len + 1,
                         draft_time_s=draft_time,
                         verify_time_s=verify,
+                        # a closed loop kept full: every step ran the whole load
+                        **({"batch_size": concurrency} if concurrency else {}),
                     ),
                 )
                 if method == "none":

@@ -75,6 +75,12 @@ def test_window_scaling_schedules_the_n_of_each_load(
     # why: verifying n + 1 tokens costs more target-only steps as the batch fills
     costs = pd.DataFrame.from_records(records["costs_by_load"]).set_index(["concurrency", "n"])
     assert costs.loc[(4, 6), "verify_cost"] > costs.loc[(1, 6), "verify_cost"] + 0.5, costs
+    # every synthetic step ran its whole load, so by batch size is by load, number for number
+    keys, values = ["method", "concurrency", "n"], ["draft_cost", "verify_cost"]
+    by_load = costs.reset_index().set_index(keys).sort_index()[values]
+    by_batch = pd.DataFrame.from_records(records["costs_by_batch_size"])
+    by_batch = by_batch.rename(columns={"batch_size": "concurrency"}).set_index(keys).sort_index()
+    pd.testing.assert_frame_equal(by_batch[values], by_load, check_exact=False, rtol=1e-9)
 
 
 def test_regression_diagnosis_compares_two_loads(

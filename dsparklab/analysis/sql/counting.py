@@ -36,7 +36,7 @@ from dsparklab.analysis.sql.queries import (
     UNVERIFIED_STEPS,
     render,
 )
-from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
+from dsparklab.analysis.window import MATCH_COLUMNS, STEP_MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 from dsparklab.store.catalog import Catalog, catalog_of, list_runs
 from dsparklab.store.location import Location
@@ -97,6 +97,12 @@ def _check(
                 raise DSparkLabError(
                     f"aggregate_store groups by {name!r} only for acceptance counted from "
                     "the steps (metric='acceptance', source='steps')"
+                )
+        elif name in STEP_MATCH_COLUMNS:
+            if metric != "step_times":
+                raise DSparkLabError(
+                    f"aggregate_store groups by the step column {name!r} only for step "
+                    "times (metric='step_times')"
                 )
         elif name not in RUN_COLUMNS and name not in ROW_COLUMNS:
             raise DSparkLabError(
@@ -185,7 +191,7 @@ def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
 
 def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The dtypes of the in-process tables (SQL results carry the engines' own)."""
-    ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n"}
+    ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n", *STEP_MATCH_COLUMNS}
     bins = {name for name in BIN_EDGES if name in frame}  # NULL where context_len is
     frame = frame.astype({name: "Int64" for name in bins})
     floats = {"bin_lo", "bin_hi", "level", "sum_score", "sum_score_sq", "temperature"}
@@ -235,6 +241,8 @@ def aggregate_store(
     by
         Run columns (run_id, method, n, dataset, ...) and ``request_id`` / ``prompt_id``;
         ``("dataset", "prompt_id")`` gives the per-prompt counts a regression diff compares.
+        Step times also group by the steps' ``batch_size`` (put it in ``match`` too, so
+        each batch size is paired with the baseline's steps of that size).
     filters
         ``{run column: value or list}``: runs that do not match are never read.
     statuses

@@ -48,6 +48,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
         "num_verified",
         "accepted_len",
         "emitted",
+        "batch_size",  # step times by runtime batch size
         "draft_time_s",
         "verify_time_s",
         "other_time_s",

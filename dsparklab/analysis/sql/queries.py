@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dsparklab.analysis.window import STEP_MATCH_COLUMNS
 from dsparklab.errors import DSparkLabError
 
 # Row-level grouping columns besides the run columns, and the relation each comes from in
@@ -286,7 +287,8 @@ def render(
         A name of :data:`COUNTERS`.
     keys
         Output key columns: run columns (taken from ``runs``) and ``request_id`` /
-        ``prompt_id`` (from the tables). ``step_times`` needs at least one.
+        ``prompt_id`` (from the tables); ``step_times`` also the steps' ``batch_size``,
+        and needs at least one.
     n_positions
         P, the widest window of the selected runs: positions ``0..P-1`` are counted.
     score, n_bins, levels
@@ -329,7 +331,9 @@ def render(
     if counter == "step_times":
         if not keys:
             raise DSparkLabError("step_times needs at least one key column")
-        fields["keys"], group = _key_lists(keys, dict.fromkeys(ROW_COLUMNS, "s"))
+        fields["keys"], group = _key_lists(
+            keys, dict.fromkeys([*ROW_COLUMNS, *STEP_MATCH_COLUMNS], "s")
+        )
         fields["group"] = group.rstrip(", ")
         return COUNTERS[counter].template.format(**fields)
     prefix = counter == "calibration" and score == "prefix_confidence"
