@@ -8,7 +8,9 @@ configurations' order rotates every repeat so that drift spreads over all of the
 1. speedup(n, C) with 95 % bootstrap intervals over requests of every repeat, each run
    against the target-only run at its own load, and an independent recount from the
    parquet (sum of the steps' times, by hand) with the largest difference (goal: < 0.01);
-2. the best n per concurrency and the windows that cannot be told from it;
+2. the costs fitted per runtime batch size (the steps' ``batch_size``: verify of n + 1
+   tokens and the draft, in target-only steps of as many requests), and the best n per
+   concurrency and the windows that cannot be told from it;
 3. the schedule (``dsparklab schedule``'s rule) as vLLM's ``num_speculative_tokens_per_batch_size``;
 4. the loop closed: the schedule served (dynamic speculative decoding) beside every
    fixed n that was best somewhere and the target-only baseline, interleaved over the
@@ -34,6 +36,7 @@ from dsparklab.analysis import (
     compute_best_n,
     compute_speculation_schedule,
     compute_window_scaling,
+    fitted_cost_table,
     schedule_config,
 )
 from dsparklab.analysis.sql import aggregate_store
@@ -145,6 +148,22 @@ def interval(frame: pd.DataFrame, column: str = "speedup") -> pd.Series:
     )
 
 
+def print_costs_by_batch_size(store: Path) -> None:
+    """The fitted costs per runtime batch size (in target-only steps of that many
+    requests), and how many of the Eagle3 steps ran at each size."""
+    counts = aggregate_store(
+        store, metric="step_times", by=("method", "batch_size"), per_request=True
+    )
+    costs = fitted_cost_table(counts, by=["batch_size"])
+    steps = counts[counts["method"] != "none"].groupby("batch_size")["n_steps"].sum()
+    print("## Costs per runtime batch size (target-only steps of that batch)\n")
+    for value in ("verify_cost", "draft_cost"):
+        wide = costs.pivot_table(index="n", columns="batch_size", values=value)
+        wide.columns = [f"b={b} ({steps.get(b, 0)} steps)" for b in wide.columns]
+        print(f"{value}:\n")
+        print(markdown_table(wide.reset_index(), digits=2) + "\n")
+
+
 def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict]:
     """Serve and count the sweep; print its tables. The best n per load, and the schedule's
     config (None where speculation pays at no load)."""
@@ -173,6 +192,7 @@ def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict]:
         f"\nlargest |speedup - recount from the parquet|: {worst:.2e} "
         f"(goal < {RECOUNT_GOAL}: {'met' if worst < RECOUNT_GOAL else 'NOT met'})\n"
     )
+    print_costs_by_batch_size(sweep_out)
     best = compute_best_n(scaling, by=BY)
     print("## Best n per load\n")
     print(

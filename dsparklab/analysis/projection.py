@@ -43,13 +43,16 @@ def fitted_cost_table(
     target-only steps of the same group. By ``batch_size`` (a step column, counted per
     request with it as a key) the unit is the target-only step of that many requests:
     :math:`V_b(n) = \\bar u_b(n) / t_b`, the mean verify time of the steps that ran b
-    requests over the baseline's mean step of b requests.
+    requests over the baseline's mean step of b requests, whatever load the runs kept.
     """
     from dsparklab.analysis.window import MATCH_COLUMNS, STEP_MATCH_COLUMNS, require_step_costs
 
     require_step_costs(steps)
     by = [c for c in as_columns(by) if c != "method"]
-    match = [*MATCH_COLUMNS, *(c for c in by if c in STEP_MATCH_COLUMNS)]
+    # by a step's own batch size, the run's nominal load no longer pairs anything: a step
+    # of b requests is a step of b whatever concurrency its run kept
+    step_keys = [c for c in by if c in STEP_MATCH_COLUMNS]
+    match = [c for c in MATCH_COLUMNS if not (step_keys and c == "concurrency")] + step_keys
     params = fit_speedup_model(steps, fit_by=("method", *by), match=match)
     table = params.assign(
         profile=profile,

@@ -79,3 +79,14 @@ def test_duckdb_counts_by_batch_size_equal_the_in_process_counts(store: Path):
 def test_batch_size_groups_step_times_only(store: Path):
     with pytest.raises(DSparkLabError, match="only for step times"):
         aggregate_store(store, metric="acceptance", by=("batch_size",))
+
+
+def test_a_batch_size_pairs_across_the_loads_the_runs_kept(store: Path):
+    """A step of one request in a run kept at four is costed against the target-only
+    steps of one request, wherever the baseline ran them (here only at concurrency 1)."""
+    steps = read_trace(store, "steps")
+    base = steps["method"] == "none"
+    steps["concurrency"] = 4
+    steps.loc[base & (steps["batch_size"] == 1), "concurrency"] = 1
+    table = fitted_cost_table(steps, by=("batch_size",)).set_index("batch_size")
+    assert table.loc[1, "verify_cost"] == pytest.approx(VERIFY[1], rel=1e-9)
