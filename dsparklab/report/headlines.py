@@ -86,19 +86,25 @@ def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any
 
 
 def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
-    """The best window per (run set, dataset, method), or the windows that tie with it."""
+    """The best window per (run set, dataset, method), or the windows that tie with it;
+    where even the best is measurably slower than the target alone, it says so (a
+    window is still the one to serve if speculating at all: n = 0 in a schedule is not
+    target-only)."""
     if best.empty:
         return None
     parts = []
     for r in best.to_dict("records"):
         tied = [int(n) for n in str(r["indistinguishable"]).split()]
         if len(tied) > 1:
-            parts.append(
+            part = (
                 f"{_who(r)}: n = {', '.join(map(str, tied))} cannot be told apart "
                 f"(best measured n = {int(r['best_n'])})"
             )
         else:
-            parts.append(f"{_who(r)}: n = {int(r['best_n'])}")
+            part = f"{_who(r)}: n = {int(r['best_n'])}"
+        if r.get("speedup_hi", float("nan")) < 1.0:
+            part += ", though no window pays there (the target alone is faster)"
+        parts.append(part)
     return {"title": "Which n?", "text": "; ".join(parts) + "."}
 
 
