@@ -136,6 +136,9 @@ def test_trace_is_valid_and_taps_agree_with_vllm(runs: dict[str, Path]) -> None:
     tap_meta = read_run_json(tap_run)
     assert tap_meta["status"] == "complete"
     assert tap_meta["engine"]["model_runner"] == "v1"
+    # the joined run keeps what the engine resolved, as a served run does
+    assert meta["speculative"] == tap_meta["speculative"]
+    assert meta["speculative"]["num_speculative_tokens_per_batch_size"] is None
     # context length: prompt + emitted tokens when each draft began
     prompt_len = requests.set_index("request_id")["prompt_token_ids"].map(len)
     for rid, group in steps.sort_values("step").groupby("request_id"):

@@ -384,3 +384,39 @@ def test_the_report_findings_over_harness_runs_give_speedup_and_its_attribution(
         assert {"tokens", "draft", "verify", "other"} <= set(row), row
     assert {row["method"] for row in findings.best_n} == {"dspark", "eagle3"}
     assert not [note for note in findings.notes if "speedup not measured" in note]
+
+
+def test_a_schedule_that_drafts_nothing_at_a_batch_size_keeps_every_v2_step(
+    harness_runs: Any, tmp_path: Path
+) -> None:
+    """Dynamic speculative decoding on Model Runner V2: the runner looks n up per batch
+    size as vLLM's scheduler does (its own ``build_dynamic_sd_schedule_lookup``). Where two
+    requests share a step, n = 0: the drafter still runs, proposes nothing, and the next
+    step (one token scheduled) is recorded as a target-only step of the run, with its
+    costs, so every output token has its step; the outputs stay the target's."""
+    from dsparklab.engines.plan import RunSpec
+    from dsparklab.engines.vllm import harness
+
+    schedule = [[1, 1, 3], [2, 2, 0]]
+    options = replace(_harness_options(tmp_path / "v2"), methods=("eagle3",), ns=(3,))
+    harness.collect(options, max_num_seqs=2, keep_taps=tmp_path / "taps", schedule=schedule)
+    spec = RunSpec("humaneval", "eagle3", 3, engine=harness.HARNESS_ENGINE)
+    run_dir = Path(spec.location(tmp_path / "v2").path)
+    (report,) = validate_trace(run_dir)  # 1 + sum(emitted) = output length, per request
+    assert report.ok and report.complete, [str(v) for v in report.violations]
+    assert (
+        read_run_json(run_dir)["speculative"]["num_speculative_tokens_per_batch_size"] == schedule
+    )
+    steps = read_trace(run_dir, "steps")
+    for name in ("verify_time_s", "other_time_s"):
+        assert steps[name].notna().all(), name
+    plain = steps[steps["num_drafted"] == 0]
+    assert len(plain) > 0 and (plain["accepted_len"] == 0).all() and (plain["emitted"] == 1).all()
+    assert (plain["batch_size"] == 2).all() and (
+        steps.loc[steps["num_drafted"] > 0, "batch_size"] == 1
+    ).all()
+    outputs = read_trace(run_dir, "requests").set_index("prompt_id")["output_token_ids"]
+    plain_outputs = read_trace(harness_runs["v2"], "requests")
+    plain_outputs = plain_outputs[plain_outputs["method"] == "none"].set_index("prompt_id")
+    for prompt_id, tokens in outputs.items():
+        assert list(tokens) == list(plain_outputs.loc[prompt_id, "output_token_ids"]), prompt_id

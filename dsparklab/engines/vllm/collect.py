@@ -187,7 +187,7 @@ def _collect_engine(
 ) -> list[RunReport]:
     """Start one ``vllm.LLM`` for (method, n), run every dataset, write the runs."""
     with environ(tap_config.to_env()):
-        from dsparklab.engines.vllm import patching, plugin
+        from dsparklab.engines.vllm import patching, plugin, runs
 
         plugin.register()
         patching.configure(tap_config)
@@ -201,6 +201,8 @@ def _collect_engine(
         try:
             tokenizer = llm.get_tokenizer()
             in_flight = int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
+            # what the engine resolved (a schedule, sampling methods), as a served run has it
+            speculative = runs.speculative_settings(llm.llm_engine.vllm_config) if n else None
             max_new = options.max_new_tokens
             max_len = int(llm.llm_engine.model_config.max_model_len) - max_new - n - 1
             sampling = SamplingParams(
@@ -246,6 +248,7 @@ def _collect_engine(
             engine={"version": getattr(vllm, "__version__", "unknown"), "mode": "offline"},
             extra={"engine_kwargs": _jsonable(kwargs), "taps": tap_config.as_dict()},
             load=load_block(spec, in_flight),
+            **({"speculative": speculative} if speculative else {}),
         )
         reports.append(
             write_run(

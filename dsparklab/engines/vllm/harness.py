@@ -147,9 +147,15 @@ def dspark_on_v1_allowed() -> Iterator[None]:
 
 
 def cpu_vllm_config(
-    target: Path, method: str, drafter: Path | None, n: int, max_num_reqs: int
+    target: Path,
+    method: str,
+    drafter: Path | None,
+    n: int,
+    max_num_reqs: int,
+    schedule: list[list[int]] | None = None,
 ) -> Any:
-    """A float32, eager VllmConfig of the target, with ``method``'s speculative config."""
+    """A float32, eager VllmConfig of the target, with ``method``'s speculative config
+    (``schedule``: its ``num_speculative_tokens_per_batch_size``)."""
     import vllm.v1.worker.cpu.shm  # noqa: F401  (first: stubs torch.cuda.Event & co.)
 
     allow_cpu_build()
@@ -171,6 +177,7 @@ def cpu_vllm_config(
             method=method,  # type: ignore[arg-type]
             model=str(drafter),
             num_speculative_tokens=n,
+            num_speculative_tokens_per_batch_size=schedule,  # type: ignore[arg-type]
             target_model_config=config.model_config,
             target_parallel_config=config.parallel_config,
         )
@@ -273,6 +280,13 @@ class HarnessRunner(_runner_base()):  # type: ignore[misc]
         self.running: dict[str, HarnessRequest] = {}
         self.batch: list[HarnessRequest] = []
         self._order = random.Random(0)
+        # dynamic speculative decoding: batch size -> n, as vLLM's scheduler looks it up
+        self.schedule_lookup: list[int] | None = None
+        entries = getattr(self.speculative_config, "num_speculative_tokens_per_batch_size", None)
+        if speculator is not None and entries:
+            from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+            self.schedule_lookup = build_dynamic_sd_schedule_lookup(entries, max_num_reqs, n)
 
     # -- V2's engine step -------------------------------------------------------------
     def execute_model(
@@ -362,6 +376,8 @@ class HarnessRunner(_runner_base()):  # type: ignore[misc]
             emitted[req.req_id] = tokens
         speculator = self.speculator
         if speculator is not None:
+            lookup = self.schedule_lookup
+            num_spec = self.num_speculative_steps if lookup is None else lookup[len(state.rows)]
             drafts = speculator.propose(
                 state.input_batch,
                 {},  # attn_metadata
@@ -374,10 +390,10 @@ class HarnessRunner(_runner_base()):  # type: ignore[misc]
                 self.req_states.next_prefill_tokens,
                 torch.zeros(self.max_num_reqs),  # temperature: greedy
                 torch.zeros(self.max_num_reqs, dtype=torch.int64),  # seeds
-                num_speculative_tokens=self.num_speculative_steps,
+                num_speculative_tokens=num_spec,
             )
-            for r, req in enumerate(state.rows):
-                req.drafts = [int(t) for t in drafts[r].tolist()]
+            for r, req in enumerate(state.rows):  # the drafter ran; n = 0 proposes nothing
+                req.drafts = [int(t) for t in drafts[r, :num_spec].tolist()]
         return emitted
 
 
@@ -508,6 +524,7 @@ class HarnessRun:
     requests: list[Any]  # CollectedRequest, one per prompt
     timeline: list[EngineStep]
     process_cpu_s: float  # the process's CPU time while serving (every thread)
+    speculative: dict[str, Any] | None  # the SpeculativeConfig fields run.json records
 
 
 def serve(
@@ -520,8 +537,10 @@ def serve(
     prompt_sets: dict[str, list[Prompt]],
     tap_config: TapConfig | None,
     max_num_seqs: int,
+    schedule: list[list[int]] | None = None,
 ) -> list[HarnessRun]:
-    """Serve every run of one (method, n) through one runner; traced when ``tap_config``.
+    """Serve every run of one (method, n) through one runner; traced when ``tap_config``
+    (``schedule``: vLLM's ``num_speculative_tokens_per_batch_size``, n per batch size).
 
     Tracing on installs the plugin (:func:`~dsparklab.engines.vllm.patching.configure`)
     before the speculator loads (the DSpark taps attach at ``load_draft_model``); tracing
@@ -536,7 +555,12 @@ def serve(
         patching.configure(tap_config)
     drafter_ref = models.drafter_ref(method)
     config = cpu_vllm_config(
-        models.target_ref.path, method, drafter_ref.path if drafter_ref else None, n, max_num_seqs
+        models.target_ref.path,
+        method,
+        drafter_ref.path if drafter_ref else None,
+        n,
+        max_num_seqs,
+        schedule=schedule,
     )
     speculator = None if method == "none" else load_speculator(config, method)
     runner_class = HarnessRunner if tap_config is None else traced_runner_class()
@@ -581,18 +605,25 @@ def serve(
             )
             for prompt, req in zip(prompts, requests, strict=True)
         ]
-        out.append(HarnessRun(spec, collected, timeline, process_cpu))
+        settings = runs.speculative_settings(config) if speculator is not None else None
+        out.append(HarnessRun(spec, collected, timeline, process_cpu, settings))
     return out
 
 
 def collect(
-    options: CollectOptions, *, max_num_seqs: int = 4, keep_taps: Path | None = None
+    options: CollectOptions,
+    *,
+    max_num_seqs: int = 4,
+    keep_taps: Path | None = None,
+    schedule: list[list[int]] | None = None,
 ) -> list[HarnessRun]:
     """Collect every run of ``options`` through the harness, traced, into ``options.out``.
 
     One runner per (method, n) serves every dataset; the tap runs (kept in ``keep_taps``,
     else a temporary directory) are joined with the outputs into the runs, as
-    ``collect --engine vllm`` joins them (``write_run``).
+    ``collect --engine vllm`` joins them (``write_run``). ``schedule``: the speculative
+    runners' ``num_speculative_tokens_per_batch_size`` (run.json's ``speculative`` has it,
+    read from vLLM's config as on a real engine).
     """
     import tempfile
 
@@ -623,6 +654,7 @@ def collect(
             prompt_sets=prompt_sets,
             tap_config=tap_config,
             max_num_seqs=max_num_seqs,
+            schedule=schedule,
         )
         # this group's tap runs only (the process keeps its earlier groups' recorders)
         taps = read_tap_runs(
@@ -641,6 +673,7 @@ def collect(
                 },
                 extra={"max_num_seqs": max_num_seqs, "taps": tap_config.as_dict()},
                 load=load_block(run.spec, max_num_seqs),
+                **({"speculative": run.speculative} if run.speculative else {}),
             )
             write_run(Location.of(options.out), run.spec, meta, run.requests, taps=taps)
         served.extend(group)

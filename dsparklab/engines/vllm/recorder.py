@@ -332,7 +332,7 @@ class TraceRecorder:
             for name in TAP_FIELDS
             if name in t and num_drafted
         }
-        # V1: the tokens each row scheduled this step (V2 stages none: no such steps there)
+        # the tokens each row scheduled this step (V1 and V2 stage them from the host)
         scheduled = meta.get("num_scheduled")
         resolved = 0
         for row, req_id in enumerate(req_ids):

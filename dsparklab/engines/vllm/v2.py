@@ -52,6 +52,9 @@ def before_v2(tap: SpecTap, _spec: Any, args: dict[str, Any]) -> HostSlot | None
     slot.meta.update(
         req_ids=list(batch.req_ids[:rows]),
         num_drafted=min(tap.n, int(num_spec)) if num_spec is not None else tap.n,
+        # host-side: one token scheduled marks a decode step after a step that drafted
+        # nothing (a batch-size schedule's n = 0), which the recorder keeps as a step
+        num_scheduled=[int(x) for x in batch.num_scheduled_tokens[:rows]],
     )
     if isinstance(tap, Eagle3V2Tap):  # reads vLLM's draft logits cache by request state
         slot.meta["idx_mapping"] = batch.idx_mapping[:rows]
