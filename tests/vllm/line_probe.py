@@ -43,6 +43,7 @@ def _in_order(text: str, *parts: str) -> bool:
 
 def runner_facts() -> dict[str, bool]:
     """Model Runner V2's engine step, as the step clock reads it."""
+    from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import model_runner as mr
     from vllm.v1.worker.gpu.states import RequestState
 
@@ -73,6 +74,9 @@ def runner_facts() -> dict[str, bool]:
         "state_has_input_batch": "input_batch" in mr.ExecuteModelState._fields
         and "scheduler_output" not in mr.ExecuteModelState._fields,
         "last_sampled_2d": "self.max_num_reqs, 1, dtype=torch.int64" in _src(RequestState.__init__),
+        # the propose wrapper stages the step's scheduled tokens from the host (an undrafted
+        # decode step schedules one): a numpy field of the batch propose receives
+        "batch_scheduled_on_host": "num_scheduled_tokens: np.ndarray" in _src(ib.InputBatch),
     }
 
 

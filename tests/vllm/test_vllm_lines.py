@@ -42,6 +42,7 @@ FACTS_EVERY_LINE = {
     "state_has_input_batch",
     "last_sampled_2d",
     "markov_sum_unfused",
+    "batch_scheduled_on_host",
 }
 FACTS: dict[str, set[str]] = {
     "0.32": FACTS_EVERY_LINE,
