@@ -179,9 +179,7 @@ def schedule(
     counts = count_runs(catalog, chosen, "step_times")
     scaling = compute_window_scaling(counts, by=("method", "concurrency"), n_boot=n_boot)
     plan = compute_speculation_schedule(scaling, by=("method",))
-    config = schedule_config(plan, max_batch=max_batch)
-    typer.echo(json.dumps(config))
-    for row in plan.itertuples():
+    for row in plan.itertuples():  # each load's choice, also where none pays
         end = "on" if pd.isna(row.range_end) else int(row.range_end)
         typer.echo(
             f"# batch {row.range_start}-{end} (measured at concurrency {row.concurrency}): "
@@ -196,6 +194,8 @@ def schedule(
             ),
             err=True,
         )
+    config = schedule_config(plan, max_batch=max_batch)
+    typer.echo(json.dumps(config))
     if out is not None:
         document = {
             "speculative_config": config,
