@@ -166,7 +166,8 @@ def print_costs_by_batch_size(store: Path) -> None:
 
 def sweep(args: argparse.Namespace) -> tuple[dict[int, int], dict]:
     """Serve and count the sweep; print its tables. The best n per load, and the schedule's
-    config (None where speculation pays at no load)."""
+    config (served in the loop even where no window pays: the rule's choices against the
+    best fixed n)."""
     sweep_out = args.out / "sweep"
     arms: list[tuple[str, Path, dict | None]] = [("none", sweep_out, None)]
     arms += [(f"eagle3-n{n}", sweep_out, eagle3(args, n)) for n in parse_ns(args.n)]

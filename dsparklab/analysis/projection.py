@@ -16,6 +16,7 @@ profile (e.g. a GPU-like one where verifying 8 tokens costs about one decode ste
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,8 @@ from dsparklab.analysis._frames import as_columns, require_columns
 from dsparklab.analysis.aggregate import compute_acceptance_by_position
 from dsparklab.analysis.speedup import fit_speedup_model
 from dsparklab.errors import MissingInputError, TraceSchemaError
+
+logger = logging.getLogger(__name__)
 
 COST_COLUMNS = ("profile", "method", "n", "draft_cost", "verify_cost")
 PAYS = ("yes", "no", "unclear")
@@ -53,6 +56,17 @@ def fitted_cost_table(
     # of b requests is a step of b whatever concurrency its run kept
     step_keys = [c for c in by if c in STEP_MATCH_COLUMNS]
     match = [c for c in MATCH_COLUMNS if not (step_keys and c == "concurrency")] + step_keys
+    if step_keys:
+        # a step without a batch size (imported, migrated) has no batch to be paired by
+        known = steps[step_keys].notna().all(axis=1)
+        if not known.all():
+            logger.warning(
+                "%d of %d rows have no %s and are left out of the cost table",
+                int((~known).sum()),
+                len(steps),
+                " / ".join(step_keys),
+            )
+            steps = steps[known]
     params = fit_speedup_model(steps, fit_by=("method", *by), match=match)
     table = params.assign(
         profile=profile,

@@ -10,9 +10,11 @@ proposes no token at that batch size, but it does not make the server target-onl
 drafter still runs its forward every step to keep its KV cache in step with the target's
 (vLLM 0.32.0, ``vllm/v1/spec_decode/llm_base_proposer.py:616-627``; 0.34.0's V2 runner
 calls the speculator's ``propose`` whatever n the step schedules,
-``vllm/v1/worker/gpu/model_runner.py:2367-2380``). So 0 is a choice only where it was
-measured on the speculative server (as vLLM's ``tune_speculative_k`` measures its K = 0
-candidate, a one-range schedule), never inferred from the target-only baseline.
+``vllm/v1/worker/gpu/model_runner.py:2367-2380``). So the lab never schedules 0: the
+target-only baseline is not what 0 serves, and a run served with a schedule records its
+largest n, so no run measures 0 as a window of its own (vLLM's ``tune_speculative_k``
+measures its K = 0 candidate as a served one-range schedule). Where no window pays, the
+answer is a target-only server, which the schedule's ``pays`` column says.
 
 The lab measures speedup per window n at each concurrency C (a closed loop of C
 requests, whose steps run at batch sizes up to C: run.json's ``load.batch_sizes``) and
@@ -33,11 +35,11 @@ from dsparklab.errors import MissingInputError
 SCHEDULE_RULE = (
     "at each measured concurrency: among the measured windows whose speedup interval "
     "reaches the best window's lower bound (the ones the evidence cannot tell from the "
-    "best), the smallest n. Where every window's upper bound is below 1 the choice stands "
-    "and is marked as not paying: a target-only server is faster there, and a schedule "
-    "cannot turn the drafter off (at n = 0 vLLM still runs the drafter's forward each "
-    "step). Ranges start at each measured concurrency (the first at 1) and end below the "
-    "next; the last carries to vLLM's largest batch."
+    "best), the smallest n whose upper bound reaches 1 (one that may pay), else the "
+    "smallest n, marked as not paying: a target-only server is faster there, and a "
+    "schedule cannot turn the drafter off (at n = 0 vLLM still runs the drafter's forward "
+    "each step), so 0 is never chosen. Ranges start at each measured concurrency (the "
+    "first at 1) and end below the next; the last carries to vLLM's largest batch."
 )
 
 
@@ -67,17 +69,18 @@ def compute_speculation_schedule(
         ``<NA>`` on the last: vLLM carries it to its largest batch), ``n`` (the choice),
         ``best_n``, ``speedup`` (+ ``_lo``/``_hi``) of the choice, ``best_speedup``,
         ``candidates`` (the windows the evidence cannot tell from the best) and ``pays``
-        (some window's upper bound reaches 1: speculation can beat target-only there).
+        (the choice's upper bound reaches 1: it may beat target-only there).
 
     Notes
     -----
     At load :math:`C` with windows :math:`n` measured as :math:`S_n \\in [l_n, h_n]`
     and :math:`b = \\arg\\max_n S_n`, the candidates are
     :math:`\\{n : h_n \\ge l_b\\}` (:func:`~dsparklab.analysis.compute_best_n`'s
-    ``indistinguishable``) and the choice is :math:`\\min` of them (a smaller
-    window verifies fewer tokens per request, which grows in cost with the batch);
-    ``pays`` is :math:`\\max_n h_n \\ge 1`. Where it is false the choice is still the
-    cheapest window the server can run, and the caller says that target-only is faster.
+    ``indistinguishable``) and the choice is
+    :math:`\\min \\{n \\in \\text{candidates} : h_n \\ge 1\\}` (a smaller window verifies
+    fewer tokens per request, which grows in cost with the batch), ``pays`` true; where
+    that set is empty, :math:`\\min` of the candidates, ``pays`` false: the cheapest
+    window the server can run, and a target-only server is faster there.
     Loads :math:`C_1 < C_2 < \\dots` give ranges :math:`[C_i, C_{i+1} - 1]`, the first
     starting at 1.
     """
@@ -97,11 +100,8 @@ def compute_speculation_schedule(
         tuple(row[c] for c in keys): row
         for row in compute_best_n(measured, by=keys).to_dict("records")
     }
-    tops = measured.assign(top=measured["speedup_hi"].fillna(measured["speedup"]))
-    top = {
-        k if isinstance(k, tuple) else (k,): float(v)
-        for k, v in tops.groupby(keys)["top"].max().items()
-    }
+    # a window's upper bound (its speedup where no interval was drawn)
+    top = measured["speedup_hi"].fillna(measured["speedup"])
     rows: list[dict[str, Any]] = []
     for key, group in measured.groupby(by, sort=True) if by else [((), measured)]:
         key = key if isinstance(key, tuple) else (key,)
@@ -109,21 +109,25 @@ def compute_speculation_schedule(
         for index, concurrency in enumerate(loads):
             found = best[(*key, concurrency)]
             candidates = [int(n) for n in str(found["indistinguishable"]).split()]
-            chosen = group[(group[load] == concurrency) & (group["n"] == candidates[0])].iloc[0]
+            at = group[group[load] == concurrency]
+            reaches = {int(n) for n in at.loc[top.loc[at.index] >= 1.0, "n"]}
+            paying = [n for n in candidates if n in reaches]
+            choice = (paying or candidates)[0]
+            chosen = at[at["n"] == choice].iloc[0]
             rows.append(
                 {
                     **dict(zip(by, key, strict=True)),
                     load: concurrency,
                     "range_start": 1 if index == 0 else concurrency,
                     "range_end": loads[index + 1] - 1 if index + 1 < len(loads) else None,
-                    "n": candidates[0],
+                    "n": choice,
                     "best_n": int(found["best_n"]),
                     "speedup": float(chosen["speedup"]),
                     "speedup_lo": float(chosen["speedup_lo"]),
                     "speedup_hi": float(chosen["speedup_hi"]),
                     "best_speedup": float(found["speedup"]),
                     "candidates": found["indistinguishable"],
-                    "pays": top[(*key, concurrency)] >= 1.0,
+                    "pays": bool(paying),
                 }
             )
     schedule = pd.DataFrame(rows)
@@ -138,7 +142,7 @@ def schedule_config(schedule: pd.DataFrame, *, max_batch: int | None = None) -> 
     of one n merged; the last range ends at ``max_batch`` (default: its own start, vLLM
     carrying it further)."""
     require_columns(schedule, ["range_start", "range_end", "n", "pays"], what="schedule_config")
-    if schedule.empty or not schedule["pays"].any() or int(schedule["n"].max()) == 0:
+    if schedule.empty or not schedule["pays"].any():
         raise MissingInputError(
             "speculation pays at no measured load: serve without a speculative config"
         )

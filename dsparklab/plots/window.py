@@ -287,7 +287,7 @@ def plot_speedup_by_load(
         too for one panel each); ``speedup_lo`` / ``_hi`` draw error bars.
     schedule
         From ``compute_speculation_schedule(scaling, by=("method",))``: its ``n`` per
-        load, ringed at its speedup (0, no speculation, sits on the target-only line).
+        load, ringed at that window's measured speedup (below 1 where no window pays).
     title
         Figure title.
     """

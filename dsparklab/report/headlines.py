@@ -103,7 +103,7 @@ def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
         else:
             part = f"{_who(r)}: n = {int(r['best_n'])}"
         if r.get("speedup_hi", float("nan")) < 1.0:
-            part += ", though no window pays there (the target alone is faster)"
+            part += ", though even that is measurably slower than the target alone"
         parts.append(part)
     return {"title": "Which n?", "text": "; ".join(parts) + "."}
 

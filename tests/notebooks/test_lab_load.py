@@ -116,3 +116,62 @@ def test_findings_give_the_best_n_per_load(load_store: Path, tmp_path: Path) -> 
     assert {row["concurrency"] for row in findings.best_n} == set(LOADS)
     which = next(h for h in findings.headlines if h["title"] == "Which n?")
     assert "at 1 in flight" in which["text"] and "at 4 in flight" in which["text"], which
+
+
+def test_the_schedule_command_writes_the_notebooks_schedule(load_store: Path, tmp_path: Path):
+    """`dsparklab schedule` on the load store: vLLM's keys on stdout, each load's choice on
+    stderr, and the --out document with every choice's interval and whether it pays."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsparklab.cli.app import app
+
+    out = tmp_path / "schedule.json"
+    args = ["schedule", str(load_store), "--method", "eagle3", "--n-boot", "50", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--max-batch", "8"])
+    assert result.exit_code == 0, result.output
+    plan = A.compute_speculation_schedule(
+        A.compute_window_scaling(
+            aggregate_store(
+                load_store, metric="step_times", by=("method", "concurrency"), per_request=True
+            ),
+            by=("method", "concurrency"),
+            n_boot=50,
+        ),
+        by=("method",),
+    )
+    config = A.schedule_config(plan, max_batch=8)
+    assert json.loads(result.stdout.splitlines()[0]) == config
+    document = json.loads(out.read_text())
+    assert document["speculative_config"] == config
+    assert [c["n"] for c in document["choices"]] == plan["n"].tolist()
+    assert [c["pays"] for c in document["choices"]] == plan["pays"].tolist()
+
+
+def test_the_schedule_command_says_where_nothing_pays(tmp_path: Path):
+    """Eight in flight, where every window is measurably slower: exit 2 in one line, after
+    each load's choice and why (never an n = 0 the server would still draft for)."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "runs"
+    write_synthetic_run(root, method="none", n=0, dataset="humaneval", concurrency=8, n_requests=8)
+    for n in (1, 3):
+        write_synthetic_run(
+            root, method="eagle3", n=n, dataset="humaneval", concurrency=8, n_requests=8
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", "from dsparklab.cli.app import main; main()", "schedule"]
+        + [str(root), "--method", "eagle3", "--n-boot", "50"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""  # no config to serve
+    assert "(measured at concurrency 8): n = 1" in done.stderr
+    assert "target-only is faster here" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: speculation pays at no measured load: serve without a speculative config"
+    )

@@ -191,8 +191,9 @@ def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
 
 def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The dtypes of the in-process tables (SQL results carry the engines' own)."""
-    ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n", *STEP_MATCH_COLUMNS}
-    bins = {name for name in BIN_EDGES if name in frame}  # NULL where context_len is
+    ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n"}
+    # NULL where context_len (the bins) or batch_size is
+    bins = {name for name in (*BIN_EDGES, *STEP_MATCH_COLUMNS) if name in frame}
     frame = frame.astype({name: "Int64" for name in bins})
     floats = {"bin_lo", "bin_hi", "level", "sum_score", "sum_score_sq", "temperature"}
     floats |= set(STEP_TIME_COUNTERS) - {"n_steps"}
@@ -241,8 +242,9 @@ def aggregate_store(
     by
         Run columns (run_id, method, n, dataset, ...) and ``request_id`` / ``prompt_id``;
         ``("dataset", "prompt_id")`` gives the per-prompt counts a regression diff compares.
-        Step times also group by the steps' ``batch_size`` (put it in ``match`` too, so
-        each batch size is paired with the baseline's steps of that size).
+        Step times also group by the steps' ``batch_size`` (for
+        ``fitted_cost_table(by=["batch_size"])``, which pairs each size with the
+        baseline's steps of that size across loads).
     filters
         ``{run column: value or list}``: runs that do not match are never read.
     statuses

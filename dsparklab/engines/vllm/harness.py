@@ -563,6 +563,7 @@ def serve(
         schedule=schedule,
     )
     speculator = None if method == "none" else load_speculator(config, method)
+    settings = runs.speculative_settings(config) if speculator is not None else None
     runner_class = HarnessRunner if tap_config is None else traced_runner_class()
     runner = runner_class(config, speculator, n, max_num_seqs)
     if speculator is not None:
@@ -605,7 +606,6 @@ def serve(
             )
             for prompt, req in zip(prompts, requests, strict=True)
         ]
-        settings = runs.speculative_settings(config) if speculator is not None else None
         out.append(HarnessRun(spec, collected, timeline, process_cpu, settings))
     return out
 

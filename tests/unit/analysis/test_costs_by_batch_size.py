@@ -90,3 +90,21 @@ def test_a_batch_size_pairs_across_the_loads_the_runs_kept(store: Path):
     steps.loc[base & (steps["batch_size"] == 1), "concurrency"] = 1
     table = fitted_cost_table(steps, by=("batch_size",)).set_index("batch_size")
     assert table.loc[1, "verify_cost"] == pytest.approx(VERIFY[1], rel=1e-9)
+
+
+def test_steps_without_a_batch_size_are_left_out_not_paired_across_loads(
+    store: Path, caplog: pytest.LogCaptureFixture
+):
+    """Imported or migrated steps carry no batch size: they are left out, with a warning,
+    never paired with the baseline's other size-less steps whatever their loads."""
+    steps = read_trace(store, "steps")
+    unknown = steps.sample(frac=0.3, random_state=0).index
+    # size-less steps with a cost of their own: pairing them would move every number
+    steps.loc[unknown, "batch_size"] = pd.NA
+    steps.loc[unknown, "verify_time_s"] *= 5
+    with caplog.at_level("WARNING", logger="dsparklab.analysis.projection"):
+        table = fitted_cost_table(steps, by=("batch_size",)).set_index("batch_size")
+    assert f"{len(unknown)} of {len(steps)} rows have no batch_size" in caplog.text
+    assert table["verify_cost"].notna().all() and sorted(table.index) == sorted(BASE)
+    for b in BASE:
+        assert table.loc[b, "verify_cost"] == pytest.approx(VERIFY[b], rel=1e-9)

@@ -1,6 +1,6 @@
 """The schedule rule (issue 32): the smallest window the evidence cannot tell from the
-best at each load, marked where no window pays (never a 0 nobody measured: vLLM's n = 0
-still runs the drafter), and batch-size ranges vLLM's own lookup reads as intended."""
+best at each load that may pay, marked where none does (never 0: vLLM's n = 0 still runs
+the drafter), and batch-size ranges vLLM's own lookup reads as intended."""
 
 from __future__ import annotations
 
@@ -51,14 +51,14 @@ def test_each_load_takes_the_smallest_window_it_cannot_tell_from_the_best():
     }
 
 
-def test_a_zero_window_measured_on_the_speculative_server_can_be_chosen():
-    # n = 0 served as a one-range schedule (the drafter still runs, no token proposed),
-    # as tune_speculative_k measures its K = 0 candidate
-    table = scaling([(1, 2, 1.3, 1.2, 1.4), (8, 0, 0.97, 0.95, 0.99), (8, 1, 0.9, 0.85, 0.94)])
+def test_the_choice_is_a_window_that_may_pay_where_one_does():
+    # at 4: n = 3 is best and reaches 1; n = 1 cannot be told from it but is measurably
+    # slower than the target alone, so the schedule serves n = 3
+    table = scaling([(4, 1, 0.90, 0.85, 0.95), (4, 3, 0.98, 0.90, 1.05)])
     plan = compute_speculation_schedule(table).set_index("concurrency")
-    assert plan["n"].tolist() == [2, 0] and plan["pays"].tolist() == [True, False]
-    config = schedule_config(plan.reset_index(), max_batch=8)
-    assert config["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 8, 0]]
+    assert plan.loc[4, "candidates"] == "1 3"
+    assert plan.loc[4, "n"] == 3 and bool(plan.loc[4, "pays"])
+    assert plan.loc[4, "speedup_hi"] == 1.05
 
 
 def test_adjacent_ranges_of_one_window_merge():
