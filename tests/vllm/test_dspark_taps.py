@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
@@ -226,12 +227,16 @@ def test_records_are_keyed_by_request_id(
     draft_inputs: dict[str, Any] = {}
     propose = wrapped_draft_step(draft_inputs)
 
-    def step(order: list[int], sampled: list[int], rejected: list[int], seq: list[int]) -> None:
+    def step(
+        order: list[int], sampled: list[int], rejected: list[int], seq: list[int], scheduled: int
+    ) -> None:
+        # the fields of vLLM's V2 InputBatch the wrapper reads
         batch = SimpleNamespace(
             num_reqs=len(order),
             req_ids=[req_ids[i] for i in order],
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             idx_mapping=torch.tensor(order),
+            num_scheduled_tokens=np.full(len(order), scheduled, dtype=np.int32),
         )
         propose_as_v2_runner(
             propose,
@@ -246,7 +251,7 @@ def test_records_are_keyed_by_request_id(
     # step A: prefill done for a, b, c (one token sampled, nothing verified), then a draft
     hidden_a, anchors_a = feed_speculator(spec, 3, seed=5)
     draft_inputs.update(rows=3, hidden=hidden_a)
-    step([0, 1, 2], [1, 1, 1], [0, 0, 0], [7, 9, 11])
+    step([0, 1, 2], [1, 1, 1], [0, 0, 0], [7, 9, 11], scheduled=7)  # the prompts' prefill
     drafts_a = spec.draft_tokens[:3].clone()
     exp_a = expected_markov_fn(spec, hidden_a, anchors_a)
     assert torch.equal(drafts_a, exp_a["tokens"])
@@ -261,6 +266,7 @@ def test_records_are_keyed_by_request_id(
         [sampled[names[i]] for i in order],
         [rejected[names[i]] for i in order],
         [8 + n, 10 + n, 12 + n],
+        scheduled=1 + n,  # the bonus token and the n drafts verified
     )
     runs.flush_worker()
     run_dir = tap.recorder.run_dir
