@@ -34,7 +34,7 @@ draft (a prefill chunk, a request's first token) get no ``steps`` row; their sha
 counted in run.json's ``step_costs`` (``unattributed_s``), so
 ``attributed_s + unattributed_s = step_time_s`` over the run.
 
-On Model Runner V1, a request that schedules one token and verifies nothing after its
+On either runner, a request that schedules one token and verifies nothing after its
 first token (the step before drafted nothing for it: vLLM's dynamic speculative decoding
 schedules no drafts at some batch sizes) is a target-only step of a speculative run: one
 ``steps`` row with ``num_drafted = 0`` and the slot's shares, as below (a re-prefill after

@@ -30,7 +30,8 @@ def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | Non
     sampled = args["sampled_token_ids"]
     metadata = args.get("spec_decode_metadata")
     verified = list(metadata.num_draft_tokens) if metadata is not None else [0] * rows
-    sched = args["scheduler_output"].num_scheduled_tokens
+    by_id = args["scheduler_output"].num_scheduled_tokens
+    scheduled = [int(by_id.get(r, 0)) for r in req_ids]
     computed = runner.input_batch.num_computed_tokens_cpu[:rows].tolist()
     slot = tap.acquire()
     if isinstance(sampled, torch.Tensor):
@@ -46,8 +47,8 @@ def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | Non
     slot.meta.update(
         req_ids=req_ids,
         num_verified=verified,
-        num_scheduled=[int(sched.get(r, 0)) for r in req_ids],
-        seq_base=[c + int(sched.get(r, 0)) for c, r in zip(computed, req_ids, strict=True)],
+        num_scheduled=scheduled,
+        seq_base=[c + s for c, s in zip(computed, scheduled, strict=True)],
     )
     if isinstance(tap, Eagle3V1Tap):
         tap.begin()
