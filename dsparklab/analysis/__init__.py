@@ -61,6 +61,7 @@ from dsparklab.analysis.projection import (
     compute_truncated_acceptance,
     compute_window_prediction,
     cost_table_from_profile,
+    cost_table_from_published,
     fitted_cost_table,
 )
 from dsparklab.analysis.reported_reliability import (
@@ -126,6 +127,7 @@ __all__ = [
     "compute_window_scaling",
     "compute_worst_prompts",
     "cost_table_from_profile",
+    "cost_table_from_published",
     "count_acceptance",
     "count_acceptance_any",
     "count_acceptance_from_counters",

@@ -11,7 +11,9 @@ acceptance the projected speedup is
 
 :func:`fitted_cost_table` makes one from measured steps (the speedup model's fit:
 :math:`V(n) = 1 + \\hat v(n)`), :func:`cost_table_from_profile` from a documented JSON
-profile (e.g. a GPU-like one where verifying 8 tokens costs about one decode step).
+profile (e.g. an assumed GPU-like one where verifying 8 tokens costs about one decode
+step), :func:`cost_table_from_published` from a published setup's verify costs, each
+number carrying its source.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, require_columns
 from dsparklab.analysis.aggregate import compute_acceptance_by_position
-from dsparklab.analysis.speedup import fit_speedup_model
-from dsparklab.errors import MissingInputError, TraceSchemaError
+from dsparklab.analysis.speedup import DRAFT_COST_SLOPE, DRAFTER_KINDS, fit_speedup_model
+from dsparklab.errors import MissingInputError, TraceSchemaError, UnknownMethodError
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,105 @@ def cost_table_from_profile(
                 }
             )
     return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+
+
+PUBLISHED_PREFIX = "published:"  # a cost profile named after a published setup
+
+
+def cost_table_from_published(
+    published: pd.DataFrame, *, setup: str, methods: Iterable[str], ns: Iterable[int]
+) -> pd.DataFrame:
+    """A cost table from one published setup's verify costs, every number with its source.
+
+    ``published`` holds rows of ``dsparklab.lab.notebook.load_published_verify_costs``
+    (``setup``, ``verify_tokens`` :math:`k`, ``cost_vs_decode`` :math:`t(k)/t(1)`,
+    ``draft_cost_vs_decode`` :math:`p`, ``how_obtained``, ``source``). For window
+    :math:`n` the target verifies :math:`w = n + 1` tokens:
+
+    .. math:: V(n) = r(w) \\text{ where stated, else }
+        r(k_a) + (r(k_b) - r(k_a)) \\frac{w - k_a}{k_b - k_a}
+
+    between the nearest stated widths :math:`k_a < w < k_b`. The draft pass :math:`p` is
+    the setup's drafter's: a block drafter (DSpark) pays it once,
+    :math:`c_{\\mathrm{draft}}(n) = p`; an autoregressive one (Eagle3) once per position,
+    :math:`c_{\\mathrm{draft}}(n) = n p` (derived, not published for that drafter).
+
+    Refused (one line naming the setup and field): a setup not in ``published``; one
+    without a stated :math:`k = 1` row (its unit is not its own decode step); a width past
+    the largest stated one (never extrapolated); no draft cost; a method of unknown kind.
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`COST_COLUMNS` (``profile`` = ``"published: <setup>"``) and ``cost_source``:
+        for each number, whether it was stated, read off a figure, derived or
+        interpolated, and the source.
+    """
+    require_columns(
+        published,
+        ["setup", "verify_tokens", "cost_vs_decode", "draft_cost_vs_decode", "how_obtained", "source"],
+        what="cost_table_from_published",
+    )
+    rows = published[published["setup"] == setup]
+    if rows.empty:
+        known = sorted(published["setup"].unique())
+        raise MissingInputError(f"no published verify costs for setup {setup!r}; known: {known}")
+    stated = rows.dropna(subset=["verify_tokens"]).sort_values("verify_tokens")
+    widths = stated["verify_tokens"].astype(int).to_numpy()
+    if 1 not in widths:
+        raise MissingInputError(
+            f"published setup {setup!r}: field verify_tokens has no 1 (its decode step), so "
+            "its costs are not in units of its own decode step; cannot project on it"
+        )
+    costs = stated["cost_vs_decode"].to_numpy(dtype=float)
+    how = stated["how_obtained"].astype(str).to_numpy()
+    pass_cost = rows["draft_cost_vs_decode"].dropna()
+    if pass_cost.empty:
+        raise MissingInputError(
+            f"published setup {setup!r}: field draft_cost_vs_decode is empty; cannot project "
+            "the draft cost"
+        )
+    draft_pass = float(pass_cost.iloc[0])
+    source = str(rows["source"].iloc[0])
+    out = []
+    for method in methods:
+        if method not in DRAFTER_KINDS:
+            raise UnknownMethodError(
+                f"no drafter kind for method {method!r} (known: {sorted(DRAFTER_KINDS)}); "
+                "cannot say how often it pays the published draft pass"
+            )
+        per_position = DRAFT_COST_SLOPE[DRAFTER_KINDS[method]]
+        for n in ns:
+            width = int(n) + 1
+            if width > widths[-1]:
+                raise MissingInputError(
+                    f"published setup {setup!r}: field verify_tokens stops at {widths[-1]}; "
+                    f"n = {n} verifies {width} tokens, which would be an extrapolation"
+                )
+            at = int(np.searchsorted(widths, width))
+            if widths[at] == width:
+                verify, verify_how = costs[at], f"k={width} {how[at]}"
+            else:
+                lo, hi = at - 1, at
+                share = (width - widths[lo]) / (widths[hi] - widths[lo])
+                verify = costs[lo] + (costs[hi] - costs[lo]) * share
+                verify_how = f"k={width} interpolated between k={widths[lo]} and k={widths[hi]}"
+            draft_how = (
+                f"draft {n} x the published pass (derived: {method} drafts once per position)"
+                if per_position
+                else "draft one published pass"
+            )
+            out.append(
+                {
+                    "profile": f"{PUBLISHED_PREFIX} {setup}",
+                    "method": method,
+                    "n": int(n),
+                    "draft_cost": draft_pass * (int(n) if per_position else 1),
+                    "verify_cost": float(verify),
+                    "cost_source": f"published: {verify_how}; {draft_how}; {source}",
+                }
+            )
+    return pd.DataFrame(out, columns=[*COST_COLUMNS, "cost_source"])
 
 
 def _survival_curves(

@@ -64,15 +64,28 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     """The step costs to project ``runs``' acceptance on, for their methods and windows.
 
     ``spec`` is a cost profile shipped with the lab (``"assumed-gpu-like"``:
-    :func:`dsparklab.lab.resources.shipped_cost_profiles`), a profile JSON file (see
+    :func:`dsparklab.lab.resources.shipped_cost_profiles`), ``"published:<setup>"`` (a
+    setup of :func:`load_published_verify_costs` with its own decode step stated, e.g.
+    ``"published:GLM-5.2 (native MTP / DSpark chain)"``:
+    :func:`dsparklab.analysis.cost_table_from_published`), a profile JSON file (see
     ``docs/metrics.md``), or a directory of runs whose fitted costs stand for another
     machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
     """
-    from dsparklab.analysis import cost_table_from_profile, fitted_cost_table
+    from dsparklab.analysis import (
+        cost_table_from_profile,
+        cost_table_from_published,
+        fitted_cost_table,
+    )
+    from dsparklab.analysis.projection import PUBLISHED_PREFIX
 
     methods = sorted(set(runs.positions["method"]))
     ns = range(1, max(int(runs.positions["n"].max()), 1) + 1)
     text = str(spec)
+    if text.startswith(PUBLISHED_PREFIX):
+        setup = text[len(PUBLISHED_PREFIX) :].strip()
+        return cost_table_from_published(
+            load_published_verify_costs(), setup=setup, methods=methods, ns=ns
+        )
     path = cost_profile_file(text) if text in shipped_cost_profiles() else Path(text)
     if path.is_dir():
         other = load_runs(path)

@@ -213,8 +213,9 @@ def plot_verify_costs(
     Parameters
     ----------
     costs
-        A cost table (``profile``, ``n``, ``verify_cost``: the verify of w = n + 1 tokens),
-        e.g. ``nb.cost_table(COST_PROFILE, runs)`` or ``fitted_cost_table(...)``.
+        A cost table (``profile``, ``n``, ``verify_cost``: the verify of w = n + 1 tokens;
+        ``cost_source``, where given, goes in the hover), e.g. ``nb.cost_table(COST_PROFILE,
+        runs)`` or ``fitted_cost_table(...)``.
     published
         ``nb.load_published_verify_costs()``; rows without ``verify_tokens`` (the source
         did not state k) are not drawn. The hover gives each number's hardware, engine and
@@ -227,6 +228,9 @@ def plot_verify_costs(
     fig = go.Figure()
     lines = each_line(costs.drop_duplicates(["profile", "n"]), ("profile",), sort_by="n")
     for (profile,), line in lines:
+        # where the table says where each number came from (a published profile), so does
+        # the hover
+        sourced = "cost_source" in line
         fig.add_trace(
             go.Scatter(
                 x=line["n"] + 1,
@@ -234,8 +238,10 @@ def plot_verify_costs(
                 mode="lines+markers",
                 name=f"{profile} (profile)",
                 line=dict(color="#495057", dash="dash"),
+                customdata=line[["cost_source"]].to_numpy() if sourced else None,
                 hovertemplate=f"{profile}<br>w=%{{x}} tokens<br>%{{y:.3f}} decode steps"
-                "<extra></extra>",
+                + ("<br>%{customdata[0]}" if sourced else "")
+                + "<extra></extra>",
             )
         )
     placed = published[published["verify_tokens"].notna()] if published is not None else None

@@ -24,6 +24,7 @@ from dsparklab import analysis as A
 from dsparklab.lab.notebook import (
     HEADLESS_ENV,
     PLOTLY_MIMETYPE,
+    load_published_verify_costs,
     load_runs,
     read_records,
 )
@@ -195,6 +196,17 @@ def test_window_scaling_records(report: ReportResult, tables):
     assert_frame_matches(records["speedup"], model, keys, "speedup")
     assert_frame_matches(records["speedup_model"], model, keys, "speedup_model")
     assert records["n_published_rows"] == len(pd.read_csv(published_file(PUBLISHED_SPEEDUPS))) == 20
+    # projected on the default profile, a published setup: AL over its sourced costs
+    setup = "DeepSeek-V4-Flash-0731 + DSpark block 7"
+    costs = A.cost_table_from_published(
+        load_published_verify_costs(),
+        setup=setup,
+        methods=sorted(set(tables.positions["method"])),
+        ns=range(1, int(tables.positions["n"].max()) + 1),
+    )
+    projected = A.compute_projected_speedup(scaling, costs)
+    assert {r["profile"] for r in records["projected_speedup"]} == {f"published: {setup}"}
+    assert_frame_matches(records["projected_speedup"], projected, keys, "speedup")
 
 
 def test_confidence_calibration_records(report: ReportResult, tables):

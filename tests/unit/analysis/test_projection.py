@@ -18,9 +18,10 @@ from dsparklab.analysis import (
     compute_truncated_acceptance,
     compute_window_prediction,
     cost_table_from_profile,
+    cost_table_from_published,
     fitted_cost_table,
 )
-from dsparklab.errors import MissingInputError, TraceSchemaError
+from dsparklab.errors import MissingInputError, TraceSchemaError, UnknownMethodError
 
 ACCEPT = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 PROFILE = {
@@ -77,6 +78,59 @@ def test_projection_on_a_profile_is_al_over_the_step_cost():
     assert "file p.json" in str(err.value)
     with pytest.raises(TraceSchemaError, match="draft.dflash"):
         cost_table_from_profile(PROFILE, methods=["dflash"], ns=[3])
+
+
+def _published(setup: str, widths: dict[int, float], draft: float | None = 0.2) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "setup": setup,
+            "verify_tokens": pd.array(list(widths), dtype="Int64"),
+            "cost_vs_decode": list(widths.values()),
+            "draft_cost_vs_decode": draft,
+            "how_obtained": [f"stated ({k})" for k in widths],
+            "source": "a blog",
+        }
+    )
+
+
+def test_published_costs_interpolate_between_stated_widths_and_carry_their_source():
+    table = pd.concat(
+        [
+            _published("big-moe", {1: 1.0, 4: 1.3, 8: 1.5}),
+            _published("no-decode-row", {8: 1.0, 16: 1.01}),
+            _published("no-draft", {1: 1.0, 8: 1.1}, draft=None),
+        ]
+    )
+    costs = cost_table_from_published(
+        table, setup="big-moe", methods=["dspark", "eagle3"], ns=range(1, 8)
+    ).set_index(["method", "n"])
+    assert set(costs["profile"]) == {"published: big-moe"}
+    # stated widths as published; w = 6 two thirds of the way from k = 4 to k = 8
+    assert costs.loc[("dspark", 3), "verify_cost"] == 1.3
+    assert costs.loc[("dspark", 5), "verify_cost"] == pytest.approx(1.3 + 0.2 * 2 / 4)
+    assert costs.loc[("dspark", 1), "verify_cost"] == pytest.approx(1.0 + 0.3 / 3)
+    # a block drafter pays the pass once, an autoregressive one per position
+    assert costs.loc[("dspark", 7), "draft_cost"] == 0.2
+    assert costs.loc[("eagle3", 7), "draft_cost"] == pytest.approx(7 * 0.2)
+    assert "k=4 stated (4)" in costs.loc[("dspark", 3), "cost_source"]
+    assert "interpolated between k=4 and k=8" in costs.loc[("dspark", 5), "cost_source"]
+    assert costs["cost_source"].str.endswith("a blog").all()
+    assert "derived" in costs.loc[("eagle3", 2), "cost_source"]
+    projected = compute_projected_speedup(
+        pd.DataFrame({"method": ["dspark"], "n": [3], "accept_len": [2.6]}), costs.reset_index()
+    )
+    assert projected["speedup"].iloc[0] == pytest.approx(2.6 / (0.2 + 1.3))
+    assert projected["label"].iloc[0] == "projected on published: big-moe"
+    with pytest.raises(MissingInputError, match="n = 8 verifies 9 tokens"):
+        cost_table_from_published(table, setup="big-moe", methods=["dspark"], ns=[8])
+    with pytest.raises(MissingInputError, match="field verify_tokens has no 1"):
+        cost_table_from_published(table, setup="no-decode-row", methods=["dspark"], ns=[3])
+    with pytest.raises(MissingInputError, match="field draft_cost_vs_decode is empty"):
+        cost_table_from_published(table, setup="no-draft", methods=["dspark"], ns=[3])
+    with pytest.raises(MissingInputError, match="known: \\['big-moe'"):
+        cost_table_from_published(table, setup="other", methods=["dspark"], ns=[3])
+    with pytest.raises(UnknownMethodError, match="mystery"):
+        cost_table_from_published(table, setup="big-moe", methods=["mystery"], ns=[3])
 
 
 def test_window_prediction_and_prefix_agreement_on_synthetic_runs():

@@ -25,6 +25,7 @@ from dsparklab.lab.notebook import (
     MIMETYPE,
     RUNS_ENV,
     SHIPPED_ENV,
+    cost_table,
     figure_json,
     front_end_attached,
     load_published,
@@ -302,6 +303,18 @@ def test_published_verify_costs_are_labelled_and_drawn_beside_the_profile(tmp_pa
     assert published and all(name.endswith("(published)") for name in published)
     assert len(published) == table.dropna(subset=["verify_tokens"])["setup"].nunique()
     assert list(fig.data[0].x) == list(range(2, 9))  # w = n + 1
+    # a published setup is a profile of its own, by name, each number sourced
+    setup = "GLM-5.2 (native MTP / DSpark chain)"
+    write_synthetic_run(tmp_path / "runs", method="dspark", n=7, dataset="humaneval", n_requests=1)
+    runs = load_runs(tmp_path / "runs")
+    published = cost_table(f"published:{setup}", runs)
+    glm8 = published[(published["n"] == 7) & (published["method"] == "dspark")].iloc[0]
+    assert glm8["verify_cost"] == 1.47 and glm8["profile"] == f"published: {setup}"
+    assert "stated (bucket-8" in glm8["cost_source"] and "pegainfer" in glm8["cost_source"]
+    fig = P.plot_verify_costs(published, table)
+    assert "pegainfer" in str(fig.data[0].customdata[-1][0])
+    with pytest.raises(MissingInputError, match="has no 1"):
+        cost_table("published:Qwen3-14B + DSpark block 7", runs)
     bad = tmp_path / "costs.csv"
     bad.write_text(published_file(PUBLISHED_VERIFY_COSTS).read_text().replace(",1.47,", ",lots,"))
     with pytest.raises(TraceSchemaError, match="line 10: cost_vs_decode must be a positive"):
