@@ -157,10 +157,9 @@ def cost_table_from_published(
         for each number, whether it was stated, read off a figure, derived or
         interpolated, and the source.
     """
+    needed = ["setup", "verify_tokens", "cost_vs_decode", "draft_cost_vs_decode"]
     require_columns(
-        published,
-        ["setup", "verify_tokens", "cost_vs_decode", "draft_cost_vs_decode", "how_obtained", "source"],
-        what="cost_table_from_published",
+        published, [*needed, "how_obtained", "source"], what="cost_table_from_published"
     )
     rows = published[published["setup"] == setup]
     if rows.empty:
