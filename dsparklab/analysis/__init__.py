@@ -62,6 +62,7 @@ from dsparklab.analysis.projection import (
     compute_window_prediction,
     cost_table_from_profile,
     cost_table_from_published,
+    cost_table_from_step_times,
     fitted_cost_table,
 )
 from dsparklab.analysis.reported_reliability import (
@@ -128,6 +129,7 @@ __all__ = [
     "compute_worst_prompts",
     "cost_table_from_profile",
     "cost_table_from_published",
+    "cost_table_from_step_times",
     "count_acceptance",
     "count_acceptance_any",
     "count_acceptance_from_counters",

@@ -13,7 +13,8 @@ acceptance the projected speedup is
 :math:`V(n) = 1 + \\hat v(n)`), :func:`cost_table_from_profile` from a documented JSON
 profile (e.g. an assumed GPU-like one where verifying 8 tokens costs about one decode
 step), :func:`cost_table_from_published` from a published setup's verify costs, each
-number carrying its source.
+number carrying its source, :func:`cost_table_from_step_times` from runs timed as a whole
+step (a replayed acceptance profile measured elsewhere).
 """
 
 from __future__ import annotations
@@ -223,6 +224,58 @@ def cost_table_from_published(
     return pd.DataFrame(out, columns=[*COST_COLUMNS, "cost_source"])
 
 
+def cost_table_from_step_times(timings: pd.DataFrame, *, profile: str) -> pd.DataFrame:
+    """Whole-step costs from runs timed as a whole step, in target-only steps of the same
+    load (e.g. specdec_bench runs of a replayed acceptance profile:
+    ``dsparklab.importers.specdec_bench.read_specdec_timing``).
+
+    .. math:: C(n, c) = \\bar t(n, c) / \\bar t_{\\mathrm{none}}(c)
+
+    the mean step time over the repeats of each (``method``, ``n``) at concurrency
+    :math:`c` over that of the target-only runs (``method = "none"``) at :math:`c`. The
+    step is not split: ``draft_cost`` and ``verify_cost`` are NA and ``step_cost`` is
+    :math:`C` (what :func:`compute_projected_speedup` divides by). A concurrency without a
+    target-only run is left out with a warning.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``concurrency``, :data:`COST_COLUMNS`, ``step_cost``, ``repeats`` and
+        ``cost_source``.
+    """
+    require_columns(
+        timings, ["method", "n", "concurrency", "step_time_s"], what="cost_table_from_step_times"
+    )
+    mean = timings.groupby(["concurrency", "method", "n"], as_index=False).agg(
+        step_time_s=("step_time_s", "mean"), repeats=("step_time_s", "size")
+    )
+    baseline = mean[mean["method"] == "none"].set_index("concurrency")["step_time_s"]
+    drafted = mean[mean["method"] != "none"]
+    unpaired = sorted(set(drafted["concurrency"]) - set(baseline.index))
+    if unpaired:
+        logger.warning(
+            "no target-only run at concurrency %s: its runs are left out of the cost table",
+            unpaired,
+        )
+    drafted = drafted[drafted["concurrency"].isin(baseline.index)]
+    if drafted.empty:
+        raise MissingInputError(
+            f"{profile}: no run with a drafter at a concurrency that has a target-only run"
+        )
+    base = drafted["concurrency"].map(baseline)
+    return drafted.assign(
+        profile=profile,
+        draft_cost=np.nan,
+        verify_cost=np.nan,
+        step_cost=drafted["step_time_s"] / base,
+        cost_source=[
+            f"measured: mean step time of {r} repeat(s) over the target-only step at "
+            f"concurrency {c} ({profile}); draft and verify not told apart"
+            for r, c in zip(drafted["repeats"], drafted["concurrency"], strict=True)
+        ],
+    )[["concurrency", *COST_COLUMNS, "step_cost", "repeats", "cost_source"]].reset_index(drop=True)
+
+
 def _survival_curves(
     positions: pd.DataFrame, steps: pd.DataFrame | None, by: list[str], n_boot: int, seed: int
 ) -> pd.DataFrame:
@@ -290,7 +343,8 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
         columns (``dataset``), e.g. :func:`compute_truncated_acceptance` or
         :func:`dsparklab.analysis.compute_window_scaling`.
     costs
-        A cost table (:data:`COST_COLUMNS`), one or several profiles.
+        A cost table (:data:`COST_COLUMNS`), one or several profiles; where ``draft_cost``
+        and ``verify_cost`` are NA, its ``step_cost`` (:func:`cost_table_from_step_times`).
 
     Returns
     -------
@@ -302,12 +356,19 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
     require_columns(acceptance, ["method", "n", "accept_len"], what="compute_projected_speedup")
     require_columns(costs, COST_COLUMNS, what="compute_projected_speedup")
     # the acceptance's own measured costs and speedups make way for the profile's
-    replaced = ["speedup", "speedup_lo", "speedup_hi", "draft_cost", "verify_cost", "profile"]
+    replaced = [
+        "speedup", "speedup_lo", "speedup_hi", "draft_cost", "verify_cost", "step_cost",
+        "profile",
+    ]  # fmt: skip
     out = acceptance.drop(columns=replaced, errors="ignore")
     # a cost table fitted per group (dataset) joins on that group too
-    shared = [c for c in costs.columns if c in out.columns and c not in COST_COLUMNS]
+    shared = [
+        c for c in costs.columns if c in out.columns and c not in (*COST_COLUMNS, "step_cost")
+    ]
     out = out.merge(costs, on=["method", "n", *shared], how="inner")
-    out["step_cost"] = out["draft_cost"] + out["verify_cost"]
+    split = out["draft_cost"] + out["verify_cost"]
+    # a whole-step table (cost_table_from_step_times) gives C without its parts
+    out["step_cost"] = split.fillna(out["step_cost"]) if "step_cost" in out else split
     out["speedup"] = out["accept_len"] / out["step_cost"]
     for bound in ("lo", "hi"):
         column = f"accept_len_{bound}"

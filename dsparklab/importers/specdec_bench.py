@@ -21,14 +21,20 @@ Provenance: ``acceptance_rate.json`` is ``AcceptanceRate`` in NVIDIA/Model-Optim
 ``accept_length_model`` = ``measured_per_k``, each K is its own measurement) and
 optionally ``acceptance_length_histogram``. Each window in ``accept_length_by_k`` other
 than the profile's own becomes a run holding only that AL.
+
+A run directory's ``timing.json`` with its ``configuration.json`` gives that run's step time
+(:func:`read_specdec_timing`): measured where the user replayed an acceptance profile,
+they come back as a cost table (``dsparklab.analysis.cost_table_from_step_times``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dsparklab.analysis.definitions import (
     accept_len_from_marginal,
@@ -53,6 +59,7 @@ from dsparklab.importers._common import (
     is_finite_number,
     json_records,
     largest_difference_check,
+    read_source,
     worst_check,
 )
 from dsparklab.store.rows import counter_row, totals_row
@@ -451,3 +458,82 @@ def import_specdec_bench(sources: Sequence[SourceFile], options: Options) -> lis
                 field="schema_version",
             )
     return runs
+
+
+# -- timing.json + configuration.json: a run's step time, for a cost table -------------------
+# Field names as NVIDIA/Model-Optimizer writes them at a2fbac7b: ``timing.json`` by
+# ``examples/specdec_bench/specdec_bench/metrics/timing.py`` (a list, one object appended per
+# invocation; ``compute_statistics`` formats each statistic as a string with 4 decimals);
+# ``configuration.json`` by ``specdec_bench/utils.py:dump_env`` (``vars(args)`` of ``run.py``:
+# ``speculative_algorithm``, ``draft_length``, ``concurrency``, ``engine``; plus ``gpu``).
+TIMING_FILE = "timing.json"
+CONFIGURATION_FILE = "configuration.json"
+STEP_TIME = "Request Generation Step Time"  # each request's intervals between output chunks
+NO_SPECULATION = "NONE"  # run.py's --speculative_algorithm without a drafter
+TIMING_COLUMNS = (
+    "run_dir", "method", "n", "concurrency", "repeat", "step_time_s", "output_tps", "engine",
+    "gpu",
+)  # fmt: skip
+
+
+def _step_time(f: Fields) -> float:
+    """The mean of ``Request Generation Step Time`` in seconds (a string after
+    ``compute_statistics``)."""
+    stats = f.sub(STEP_TIME)
+    raw = stats.value.get("mean")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise stats.error("mean", f"expected a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise stats.error("mean", f"must be > 0 seconds, got {raw!r}")
+    return value
+
+
+def read_specdec_timing(run_dirs: Sequence[Path], *, method: str | None = None) -> pd.DataFrame:
+    """The step time of specdec_bench runs, one row per ``timing.json`` entry.
+
+    Each directory is one ``run.py --save_dir``: ``configuration.json`` gives the run's
+    ``speculative_algorithm`` (``NONE``: the target alone, ``method = "none"``, ``n = 0``;
+    else lower-cased, or ``method`` when given, e.g. ``dspark`` for a vLLM DSpark engine run
+    as ``MTP``), ``draft_length`` (n) and ``concurrency``; each ``timing.json`` entry a
+    repeat of it (``configuration.json`` describes the last invocation only, so entries of
+    other settings must not share a directory). ``step_time_s`` is the entry's mean
+    interval between a request's output chunks (one engine step each when the engine
+    streams a step's tokens together), written with 4 decimals of a second.
+
+    Bad input: :class:`~dsparklab.errors.InputFormatError` naming the file and field.
+    """
+    rows = []
+    for run_dir in run_dirs:
+        config_source = read_source(Path(run_dir) / CONFIGURATION_FILE)
+        documents = json_records(config_source)
+        if len(documents) != 1:
+            raise config_source.error(f"expected one JSON object, got {len(documents)} values")
+        config = Fields(config_source, documents[0].value)
+        algorithm = config.value.get("speculative_algorithm")
+        if not isinstance(algorithm, str) or not algorithm:
+            raise config.error("speculative_algorithm", f"expected a name, got {algorithm!r}")
+        speculative = algorithm.upper() != NO_SPECULATION
+        n = config.req_int("draft_length", minimum=1) if speculative else 0
+        concurrency = config.req_int("concurrency", minimum=1)
+        timing_source = read_source(Path(run_dir) / TIMING_FILE)
+        records = json_records(timing_source)
+        if not records:
+            raise timing_source.error("an empty list of runs")
+        for repeat, record in enumerate(records):
+            f = Fields(timing_source, record.value, prefix=f"[{repeat}]", line=record.line)
+            rows.append(
+                {
+                    "run_dir": str(run_dir),
+                    "method": (method or algorithm.lower()) if speculative else "none",
+                    "n": n,
+                    "concurrency": concurrency,
+                    "repeat": repeat,
+                    "step_time_s": _step_time(f),
+                    "output_tps": f.number("Output TPS", low=0.0),
+                    "engine": config.value.get("engine"),
+                    "gpu": config.value.get("gpu"),
+                }
+            )
+    return pd.DataFrame(rows, columns=list(TIMING_COLUMNS))

@@ -68,8 +68,10 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     setup of :func:`load_published_verify_costs` with its own decode step stated, e.g.
     ``"published:GLM-5.2 (native MTP / DSpark chain)"``:
     :func:`dsparklab.analysis.cost_table_from_published`), a profile JSON file (see
-    ``docs/metrics.md``), or a directory of runs whose fitted costs stand for another
-    machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
+    ``docs/metrics.md``), ``"specdec-bench:<dir>"`` (specdec_bench run directories below
+    ``dir``, timed where a user replayed an acceptance profile:
+    :func:`specdec_bench_cost_table`), or a directory of runs whose fitted costs stand for
+    another machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
     """
     from dsparklab.analysis import (
         cost_table_from_profile,
@@ -86,6 +88,8 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
         return cost_table_from_published(
             load_published_verify_costs(), setup=setup, methods=methods, ns=ns
         )
+    if text.startswith(SPECDEC_BENCH_PREFIX):
+        return specdec_bench_cost_table(Path(text[len(SPECDEC_BENCH_PREFIX) :].strip()))
     path = cost_profile_file(text) if text in shipped_cost_profiles() else Path(text)
     if path.is_dir():
         other = load_runs(path)
@@ -100,6 +104,27 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     except json.JSONDecodeError as err:
         raise TraceSchemaError(f"not JSON: {err}", path=path) from err
     return cost_table_from_profile(profile, methods=methods, ns=ns, source=str(path))
+
+
+SPECDEC_BENCH_PREFIX = "specdec-bench:"
+
+
+def specdec_bench_cost_table(root: Path) -> pd.DataFrame:
+    """The whole-step cost table of the specdec_bench runs below ``root`` (every directory
+    holding a ``configuration.json``, target-only runs among them), profile
+    ``"specdec-bench <root's name>"``: :func:`dsparklab.analysis.cost_table_from_step_times`
+    of :func:`dsparklab.importers.specdec_bench.read_specdec_timing`."""
+    from dsparklab.analysis import cost_table_from_step_times
+    from dsparklab.importers.specdec_bench import CONFIGURATION_FILE, read_specdec_timing
+
+    run_dirs = sorted({path.parent for path in Path(root).rglob(CONFIGURATION_FILE)})
+    if not run_dirs:
+        raise ProvenanceError(
+            f"directory {root}: no specdec_bench run (a directory with {CONFIGURATION_FILE})"
+        )
+    return cost_table_from_step_times(
+        read_specdec_timing(run_dirs), profile=f"specdec-bench {Path(root).name}"
+    )
 
 
 def confidence_temperatures(runs: Runs) -> dict[str, list[float]]:
