@@ -29,6 +29,7 @@ they come back as a cost table (``dsparklab.analysis.cost_table_from_step_times`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -482,9 +483,11 @@ def _step_time(f: Fields) -> float:
     stats = f.sub(STEP_TIME)
     raw = stats.value.get("mean")
     try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise stats.error("mean", f"expected a number of seconds, got {raw!r}") from None
+        value = float(raw) if isinstance(raw, (str, int, float)) else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise stats.error("mean", f"expected a number of seconds, got {raw!r}")
     if not value > 0:
         raise stats.error("mean", f"must be > 0 seconds, got {raw!r}")
     return value
