@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -96,6 +97,31 @@ def method_window_lines(
             {"method": method, "n": window, "dataset": dataset if several_datasets else None}
         )
         yield line, color, name
+
+
+def cell_grid(
+    frame: pd.DataFrame,
+    values: pd.Series | np.ndarray,
+    *,
+    rows: str,
+    row_levels: Sequence[Any],
+    cols: str,
+    col_levels: Sequence[Any],
+) -> np.ndarray:
+    """``values`` (aligned with ``frame``'s rows) laid out as a float array ``[row level,
+    col level]`` by ``frame[rows]`` and ``frame[cols]``: each cell the first non-null value
+    of its rows, NaN where there is none or the level is not listed. What
+    ``pivot_table(aggfunc="first").reindex(...)`` gives, at a tenth of its cost (a redraw
+    lays out several grids)."""
+    r = pd.Index(row_levels).get_indexer(frame[rows])
+    c = pd.Index(col_levels).get_indexer(frame[cols])
+    v = np.asarray(values, dtype=float)
+    keep = (r >= 0) & (c >= 0) & ~np.isnan(v)
+    cell = r[keep] * len(col_levels) + c[keep]
+    _, first = np.unique(cell, return_index=True)  # the first row of each cell
+    out = np.full((len(row_levels), len(col_levels)), np.nan)
+    out.flat[cell[first]] = v[keep][first]
+    return out
 
 
 def facet_grid(

@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 
 from dsparklab.plots._common import (
     band,
+    cell_grid,
     choose,
     each_line,
     empty_figure,
@@ -128,10 +129,14 @@ def plot_acceptance_heatmap(
             def grid(column: str, panel: pd.DataFrame = panel) -> np.ndarray:
                 if column not in panel:
                     return np.full((len(ns), n_pos), np.nan)
-                table = panel.pivot_table(
-                    index=rows, columns="position", values=column, aggfunc="first"
+                return cell_grid(
+                    panel,
+                    panel[column],
+                    rows=rows,
+                    row_levels=ns,
+                    cols="position",
+                    col_levels=range(n_pos),
                 )
-                return table.reindex(index=ns, columns=range(n_pos)).to_numpy(dtype=float)
 
             z = grid(value)  # [n, position]
             reached, accepted = grid("n_reached"), grid("n_accepted")
@@ -338,12 +343,10 @@ def _add_strip(
     rows = rows.sort_values(["step", "position"])
     steps = sorted(rows["step"].unique().tolist())
 
-    def grid(values: pd.Series | np.ndarray) -> pd.DataFrame:
-        return (
-            rows.assign(_v=values)
-            .pivot_table(index="position", columns="step", values="_v", aggfunc="first")
-            .reindex(index=range(n_pos), columns=steps)
-        )  # [position, step]
+    def grid(values: pd.Series | np.ndarray) -> np.ndarray:  # [position, step]
+        return cell_grid(
+            rows, values, rows="position", row_levels=range(n_pos), cols="step", col_levels=steps
+        )
 
     def text_of(token: Any) -> str:
         if pd.isna(token):
@@ -355,13 +358,11 @@ def _add_strip(
             return visible_token(token_labels.get(token, str(token)))
         return visible_token(token_labels(token))
 
-    z = grid(_strip_state(rows)).to_numpy(dtype=float)
-    draft = grid(rows["draft_token"].to_numpy(dtype=float)).to_numpy()
+    z = grid(_strip_state(rows))
+    draft = grid(rows["draft_token"].to_numpy(dtype=float))
     has_target = "target_token" in rows and rows["target_token"].notna().any()
     target = (
-        grid(rows["target_token"].to_numpy(dtype=float, na_value=np.nan)).to_numpy()
-        if has_target
-        else None
+        grid(rows["target_token"].to_numpy(dtype=float, na_value=np.nan)) if has_target else None
     )
     text = [[text_of(t) for t in line] for line in draft]
     labels = [

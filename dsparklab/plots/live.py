@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dsparklab.plots._common import (
+    cell_grid,
     choose,
     empty_figure,
     finish,
@@ -58,13 +59,22 @@ def plot_acceptance_over_time(
     fig = panel_column([_run_label(data, r) for r in runs], show_titles=runs != [None])
     for r, run in enumerate(runs, start=1):
         panel = select(data, run_id=run)
-        grid = panel.pivot_table(index="position", columns="t_mid_s", values=value, aggfunc="first")
-        z = grid.to_numpy(dtype=float)
+        known = panel[panel[value].notna()]
+        positions = sorted(known["position"].unique())
+        times = sorted(known["t_mid_s"].unique())
+        z = cell_grid(
+            known,
+            known[value],
+            rows="position",
+            row_levels=positions,
+            cols="t_mid_s",
+            col_levels=times,
+        )
         fig.add_trace(
             go.Heatmap(
                 z=z,
-                x=[float(t) for t in grid.columns],
-                y=[int(p) for p in grid.index],
+                x=[float(t) for t in times],
+                y=[int(p) for p in positions],
                 coloraxis="coloraxis",
                 hovertemplate="t=%{x:.1f} s position=%{y}<br>" + value + "=%{z:.3f}<extra></extra>",
                 name=_run_label(data, run) if run is not None else value,

@@ -11,7 +11,8 @@ UnknownMethodError: unknown plot setting 'figure.hieght'; expected one of ...
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from typing import Any
 
 from dsparklab.errors import ConfigError, UnknownMethodError
@@ -97,6 +98,18 @@ class PlotSettings(MutableMapping[str, Any]):
         """Every key back to its default."""
         for key in DEFAULTS:
             del self[key]
+
+    @contextmanager
+    def overridden(self, values: Mapping[str, Any]) -> Iterator[None]:
+        """These values (checked as on assignment) inside the block, the previous ones
+        after it, also on an error."""
+        saved = {key: self[key] for key in values}
+        try:
+            for key, value in values.items():
+                self[key] = value
+            yield
+        finally:
+            self._values.update(saved)
 
     def __repr__(self) -> str:
         return f"PlotSettings({self._values!r})"

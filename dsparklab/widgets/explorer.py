@@ -40,6 +40,7 @@ from dsparklab.plots import (
     plot_acceptance_heatmap,
     plot_request_strip,
     plot_survival_curves,
+    settings,
 )
 from dsparklab.plots._common import empty_figure
 from dsparklab.plots.acceptance import ACCEPTANCE_SHORT, visible_token
@@ -475,7 +476,11 @@ class Explorer(Dashboard):
             return
         builders = {"heatmap": self.heatmap, "survival": self.survival, "strip": self.strip}
         for name in names:
-            fig = _sized(name, builders[name]())
+            # the widget keeps the template it was shown with and sync_figure leaves it
+            # alone: applying the lab's to each rebuilt figure (plotly deep-copies it,
+            # ~8 ms a figure) would only be thrown away
+            with settings.overridden({"figure.template": "none"}):
+                fig = _sized(name, builders[name]())
             if not sync_figure(self.figure_widgets[name], fig) and name == "heatmap":
                 self._bind_clicks()  # new traces: their click handlers are new too
             self.updates[name] += 1

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from dsparklab.errors import ConfigError
 from dsparklab.plots._common import (
+    cell_grid,
     each_line,
     error_bars,
     interval,
@@ -14,6 +17,7 @@ from dsparklab.plots._common import (
     panel_column,
     panel_row,
 )
+from dsparklab.plots.settings import settings
 from dsparklab.plots.style import method_color, method_shade
 
 
@@ -73,3 +77,39 @@ def test_intervals_become_asymmetric_error_bars_or_none():
     assert bars["symmetric"] is False and bars["thickness"] == 2
     assert interval(frame.drop(columns="v_hi"), "v") is None
     assert interval_bars(frame.assign(v_lo=np.nan), "v") is None
+
+
+def test_cell_grid_lays_out_what_pivot_table_first_gives():
+    rng = np.random.default_rng(7)
+    frame = pd.DataFrame(
+        {
+            "n": rng.integers(2, 8, 400),
+            "position": rng.integers(0, 9, 400),
+            "value": np.where(rng.random(400) < 0.2, np.nan, rng.random(400)),
+        }
+    )  # repeated cells, missing values, a level (8) the frame lacks, one (2) not listed
+    rows, cols = [3, 4, 5, 6, 7, 8], range(9)
+    expected = (
+        frame.pivot_table(index="n", columns="position", values="value", aggfunc="first")
+        .reindex(index=rows, columns=cols)
+        .to_numpy(dtype=float)
+    )
+    got = cell_grid(
+        frame, frame["value"], rows="n", row_levels=rows, cols="position", col_levels=cols
+    )
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[-1]).all()
+
+
+def test_settings_overridden_for_a_block_and_restored_after_an_error():
+    before = settings["figure.template"]
+    with settings.overridden({"figure.template": "none"}):
+        assert settings["figure.template"] == "none"
+    assert settings["figure.template"] == before
+    with pytest.raises(RuntimeError), settings.overridden({"figure.height": 300}):
+        assert settings["figure.height"] == 300
+        raise RuntimeError("a builder failed")
+    assert settings["figure.height"] == 420
+    with pytest.raises(ConfigError), settings.overridden({"figure.height": -1}):
+        pass
+    assert settings["figure.height"] == 420
