@@ -32,12 +32,18 @@ from dsparklab.analysis import (
 )
 from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.lab.notebook import cost_table, load_runs
+from dsparklab.lab.published import DEFAULT_COST_PROFILE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("data/traces/smol"))
-    parser.add_argument("--profile", default="assumed-gpu-like", help="cost profile to project on")
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_COST_PROFILE,
+        help="cost profile to project on (published:<setup>, a shipped profile, a JSON file, "
+        "a runs directory or specdec-bench:DIR)",
+    )
     parser.add_argument("--n-boot", type=int, default=400)
     return parser.parse_args(argv)
 
@@ -92,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     wide = projected.pivot_table(index=["dataset", "method"], columns="n", values="speedup")
     print(f"\n## Projected on {args.profile} (not a measurement)\n")
     print(markdown_table(wide.reset_index(), digits=3))
+    if "cost_source" in costs:
+        print(f"\n## Where each cost of {args.profile} comes from\n")
+        print(markdown_table(costs, digits=3))
     print(f"\n## What raising n would need on {args.profile}\n")
     print(markdown_table(compute_required_survival(scaling, costs), digits=4))
     return 0

@@ -143,13 +143,14 @@ def cost_table_from_published(
         r(k_a) + (r(k_b) - r(k_a)) \\frac{w - k_a}{k_b - k_a}
 
     between the nearest stated widths :math:`k_a < w < k_b`. The draft pass :math:`p` is
-    the setup's drafter's: a block drafter (DSpark) pays it once,
-    :math:`c_{\\mathrm{draft}}(n) = p`; an autoregressive one (Eagle3) once per position,
-    :math:`c_{\\mathrm{draft}}(n) = n p` (derived, not published for that drafter).
+    the setup's drafter's (``drafter_method``), charged to that method only: once for a
+    block drafter (DSpark), :math:`c_{\\mathrm{draft}}(n) = p`, once per position for an
+    autoregressive one, :math:`c_{\\mathrm{draft}}(n) = n p`. Another method's draft cost
+    was not published for the setup: NA (:func:`compute_projected_speedup` leaves it out).
 
     Refused (one line naming the setup and field): a setup not in ``published``; one
     without a stated :math:`k = 1` row (its unit is not its own decode step); a width past
-    the largest stated one (never extrapolated); no draft cost; a method of unknown kind.
+    the largest stated one (never extrapolated); a method of unknown kind.
 
     Returns
     -------
@@ -160,7 +161,9 @@ def cost_table_from_published(
     """
     needed = ["setup", "verify_tokens", "cost_vs_decode", "draft_cost_vs_decode"]
     require_columns(
-        published, [*needed, "how_obtained", "source"], what="cost_table_from_published"
+        published,
+        [*needed, "drafter_method", "how_obtained", "source"],
+        what="cost_table_from_published",
     )
     rows = published[published["setup"] == setup]
     if rows.empty:
@@ -176,12 +179,9 @@ def cost_table_from_published(
     costs = stated["cost_vs_decode"].to_numpy(dtype=float)
     how = stated["how_obtained"].astype(str).to_numpy()
     pass_cost = rows["draft_cost_vs_decode"].dropna()
-    if pass_cost.empty:
-        raise MissingInputError(
-            f"published setup {setup!r}: field draft_cost_vs_decode is empty; cannot project "
-            "the draft cost"
-        )
-    draft_pass = float(pass_cost.iloc[0])
+    draft_pass = float(pass_cost.iloc[0]) if len(pass_cost) else np.nan
+    drafters = rows["drafter_method"].dropna().astype(str)
+    drafter = drafters.iloc[0] if len(drafters) and drafters.iloc[0] else None
     source = str(rows["source"].iloc[0])
     out = []
     for method in methods:
@@ -206,17 +206,20 @@ def cost_table_from_published(
                 share = (width - widths[lo]) / (widths[hi] - widths[lo])
                 verify = costs[lo] + (costs[hi] - costs[lo]) * share
                 verify_how = f"k={width} interpolated between k={widths[lo]} and k={widths[hi]}"
-            draft_how = (
-                f"draft {n} x the published pass (derived: {method} drafts once per position)"
-                if per_position
-                else "draft one published pass"
-            )
+            published_draft = method == drafter and not np.isnan(draft_pass)
+            if not published_draft:
+                draft_how = f"draft not published for {method} on this setup"
+            elif per_position:
+                draft_how = f"draft {n} x the published pass (one per position)"
+            else:
+                draft_how = "draft one published pass"
+            draft = draft_pass * (int(n) if per_position else 1) if published_draft else np.nan
             out.append(
                 {
                     "profile": f"{PUBLISHED_PREFIX} {setup}",
                     "method": method,
                     "n": int(n),
-                    "draft_cost": draft_pass * (int(n) if per_position else 1),
+                    "draft_cost": draft,
                     "verify_cost": float(verify),
                     "cost_source": f"published: {verify_how}; {draft_how}; {source}",
                 }
@@ -345,6 +348,8 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
     costs
         A cost table (:data:`COST_COLUMNS`), one or several profiles; where ``draft_cost``
         and ``verify_cost`` are NA, its ``step_cost`` (:func:`cost_table_from_step_times`).
+        Rows with no step cost at all (a draft cost not published; the table's
+        ``cost_source`` says so) are left out, logged at INFO.
 
     Returns
     -------
@@ -369,6 +374,14 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
     split = out["draft_cost"] + out["verify_cost"]
     # a whole-step table (cost_table_from_step_times) gives C without its parts
     out["step_cost"] = split.fillna(out["step_cost"]) if "step_cost" in out else split
+    unknown = out["step_cost"].isna()
+    if unknown.any():  # a published setup's draft pass is its own drafter's (by design)
+        logger.info(
+            "no step cost for %s on %s: not projected",
+            sorted(set(out.loc[unknown, "method"])),
+            sorted(set(out.loc[unknown, "profile"])),
+        )
+        out = out[~unknown]
     out["speedup"] = out["accept_len"] / out["step_cost"]
     for bound in ("lo", "hi"):
         column = f"accept_len_{bound}"

@@ -60,6 +60,11 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
     return table.assign(method=method, label="published")
 
 
+# the profile a projection names unless told otherwise (notebook 02's COST_PROFILE, the
+# benchmarks): a published setup, each number with its source
+DEFAULT_COST_PROFILE = "published:DeepSeek-V4-Flash-0731 + DSpark block 7"
+
+
 def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
     """The step costs to project ``runs``' acceptance on, for their methods and windows.
 
@@ -181,11 +186,13 @@ def load_published_verify_costs(path: str | Path | None = None) -> pd.DataFrame:
         t(\\mathrm{decode}\\ 1)`), ``decode_step_ms``, ``draft_cost_vs_decode`` (one draft
         pass in decode steps, where given), ``how_obtained`` (stated, read off a figure or
         derived: show it wherever a number is shown), ``source`` (a row's "same" is the
-        row above's source) and ``label`` = ``"published"``.
+        row above's source), ``drafter_method`` (the lab's method name of the setup's
+        drafter, the lab's annotation; NA where it has none) and ``label`` =
+        ``"published"``.
     """
     expected = [
         "setup", "hardware", "engine", "verify_tokens", "cost_vs_decode",
-        "draft_cost_vs_decode", "how_obtained", "source",
+        "draft_cost_vs_decode", "how_obtained", "source", "drafter_method",
     ]  # fmt: skip
     csv = Path(path) if path is not None else published_file(PUBLISHED_VERIFY_COSTS)
     table = _read_published(csv, PUBLISHED_VERIFY_COSTS, expected)

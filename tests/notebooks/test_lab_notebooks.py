@@ -28,6 +28,7 @@ from dsparklab.lab.notebook import (
     load_runs,
     read_records,
 )
+from dsparklab.lab.published import DEFAULT_COST_PROFILE
 from dsparklab.lab.resources import PUBLISHED_SPEEDUPS, published_file
 from dsparklab.report import ReportResult
 
@@ -197,7 +198,7 @@ def test_window_scaling_records(report: ReportResult, tables):
     assert_frame_matches(records["speedup_model"], model, keys, "speedup_model")
     assert records["n_published_rows"] == len(pd.read_csv(published_file(PUBLISHED_SPEEDUPS))) == 20
     # projected on the default profile, a published setup: AL over its sourced costs
-    setup = "DeepSeek-V4-Flash-0731 + DSpark block 7"
+    setup = DEFAULT_COST_PROFILE.removeprefix("published:")
     costs = A.cost_table_from_published(
         load_published_verify_costs(),
         setup=setup,

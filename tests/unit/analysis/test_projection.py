@@ -3,6 +3,8 @@ position and the best n, on synthetic runs whose drafts and costs are known."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -80,7 +82,9 @@ def test_projection_on_a_profile_is_al_over_the_step_cost():
         cost_table_from_profile(PROFILE, methods=["dflash"], ns=[3])
 
 
-def _published(setup: str, widths: dict[int, float], draft: float | None = 0.2) -> pd.DataFrame:
+def _published(
+    setup: str, widths: dict[int, float], draft: float | None = 0.2, drafter: str = "dspark"
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "setup": setup,
@@ -89,16 +93,19 @@ def _published(setup: str, widths: dict[int, float], draft: float | None = 0.2) 
             "draft_cost_vs_decode": draft,
             "how_obtained": [f"stated ({k})" for k in widths],
             "source": "a blog",
+            "drafter_method": drafter,
         }
     )
 
 
-def test_published_costs_interpolate_between_stated_widths_and_carry_their_source():
+def test_published_costs_interpolate_between_stated_widths_and_carry_their_source(
+    caplog: pytest.LogCaptureFixture,
+):
     table = pd.concat(
         [
             _published("big-moe", {1: 1.0, 4: 1.3, 8: 1.5}),
             _published("no-decode-row", {8: 1.0, 16: 1.01}),
-            _published("no-draft", {1: 1.0, 8: 1.1}, draft=None),
+            _published("chain", {1: 1.0, 8: 1.1}, draft=0.05, drafter="eagle3"),
         ]
     )
     costs = cost_table_from_published(
@@ -109,24 +116,29 @@ def test_published_costs_interpolate_between_stated_widths_and_carry_their_sourc
     assert costs.loc[("dspark", 3), "verify_cost"] == 1.3
     assert costs.loc[("dspark", 5), "verify_cost"] == pytest.approx(1.3 + 0.2 * 2 / 4)
     assert costs.loc[("dspark", 1), "verify_cost"] == pytest.approx(1.0 + 0.3 / 3)
-    # a block drafter pays the pass once, an autoregressive one per position
+    # the setup's own drafter (a block one) pays the pass once; another method's draft
+    # cost was not published there
     assert costs.loc[("dspark", 7), "draft_cost"] == 0.2
-    assert costs.loc[("eagle3", 7), "draft_cost"] == pytest.approx(7 * 0.2)
+    assert np.isnan(costs.loc[("eagle3", 7), "draft_cost"])
     assert "k=4 stated (4)" in costs.loc[("dspark", 3), "cost_source"]
     assert "interpolated between k=4 and k=8" in costs.loc[("dspark", 5), "cost_source"]
     assert costs["cost_source"].str.endswith("a blog").all()
-    assert "derived" in costs.loc[("eagle3", 2), "cost_source"]
-    projected = compute_projected_speedup(
-        pd.DataFrame({"method": ["dspark"], "n": [3], "accept_len": [2.6]}), costs.reset_index()
+    assert "not published for eagle3" in costs.loc[("eagle3", 2), "cost_source"]
+    chain = cost_table_from_published(table, setup="chain", methods=["eagle3"], ns=[3])
+    assert chain["draft_cost"].iloc[0] == pytest.approx(3 * 0.05)  # once per position
+    acceptance = pd.DataFrame(
+        {"method": ["dspark", "eagle3"], "n": [3, 3], "accept_len": [2.6, 2.2]}
     )
+    with caplog.at_level(logging.INFO):
+        projected = compute_projected_speedup(acceptance, costs.reset_index())
+    assert "no step cost for ['eagle3']" in caplog.text
+    assert projected["method"].tolist() == ["dspark"]
     assert projected["speedup"].iloc[0] == pytest.approx(2.6 / (0.2 + 1.3))
     assert projected["label"].iloc[0] == "projected on published: big-moe"
     with pytest.raises(MissingInputError, match="n = 8 verifies 9 tokens"):
         cost_table_from_published(table, setup="big-moe", methods=["dspark"], ns=[8])
     with pytest.raises(MissingInputError, match="field verify_tokens has no 1"):
         cost_table_from_published(table, setup="no-decode-row", methods=["dspark"], ns=[3])
-    with pytest.raises(MissingInputError, match="field draft_cost_vs_decode is empty"):
-        cost_table_from_published(table, setup="no-draft", methods=["dspark"], ns=[3])
     with pytest.raises(MissingInputError, match="known: \\['big-moe'"):
         cost_table_from_published(table, setup="other", methods=["dspark"], ns=[3])
     with pytest.raises(UnknownMethodError, match="mystery"):

@@ -36,6 +36,7 @@ from dsparklab.lab.notebook import (
     resolve_runs,
     shipped_traces,
 )
+from dsparklab.lab.published import DEFAULT_COST_PROFILE
 from dsparklab.lab.resources import PUBLISHED_VERIFY_COSTS, cost_profile_file, published_file
 from dsparklab.plain_json import plain_json
 from dsparklab.plots.style import (
@@ -311,8 +312,12 @@ def test_published_verify_costs_are_labelled_and_drawn_beside_the_profile(tmp_pa
     glm8 = published[(published["n"] == 7) & (published["method"] == "dspark")].iloc[0]
     assert glm8["verify_cost"] == 1.47 and glm8["profile"] == f"published: {setup}"
     assert "stated (bucket-8" in glm8["cost_source"] and "pegainfer" in glm8["cost_source"]
+    # its drafter (an MTP / DSpark chain) is no lab method: no method is charged its pass
+    assert published["draft_cost"].isna().all()
     fig = P.plot_verify_costs(published, table)
     assert "pegainfer" in str(fig.data[0].customdata[-1][0])
+    deepseek = cost_table(DEFAULT_COST_PROFILE, runs)
+    assert (deepseek["draft_cost"] == 0.18).all()  # DSpark block 7: one pass per block
     with pytest.raises(MissingInputError, match="has no 1"):
         cost_table("published:Qwen3-14B + DSpark block 7", runs)
     bad = tmp_path / "costs.csv"
