@@ -41,10 +41,11 @@ from dsparklab.engines.vllm import (
     StepClock,
     TapBuffers,
     confidence_from_head,
+    dense_position_values,
     draft_index,
     tap_base_logprob,
     tap_confidence,
-    tap_dense_position,
+    write_positions,
 )
 
 
@@ -131,6 +132,7 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
     base = (hidden @ w.lm_head.t()).view(rows, n, w.shapes.vocab)
     prev = s.anchor
     embeds = []
+    recorded = []
     base_argmax = base.argmax(dim=-1) if taps is not None else None
     for i in range(n):
         embed = w.w1[prev]  # [R, r]
@@ -140,18 +142,14 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         s.draft_tokens[:, i].copy_(token)
         if taps is not None:
             assert base_argmax is not None
-            tap_dense_position(
-                s.buffers,
-                i,
-                bias,
-                logits,
-                draft_index(token, None),
-                base_argmax[:, i],
-                level=taps,
+            values = dense_position_values(
+                bias, logits, draft_index(token, None), base_argmax[:, i], level=taps
             )
+            recorded.append((i, values))
             embeds.append(embed)
         prev = token
     if taps is not None:
+        write_positions(s.buffers.tensors(), recorded)  # as the DSpark tap's end does
         if taps == "full":
             tap_base_logprob(s.buffers, base, s.draft_tokens)
         markov = torch.stack(embeds, dim=1).flatten(0, 1)

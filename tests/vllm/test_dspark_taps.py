@@ -202,7 +202,7 @@ def test_tap_error_fails_open(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("injected tap failure")
 
-    monkeypatch.setattr(dspark_taps, "tap_dense_position", broken)
+    monkeypatch.setattr(dspark_taps, "dense_position_values", broken)
     feed_speculator(spec, rows, seed=4)
     with caplog.at_level("ERROR", logger="dsparklab.engines.vllm.staging"):
         assert torch.equal(_run(spec, hidden, rows), expected)

@@ -22,14 +22,15 @@ from dsparklab.engines.vllm import (
     TapConfig,
     TapConfigError,
     TraceRecorder,
+    dense_position_values,
     draft_index,
     external_request_id,
     tap_base_logprob,
     tap_confidence,
-    tap_dense_position,
     tap_topk_position,
     target_to_draft_index,
     temperature_scale,
+    write_positions,
 )
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
@@ -47,7 +48,8 @@ def test_dense_position_matches_the_formulas() -> None:
     final = base + bias
     tokens = final.argmax(-1)
     bufs = TapBuffers.allocate(5, n, "cpu")
-    tap_dense_position(bufs, 2, bias, final, draft_index(tokens, None), base.argmax(-1))
+    values = dense_position_values(bias, final, draft_index(tokens, None), base.argmax(-1))
+    write_positions(bufs.tensors(), [(2, values)])  # one position alone: written in place
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
     torch.testing.assert_close(
@@ -59,6 +61,37 @@ def test_dense_position_matches_the_formulas() -> None:
     assert torch.isnan(bufs.markov_bias[:, [0, 1, 3]]).all()
     assert torch.isnan(bufs.markov_bias[rows:]).all()
     assert (bufs.markov_flip[rows:] == -1).all()
+
+
+def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
+    gen = torch.Generator().manual_seed(3)
+    rows, n, vocab = 3, 4, 40
+    recorded = []
+    for i in range(n):
+        base, bias = (
+            torch.randn(rows, vocab, generator=gen),
+            torch.randn(rows, vocab, generator=gen),
+        )
+        final = base + bias
+        idx = draft_index(final.argmax(-1), None)
+        recorded.append((i, dense_position_values(bias, final, idx, base.argmax(-1))))
+    stacked, single = TapBuffers.allocate(5, n, "cpu"), TapBuffers.allocate(5, n, "cpu")
+    write_positions(stacked.tensors(), recorded)  # positions 0..n-1: one copy per field
+    for position in recorded:
+        write_positions(single.tensors(), [position])
+    for name, tensor in stacked.tensors().items():
+        torch.testing.assert_close(tensor, single.tensors()[name], equal_nan=True)
+    # a step whose hook was skipped at position 1: the others land in their own columns
+    gap = TapBuffers.allocate(5, n, "cpu")
+    write_positions(gap.tensors(), [recorded[0], *recorded[2:]])
+    assert torch.isnan(gap.markov_bias[:rows, 1]).all()
+    torch.testing.assert_close(gap.markov_bias[:rows, 3], stacked.markov_bias[:rows, 3])
+
+
+def test_an_all_greedy_cpu_batch_is_not_divided() -> None:
+    assert temperature_scale(torch.zeros(3)) is None
+    scale = temperature_scale(torch.tensor([0.0, 0.7]))
+    assert scale is not None and scale[:, 0].tolist() == pytest.approx([1.0, 0.7])
 
 
 def test_base_logprob_of_every_position_at_once() -> None:
@@ -82,7 +115,8 @@ def test_logprobs_are_taken_at_the_request_temperature() -> None:
     idx = draft_index(final.argmax(-1), None)
     bufs = TapBuffers.allocate(2, 1, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5]))
-    tap_dense_position(bufs, 0, bias, final, idx, base.argmax(-1), scale=scale)
+    values = dense_position_values(bias, final, idx, base.argmax(-1), scale=scale)
+    write_positions(bufs.tensors(), [(0, values)])
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
         torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
@@ -95,7 +129,8 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     final = base + bias
     bufs = TapBuffers.allocate(2, 1, "cpu")
     idx = draft_index(final.argmax(-1), None)
-    tap_dense_position(bufs, 0, bias, final, idx, base.argmax(-1), level="light")
+    values = dense_position_values(bias, final, idx, base.argmax(-1), level="light")
+    write_positions(bufs.tensors(), [(0, values)])
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):

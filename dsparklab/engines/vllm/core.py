@@ -30,7 +30,7 @@ the buffers happens outside the graph (:class:`StagingRing`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,8 @@ class DraftStash:
     base_lse: torch.Tensor | None = None  # [R, n] float32 (top-k mode, before the fill)
     scale: torch.Tensor | None = None  # [R, 1] the rows' temperature_scale
     positions: int = 0  # positions recorded so far this step
+    # (i, values) of each dense position recorded this step, written at its end
+    recorded: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
     topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
@@ -117,6 +119,7 @@ class DraftStash:
         self.hidden = self.base = self.base_argmax = self.base_lse = self.bias = None
         self.scale = None
         self.positions = 0
+        self.recorded = []
         self.topk_values = self.topk_index = self.topk_final = None
         self.embeds = []
 
@@ -147,10 +150,17 @@ def draft_index(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
 
 
 def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
-    """``[R, 1]`` divisor: the request's temperature, 1 for greedy rows (T = 0)."""
+    """``[R, 1]`` divisor: the request's temperature, 1 for greedy rows (T = 0).
+
+    None (no division) when every row is greedy and the tensor is on the CPU, where asking
+    costs no device sync and there is no graph to capture; on an accelerator the divisor is
+    always built, so the step stays graph-safe.
+    """
     if temperature is None:
         return None
     t = temperature.float().unsqueeze(-1)
+    if t.device.type == "cpu" and not bool((t > 0).any()):
+        return None
     return torch.where(t > 0, t, torch.ones_like(t))
 
 
@@ -165,9 +175,7 @@ def _logprob_at(
     return x.log_softmax(dim=-1).gather(1, idx).squeeze(1)
 
 
-def tap_dense_position(
-    buffers: TapBuffers,
-    i: int,
+def dense_position_values(
     bias_i: torch.Tensor,  # [R, V] Markov bias of position i
     final_i: torch.Tensor,  # [R, V] base + bias, what the sampler saw
     idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
@@ -176,23 +184,49 @@ def tap_dense_position(
     level: str = "full",
     scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
     greedy: bool = False,  # the drafts are the final logits' argmax (vLLM's greedy drafting)
-) -> None:
-    """Record position ``i`` of a dense (non-top-k) DSpark draft step, in place.
+) -> dict[str, torch.Tensor]:
+    """Position ``i``'s tap values of a dense (non-top-k) DSpark draft step, ``[R]`` each,
+    for :func:`write_positions`.
 
     The base logits' share is taken once per step (:func:`tap_base_logprob`, and the base
     argmax over every position at once), and a greedy draft is the final argmax already,
-    so a position costs one vocabulary reduction. Log-probabilities are taken at the
-    request's sampling temperature (logits / T; unscaled for greedy rows), the reference
-    engine's convention.
+    so a position costs one vocabulary reduction (two at level ``full``: the log-softmax
+    and the bias norm). Log-probabilities are taken at the request's sampling temperature
+    (logits / T; unscaled for greedy rows), the reference engine's convention.
     """
-    rows = idx.shape[0]
-    buffers.markov_bias[:rows, i].copy_(bias_i.gather(1, idx).squeeze(1).float())
     final_argmax = idx.squeeze(1) if greedy else final_i.argmax(dim=-1)
-    flip = base_argmax_i != final_argmax
-    buffers.markov_flip[:rows, i].copy_(flip.to(torch.int8))
+    values = {
+        "markov_bias": bias_i.gather(1, idx).squeeze(1).float(),
+        "markov_flip": (base_argmax_i != final_argmax).to(torch.int8),
+    }
     if level == "full":
-        buffers.draft_logprob[:rows, i].copy_(_logprob_at(final_i, idx, scale))
-        buffers.markov_bias_norm[:rows, i].copy_(torch.linalg.vector_norm(bias_i.float(), dim=-1))
+        values["draft_logprob"] = _logprob_at(final_i, idx, scale)
+        values["markov_bias_norm"] = torch.linalg.vector_norm(bias_i.float(), dim=-1)
+    return values
+
+
+def write_positions(
+    targets: Mapping[str, torch.Tensor],
+    recorded: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
+) -> None:
+    """The step's recorded positions ``(i, values)`` into ``targets`` (``[max_num_reqs, n]``
+    tensors by field name: the tap buffers and the drafted ids), in place.
+
+    Positions ``0 .. k-1`` in order (every step whose hooks all ran) take one stacked copy
+    per field instead of one per position and field (on CPU the copies, not the math, were
+    the taps' largest cost); any other set is written position by position.
+    """
+    if not recorded:
+        return
+    steps = [i for i, _ in recorded]
+    if steps == list(range(len(steps))):
+        for name in recorded[0][1]:
+            stacked = torch.stack([values[name] for _, values in recorded], dim=1)
+            targets[name][: stacked.shape[0], : len(steps)].copy_(stacked)
+        return
+    for i, values in recorded:
+        for name, value in values.items():
+            targets[name][: value.shape[0], i].copy_(value)
 
 
 def tap_base_logprob(

@@ -45,14 +45,15 @@ from dsparklab.engines.vllm.core import (
     TAP_FIELDS,
     DraftStash,
     TapBuffers,
+    dense_position_values,
     draft_index,
     tap_base_logprob,
     tap_confidence,
-    tap_dense_position,
     tap_topk_position,
     target_to_draft_index,
     temperature_scale,
     topk_base_lse,
+    write_positions,
 )
 from dsparklab.engines.vllm.runs import make_tap
 from dsparklab.engines.vllm.staging import TAP_ATTR, ArgumentReader, SpecTap, mark, tap_of
@@ -60,6 +61,7 @@ from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
 
+DRAFT_IDS = "draft_ids"  # the step's drafted draft-vocab ids, kept beside the tap fields
 # confidence_source values written into run.json
 CONFIDENCE_HEAD = "confidence_head"  # vLLM's head output (adaptive verification on)
 ACCEPTANCE_ESTIMATOR = "acceptance_estimator"  # vLLM's online estimator (no head)
@@ -160,9 +162,7 @@ class DSparkTap(SpecTap):
             return
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
-        tap_dense_position(
-            self.buffers,
-            step,
+        position = dense_position_values(
             bias,
             logits,
             idx,
@@ -172,7 +172,7 @@ class DSparkTap(SpecTap):
             # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
             greedy=getattr(self.spec, "draft_logits", None) is None,
         )
-        self.draft_ids[: idx.shape[0], step].copy_(idx.squeeze(1))
+        stash.recorded.append((step, {**position, DRAFT_IDS: idx.squeeze(1)}))
         stash.positions += 1
 
     def end(self, spec: Any) -> None:
@@ -182,6 +182,8 @@ class DSparkTap(SpecTap):
             if not self.in_step:
                 return
             rows, stash = self.stash.num_reqs, self.stash
+            # the dense positions' values, one copy per field for the whole step
+            write_positions({**self.buffers.tensors(), DRAFT_IDS: self.draft_ids}, stash.recorded)
             if stash.mode == "dense" and self.level == "full" and stash.positions == self.n:
                 assert stash.base is not None
                 base = stash.base if self._transform is None else self._transform(stash.base)
