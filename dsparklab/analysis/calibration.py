@@ -42,6 +42,9 @@ from dsparklab.errors import DSparkLabError, UnknownMethodError
 
 # Counter columns of a calibration count table.
 CALIBRATION_COUNTERS = ("count", "sum_score", "sum_score_sq")
+# the level grid every calibration counter (in process and SQL) takes unless told: AUROC
+# with ties within 0.001, a table of at most 1000 levels per bin however large the store
+DEFAULT_LEVELS = 1000
 CLIP = 1e-6  # scores are clipped to [CLIP, 1 - CLIP] before a logit
 
 
@@ -138,7 +141,7 @@ def count_calibration(
     by: str | Iterable[str] = ("run_id",),
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     n_bins: int = 10,
-    levels: int | None = None,
+    levels: int | None = DEFAULT_LEVELS,
 ) -> pd.DataFrame:
     """Calibration counters per group, score, position, bin, level and label.
 
@@ -155,8 +158,9 @@ def count_calibration(
     n_bins
         Equal-width bins on [0, 1] for ECE and reliability.
     levels
-        None counts per exact score value (exact AUROC); an int counts on a grid of that
-        many cells (for large stores).
+        The level grid AUROC is counted on: :data:`DEFAULT_LEVELS` cells by default (ties
+        within 1 / L, the default of every counter, SQL or not), None the exact score
+        values (exact AUROC).
 
     Returns
     -------
@@ -452,7 +456,7 @@ def compute_calibration(
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     per_position: bool = True,
     n_bins: int = 10,
-    levels: int | None = None,
+    levels: int | None = DEFAULT_LEVELS,
 ) -> pd.DataFrame:
     """ECE, Brier score, AUROC and a fitted temperature of the confidence head.
 
@@ -513,7 +517,7 @@ def compute_reliability(
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     per_position: bool = True,
     n_bins: int = 10,
-    levels: int | None = None,
+    levels: int | None = DEFAULT_LEVELS,
 ) -> pd.DataFrame:
     """Reliability diagram bins: mean score and acceptance rate per equal-width bin.
 

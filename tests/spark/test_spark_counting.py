@@ -47,11 +47,15 @@ def test_spark_reads_only_the_selected_runs(spark: object, stores: dict[str, str
     positions = read_trace(stores["written"], "positions", statuses=statuses, filters=filters)
     steps = read_trace(stores["written"], "steps", statuses=statuses, filters=filters)
     options = {"statuses": statuses, "filters": filters, "engine": "spark"}
-    got = aggregate_store(stores["table"], by="run_id", source="positions", **options)
+    got = aggregate_store(
+        stores["table"], by="run_id", source="positions", per_request=False, **options
+    )
     want = count_acceptance(positions, steps=steps, by="run_id", per_request=False)
     assert_same_counts(got, want, what="acceptance")
     assert "ref/gsm8k/dspark-n3-crashed" not in set(got["run_id"])
-    got = aggregate_store(stores["table"], metric="calibration", by="n", levels=None, **options)
+    got = aggregate_store(
+        stores["table"], metric="calibration", by="n", levels=None, per_request=False, **options
+    )
     want = count_calibration(positions, steps=steps, by="n", levels=None)
     assert_same_counts(got, want, what="calibration")
     empty = aggregate_store(stores["table"], filters={"method": "medusa"}, engine="spark")

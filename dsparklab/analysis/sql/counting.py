@@ -26,7 +26,7 @@ import pandas as pd
 
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns
 from dsparklab.analysis.acceptance import ACCEPTANCE_COUNTERS
-from dsparklab.analysis.calibration import CALIBRATION_COUNTERS
+from dsparklab.analysis.calibration import CALIBRATION_COUNTERS, DEFAULT_LEVELS
 from dsparklab.analysis.sql.engines import ENGINES, open_engine
 from dsparklab.analysis.sql.queries import (
     BIN_EDGES,
@@ -122,7 +122,7 @@ def metric_keys(
     metric: str,
     by: Iterable[str],
     *,
-    per_request: bool = False,
+    per_request: bool = True,
     match: Iterable[str] = MATCH_COLUMNS,
 ) -> list[str]:
     """The key columns of ``metric``'s table: ``by`` [+ method, n, ``match`` for step
@@ -143,7 +143,7 @@ def metric_queries(
     source: str = "steps",
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     n_bins: int = 10,
-    levels: int | None = 1000,
+    levels: int | None = DEFAULT_LEVELS,
     all_verified: bool = False,
 ) -> list[str]:
     """The query texts whose results, stacked, are ``metric``'s counter table
@@ -171,7 +171,7 @@ def empty_counts(
     metric: str,
     by: str | Iterable[str] = ("run_id",),
     *,
-    per_request: bool = False,
+    per_request: bool = True,
     match: Iterable[str] = MATCH_COLUMNS,
 ) -> pd.DataFrame:
     """``metric``'s counter table with no rows: what :func:`aggregate_store` returns for
@@ -218,11 +218,11 @@ def aggregate_store(
     by: str | Iterable[str] = ("run_id",),
     filters: Mapping[str, Any] | None = None,
     statuses: Iterable[str] = STATUSES,
-    per_request: bool = False,
+    per_request: bool = True,
     source: str = "steps",
     scores: Iterable[str] = ("confidence", "prefix_confidence"),
     n_bins: int = 10,
-    levels: int | None = 1000,
+    levels: int | None = DEFAULT_LEVELS,
     match: Iterable[str] = MATCH_COLUMNS,
     engine: str = "duckdb",
     threads: int | None = None,
@@ -250,15 +250,16 @@ def aggregate_store(
     statuses
         Run statuses to include.
     per_request
-        Keep (run_id, request_id) in the keys, so bootstrap intervals can be drawn.
+        Keep (run_id, request_id) in the keys, so bootstrap intervals can be drawn (the
+        default, as for every counter; False sums over requests, a smaller table).
     source
         Acceptance only: ``"steps"`` counts from the steps table (one row per step, see
         :func:`count_acceptance_from_steps`), ``"positions"`` from the position rows as
         :func:`count_acceptance` does. Both give the same counters on a trace that passes
         ``dsparklab validate``.
     scores, n_bins, levels
-        Calibration only; as in :func:`count_calibration`. ``levels`` defaults to a
-        1000-cell grid here (AUROC ties within 0.001), None counts exact scores.
+        Calibration only; as in :func:`count_calibration` (the same defaults: ``levels``
+        a 1000-cell grid, AUROC ties within 0.001; None counts exact scores).
     match
         Step times only: the run columns pairing a method run with its baseline.
     engine

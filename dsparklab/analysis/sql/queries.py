@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dsparklab.analysis.calibration import DEFAULT_LEVELS
 from dsparklab.analysis.window import STEP_MATCH_COLUMNS
 from dsparklab.errors import DSparkLabError
 
@@ -276,7 +277,7 @@ def render(
     n_positions: int = 1,
     score: str = "confidence",
     n_bins: int = 10,
-    levels: int | None = None,
+    levels: int | None = DEFAULT_LEVELS,
     all_verified: bool = False,
 ) -> str:
     """The SQL text of ``counter`` grouped by ``keys`` (run columns and row columns).

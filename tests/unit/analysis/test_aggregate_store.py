@@ -95,8 +95,8 @@ def test_store_path_equals_in_memory_path(store, by):
     memory = count_acceptance(positions, steps=steps, by=by, per_request=False)
     from_steps = count_acceptance_from_steps(steps, by=by, per_request=False)
     for other in (
-        aggregate_store(store, metric="acceptance", by=by),
-        aggregate_store(store, metric="acceptance", by=by, source="positions"),
+        aggregate_store(store, metric="acceptance", by=by, per_request=False),
+        aggregate_store(store, metric="acceptance", by=by, source="positions", per_request=False),
         from_steps,
     ):
         pd.testing.assert_frame_equal(
@@ -105,8 +105,10 @@ def test_store_path_equals_in_memory_path(store, by):
             check_dtype=False,
         )
     cal_keys = [*by, "score", "position", "bin", "level", "accepted"]
-    disk = aggregate_store(store, metric="calibration", by=by, levels=None, threads=1)
-    memory = count_calibration(positions, steps=steps, by=by)
+    disk = aggregate_store(
+        store, metric="calibration", by=by, levels=None, threads=1, per_request=False
+    )
+    memory = count_calibration(positions, steps=steps, by=by, levels=None)
     pd.testing.assert_frame_equal(
         disk.sort_values(cal_keys).reset_index(drop=True),
         memory.sort_values(cal_keys).reset_index(drop=True),

@@ -30,7 +30,7 @@ def test_count_prints_and_writes_the_finished_tables(store: str, tmp_path: Path)
     result = CliRunner().invoke(app, ["count", store, "--by", "method,n", "--out", str(out)])
     assert result.exit_code == 0, result.output
     want = compute_acceptance_by_position(
-        aggregate_store(store, by=("method", "n")), by=("method", "n"), n_boot=0
+        aggregate_store(store, by=("method", "n"), per_request=False), by=("method", "n"), n_boot=0
     )
     pd.testing.assert_frame_equal(pd.read_csv(out), want.reset_index(drop=True), check_dtype=False)
     assert want.to_string(index=False) in result.output

@@ -87,12 +87,23 @@ def test_runs_selected_by_status_and_filter(stores: dict[str, str]) -> None:
 
     for root in stores.values():
         got = aggregate_store(
-            root, by="run_id", statuses=statuses, filters=filters, source="positions"
+            root,
+            by="run_id",
+            statuses=statuses,
+            filters=filters,
+            source="positions",
+            per_request=False,
         )
         want = count_acceptance(positions, steps=steps, by="run_id", per_request=False)
         assert_same_counts(got, want, what=f"acceptance {root}")
         got = aggregate_store(
-            root, metric="calibration", by="n", statuses=statuses, filters=filters, levels=None
+            root,
+            metric="calibration",
+            by="n",
+            statuses=statuses,
+            filters=filters,
+            levels=None,
+            per_request=False,
         )
         want = count_calibration(positions, steps=steps, by="n", levels=None)
         assert_same_counts(got, want, what=f"calibration {root}")
@@ -109,11 +120,12 @@ def test_runs_without_the_rows_contribute_nothing(stores: dict[str, str]) -> Non
                 )
                 assert only.empty, (root, metric, source, only)
         stepwise = {"run_id": "import/vllm/steps"}
-        assert len(aggregate_store(root, filters=stepwise)) == 3  # positions 0..2
+        assert len(aggregate_store(root, filters=stepwise, per_request=False)) == 3  # 0..2
         assert aggregate_store(root, filters=stepwise, source="positions").empty
         baselines = {"method": "none"}
         assert aggregate_store(root, filters=baselines).empty
-        assert len(aggregate_store(root, metric="step_times", filters=baselines)) == 2
+        flat = aggregate_store(root, metric="step_times", filters=baselines, per_request=False)
+        assert len(flat) == 2
 
 
 def test_per_prompt_counts_are_what_the_regression_diff_compares(stores: dict[str, str]) -> None:
@@ -135,7 +147,11 @@ def test_per_prompt_counts_are_what_the_regression_diff_compares(stores: dict[st
     ).set_index(["dataset", "prompt_id"])
     for side, selection in sides.items():
         counts = aggregate_store(
-            stores["table"], by=("dataset", "prompt_id"), filters=selection, source="positions"
+            stores["table"],
+            by=("dataset", "prompt_id"),
+            filters=selection,
+            source="positions",
+            per_request=False,
         )
         for (dataset, prompt), cells in counts.groupby(["dataset", "prompt_id"]):
             reached = np.zeros(5)
