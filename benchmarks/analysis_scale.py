@@ -270,6 +270,7 @@ def measure(name: str, root: Path, out: Path) -> None:
             source=source,
             engine=engine,
             memory_limit=DUCKDB_MEMORY,
+            per_request=False,  # summed, as the hand-written queries it is set beside
         )
         result = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
     elif name.startswith(("lib_calibration", "spark_calibration")):
@@ -283,6 +284,7 @@ def measure(name: str, root: Path, out: Path) -> None:
             n_bins=N_BINS,
             levels=LEVELS,
             engine=engine,
+            per_request=False,
             memory_limit=DUCKDB_MEMORY,
         )
         result = compute_calibration(counts, by=("n",), scores=("confidence",))
