@@ -32,7 +32,7 @@ from dsparklab.analysis import (
 )
 from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.lab.notebook import cost_table, load_runs
-from dsparklab.lab.published import DEFAULT_COST_PROFILE
+from dsparklab.lab.published import DEFAULT_COST_PROFILES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,9 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=Path, default=Path("data/traces/smol"))
     parser.add_argument(
         "--profile",
-        default=DEFAULT_COST_PROFILE,
-        help="cost profile to project on (published:<setup>, a shipped profile, a JSON file, "
-        "a runs directory or specdec-bench:DIR)",
+        nargs="+",
+        default=list(DEFAULT_COST_PROFILES),
+        help="cost profiles to project on (published:<setup>, a shipped profile, a JSON file, "
+        "a runs directory or specdec-bench:DIR[#method])",
     )
     parser.add_argument("--n-boot", type=int, default=400)
     return parser.parse_args(argv)
@@ -95,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(compute_best_n(scaling), digits=3))
     costs = cost_table(args.profile, runs)
     projected = compute_projected_speedup(scaling, costs)
-    wide = projected.pivot_table(index=["dataset", "method"], columns="n", values="speedup")
-    print(f"\n## Projected on {args.profile} (not a measurement)\n")
+    wide = projected.pivot_table(
+        index=["profile", "dataset", "method"], columns="n", values="speedup"
+    )
+    profiles = ", ".join(args.profile)
+    print(f"\n## Projected on {profiles} (not a measurement)\n")
     print(markdown_table(wide.reset_index(), digits=3))
-    if "cost_source" in costs:
-        print(f"\n## Where each cost of {args.profile} comes from\n")
-        print(markdown_table(costs, digits=3))
-    print(f"\n## What raising n would need on {args.profile}\n")
+    print("\n## Where each cost comes from\n")
+    print(markdown_table(costs, digits=3))
+    print(f"\n## What raising n would need on {profiles}\n")
     print(markdown_table(compute_required_survival(scaling, costs), digits=4))
     return 0
 

@@ -10,9 +10,10 @@ Two scores are judged (docs/acceptance-definitions.md, "Calibration scores"):
 
 Every metric is finished from one counter table (:func:`count_calibration`): row counts
 and score sums per (group, score, position, equal-width bin, score level, label). The
-level is the exact score value (in memory) or a grid cell (``levels=L``, used by the
-store path); AUROC treats scores within one level as ties, so on a grid it is exact up to
-pairs in the same cell.
+level is a cell of an ``L``-cell grid (``levels=L``, :data:`DEFAULT_LEVELS` = 1000 by
+default, in memory and in SQL alike) or, with ``levels=None``, the exact score value;
+AUROC treats scores within one level as ties, so on a grid it is exact up to pairs in the
+same cell, and the temperature is fitted on each level's mean score.
 
 Runs imported from a source that computed its own calibration hold only its bins:
 :mod:`dsparklab.analysis.reported_reliability` reads those.
@@ -494,9 +495,13 @@ def compute_calibration(
         \\mathrm{AUROC} = \\frac{1}{N_+ N_-} \\sum_{k: y_k = 1} \\sum_{l: y_l = 0}
             \\Bigl([p_k > p_l] + \\tfrac12 [p_k = p_l]\\Bigr)
 
+    where :math:`p_k = p_l` means the same level: the same grid cell by default (scores
+    within 1/L, :data:`DEFAULT_LEVELS`), the same score with ``levels=None``.
+
     The temperature :math:`T` minimises
     :math:`-\\sum_k y_k \\log \\sigma(z_k/T) + (1-y_k) \\log(1 - \\sigma(z_k/T))` with
-    :math:`z_k = \\operatorname{logit} p_k`; :math:`T > 1` means the head is
+    :math:`z_k = \\operatorname{logit} \\bar p_{\\ell(k)}`, the mean score of row
+    :math:`k`'s level (its own score with ``levels=None``); :math:`T > 1` means the head is
     over-confident, :math:`T < 1` under-confident (NaN when one class is absent or the
     scores do not rank the labels the right way round).
     """

@@ -88,7 +88,8 @@ def cost_table_from_profile(
     {"c0": ..., "c1": ...}}}``: ``verify`` by width :math:`w = n + 1` (``"1"`` is the
     decode step, 1.0), ``draft`` per method, :math:`c_{\\mathrm{draft}}(n) = c_0 + c_1
     n`. Every width and method asked for must be there; ``source`` names the file in
-    errors.
+    errors. Each row's ``cost_source`` is the profile's own ``"source"`` (where its numbers
+    come from), else the file.
     """
     name = profile.get("name")
     if not isinstance(name, str) or not name:
@@ -97,6 +98,7 @@ def cost_table_from_profile(
     if not isinstance(verify, Mapping) or not isinstance(draft, Mapping):
         field = "verify" if not isinstance(verify, Mapping) else "draft"
         raise TraceSchemaError("must be an object", path=source or None, field=field)
+    origin = str(profile.get("source") or f"profile {name} ({source or 'given'})")
     rows = []
     for method in methods:
         entry = draft.get(method)
@@ -121,9 +123,10 @@ def cost_table_from_profile(
                     "n": int(n),
                     "draft_cost": float(entry["c0"]) + float(entry.get("c1", 0.0)) * int(n),
                     "verify_cost": float(verify[width]),
+                    "cost_source": origin,
                 }
             )
-    return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+    return pd.DataFrame(rows, columns=[*COST_COLUMNS, "cost_source"])
 
 
 PUBLISHED_PREFIX = "published:"  # a cost profile named after a published setup
@@ -205,7 +208,10 @@ def cost_table_from_published(
                 lo, hi = at - 1, at
                 share = (width - widths[lo]) / (widths[hi] - widths[lo])
                 verify = costs[lo] + (costs[hi] - costs[lo]) * share
-                verify_how = f"k={width} interpolated between k={widths[lo]} and k={widths[hi]}"
+                verify_how = (
+                    f"k={width} interpolated between k={widths[lo]} ({how[lo]}) and "
+                    f"k={widths[hi]} ({how[hi]})"
+                )
             published_draft = method == drafter and not np.isnan(draft_pass)
             if not published_draft:
                 draft_how = f"draft not published for {method} on this setup"
@@ -237,8 +243,9 @@ def cost_table_from_step_times(timings: pd.DataFrame, *, profile: str) -> pd.Dat
     the mean step time over the repeats of each (``method``, ``n``) at concurrency
     :math:`c` over that of the target-only runs (``method = "none"``) at :math:`c`. The
     step is not split: ``draft_cost`` and ``verify_cost`` are NA and ``step_cost`` is
-    :math:`C` (what :func:`compute_projected_speedup` divides by). A concurrency without a
-    target-only run is left out with a warning.
+    :math:`C` (what :func:`compute_projected_speedup` divides by). Each load is a profile
+    of its own, ``"<profile> at concurrency <c>"``. A concurrency without a target-only run
+    is left out with a warning.
 
     Returns
     -------
@@ -267,7 +274,8 @@ def cost_table_from_step_times(timings: pd.DataFrame, *, profile: str) -> pd.Dat
         )
     base = drafted["concurrency"].map(baseline)
     return drafted.assign(
-        profile=profile,
+        # one profile per load: a projection never mixes two loads' costs under one name
+        profile=[f"{profile} at concurrency {c}" for c in drafted["concurrency"]],
         draft_cost=np.nan,
         verify_cost=np.nan,
         step_cost=drafted["step_time_s"] / base,
@@ -363,13 +371,25 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
     # the acceptance's own measured costs and speedups make way for the profile's
     replaced = [
         "speedup", "speedup_lo", "speedup_hi", "draft_cost", "verify_cost", "step_cost",
-        "profile",
+        "profile", "cost_source", "repeats", "label",
     ]  # fmt: skip
     out = acceptance.drop(columns=replaced, errors="ignore")
     # a cost table fitted per group (dataset) joins on that group too
     shared = [
         c for c in costs.columns if c in out.columns and c not in (*COST_COLUMNS, "step_cost")
     ]
+    priced = out.merge(
+        costs[["method", "n", *shared]].drop_duplicates(),
+        how="left",
+        on=["method", "n", *shared],
+        indicator=True,
+    )
+    unpriced = priced["_merge"] == "left_only"
+    if unpriced.any():
+        logger.info(
+            "no cost row for %s: not projected",
+            sorted(set(map(tuple, priced.loc[unpriced, ["method", "n"]].to_numpy().tolist()))),
+        )
     out = out.merge(costs, on=["method", "n", *shared], how="inner")
     split = out["draft_cost"] + out["verify_cost"]
     # a whole-step table (cost_table_from_step_times) gives C without its parts

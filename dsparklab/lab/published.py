@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -60,24 +61,31 @@ def load_published(path: str | Path | None = None) -> pd.DataFrame:
     return table.assign(method=method, label="published")
 
 
-# the profile a projection names unless told otherwise (notebook 02's COST_PROFILE, the
-# benchmarks): a published setup, each number with its source
-DEFAULT_COST_PROFILE = "published:DeepSeek-V4-Flash-0731 + DSpark block 7"
+# the profiles a projection names unless told otherwise (notebook 02's COST_PROFILE, the
+# benchmarks): a published setup, each number with its source (DSpark only: it published
+# no Eagle3 draft cost), and the lab's assumption, which prices both drafters
+DEFAULT_COST_PROFILES = (
+    "published:DeepSeek-V4-Flash-0731 + DSpark block 7",
+    "assumed-gpu-like",
+)
 
 
-def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
+def cost_table(spec: str | Path | Sequence[str | Path], runs: Runs) -> pd.DataFrame:
     """The step costs to project ``runs``' acceptance on, for their methods and windows.
 
     ``spec`` is a cost profile shipped with the lab (``"assumed-gpu-like"``:
     :func:`dsparklab.lab.resources.shipped_cost_profiles`), ``"published:<setup>"`` (a
-    setup of :func:`load_published_verify_costs` with its own decode step stated, e.g.
-    ``"published:GLM-5.2 (native MTP / DSpark chain)"``:
+    setup of :func:`load_published_verify_costs` with its own decode step stated and a
+    drafter the lab has, e.g. ``"published:DeepSeek-V4-Flash-0731 + DSpark block 7"``:
     :func:`dsparklab.analysis.cost_table_from_published`), a profile JSON file (see
     ``docs/metrics.md``), ``"specdec-bench:<dir>"`` (specdec_bench run directories below
     ``dir``, timed where a user replayed an acceptance profile:
     :func:`specdec_bench_cost_table`), or a directory of runs whose fitted costs stand for
-    another machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it).
+    another machine (:func:`dsparklab.analysis.fitted_cost_table`, profile named after it);
+    or a list of these, their tables one under the other (one projection per profile).
     """
+    if not isinstance(spec, (str, Path)):
+        return pd.concat([cost_table(one, runs) for one in spec], ignore_index=True)
     from dsparklab.analysis import (
         cost_table_from_profile,
         cost_table_from_published,
@@ -94,7 +102,8 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
             load_published_verify_costs(), setup=setup, methods=methods, ns=ns
         )
     if text.startswith(SPECDEC_BENCH_PREFIX):
-        return specdec_bench_cost_table(Path(text[len(SPECDEC_BENCH_PREFIX) :].strip()))
+        where, _, method = text[len(SPECDEC_BENCH_PREFIX) :].strip().partition("#")
+        return specdec_bench_cost_table(Path(where), method=method or None)
     path = cost_profile_file(text) if text in shipped_cost_profiles() else Path(text)
     if path.is_dir():
         other = load_runs(path)
@@ -114,11 +123,14 @@ def cost_table(spec: str | Path, runs: Runs) -> pd.DataFrame:
 SPECDEC_BENCH_PREFIX = "specdec-bench:"
 
 
-def specdec_bench_cost_table(root: Path) -> pd.DataFrame:
+def specdec_bench_cost_table(root: Path, *, method: str | None = None) -> pd.DataFrame:
     """The whole-step cost table of the specdec_bench runs below ``root`` (every directory
     holding a ``configuration.json``, target-only runs among them), profile
-    ``"specdec-bench <root's name>"``: :func:`dsparklab.analysis.cost_table_from_step_times`
-    of :func:`dsparklab.importers.specdec_bench.read_specdec_timing`."""
+    ``"specdec-bench <root's name> at concurrency <c>"``:
+    :func:`dsparklab.analysis.cost_table_from_step_times` of
+    :func:`dsparklab.importers.specdec_bench.read_specdec_timing`. ``method`` names the
+    drafted runs' method where specdec_bench's algorithm is not the lab's (a DSpark engine
+    run as ``MTP``: ``"specdec-bench:DIR#dspark"``)."""
     from dsparklab.analysis import cost_table_from_step_times
     from dsparklab.importers.specdec_bench import CONFIGURATION_FILE, read_specdec_timing
 
@@ -128,7 +140,7 @@ def specdec_bench_cost_table(root: Path) -> pd.DataFrame:
             f"directory {root}: no specdec_bench run (a directory with {CONFIGURATION_FILE})"
         )
     return cost_table_from_step_times(
-        read_specdec_timing(run_dirs), profile=f"specdec-bench {Path(root).name}"
+        read_specdec_timing(run_dirs, method=method), profile=f"specdec-bench {Path(root).name}"
     )
 
 

@@ -9,6 +9,7 @@ dsparklab.analysis on the same runs.
 from __future__ import annotations
 
 import ast
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,8 +29,8 @@ from dsparklab.lab.notebook import (
     load_runs,
     read_records,
 )
-from dsparklab.lab.published import DEFAULT_COST_PROFILE
-from dsparklab.lab.resources import PUBLISHED_SPEEDUPS, published_file
+from dsparklab.lab.published import DEFAULT_COST_PROFILES
+from dsparklab.lab.resources import PUBLISHED_SPEEDUPS, cost_profile_file, published_file
 from dsparklab.report import ReportResult
 
 pytestmark = pytest.mark.notebooks
@@ -197,17 +198,32 @@ def test_window_scaling_records(report: ReportResult, tables):
     assert_frame_matches(records["speedup"], model, keys, "speedup")
     assert_frame_matches(records["speedup_model"], model, keys, "speedup_model")
     assert records["n_published_rows"] == len(pd.read_csv(published_file(PUBLISHED_SPEEDUPS))) == 20
-    # projected on the default profile, a published setup: AL over its sourced costs
-    setup = DEFAULT_COST_PROFILE.removeprefix("published:")
-    costs = A.cost_table_from_published(
-        load_published_verify_costs(),
-        setup=setup,
-        methods=sorted(set(tables.positions["method"])),
-        ns=range(1, int(tables.positions["n"].max()) + 1),
+    # projected on the default profiles: a published setup (DSpark only: its sourced costs)
+    # and the lab's assumption (both drafters)
+    published, assumed = DEFAULT_COST_PROFILES
+    methods = sorted(set(tables.positions["method"]))
+    ns = range(1, int(tables.positions["n"].max()) + 1)
+    costs = pd.concat(
+        [
+            A.cost_table_from_published(
+                load_published_verify_costs(),
+                setup=published.removeprefix("published:"),
+                methods=methods,
+                ns=ns,
+            ),
+            A.cost_table_from_profile(
+                json.loads(cost_profile_file(assumed).read_text()), methods=methods, ns=ns
+            ),
+        ]
     )
     projected = A.compute_projected_speedup(scaling, costs)
-    assert {r["profile"] for r in records["projected_speedup"]} == {f"published: {setup}"}
-    assert_frame_matches(records["projected_speedup"], projected, keys, "speedup")
+    recorded = pd.DataFrame(records["projected_speedup"])
+    assert set(recorded["profile"]) == {published.replace(":", ": ", 1), assumed}
+    assert set(recorded.loc[recorded["profile"] == assumed, "method"]) == {"dspark", "eagle3"}
+    assert set(recorded.loc[recorded["profile"] != assumed, "method"]) == {"dspark"}
+    for profile, part in projected.groupby("profile"):
+        mine = recorded[recorded["profile"] == profile].to_dict("records")
+        assert_frame_matches(mine, part, keys, "speedup")
 
 
 def test_confidence_calibration_records(report: ReportResult, tables):

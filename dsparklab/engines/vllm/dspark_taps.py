@@ -172,7 +172,8 @@ class DSparkTap(SpecTap):
             # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
             greedy=getattr(self.spec, "draft_logits", None) is None,
         )
-        stash.recorded.append((step, {**position, DRAFT_IDS: idx.squeeze(1)}))
+        # a copy: ``idx`` may view the sampler's output until the step's end
+        stash.recorded.append((step, {**position, DRAFT_IDS: idx.squeeze(1).clone()}))
         stash.positions += 1
 
     def end(self, spec: Any) -> None:

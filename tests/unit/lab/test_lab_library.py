@@ -36,7 +36,7 @@ from dsparklab.lab.notebook import (
     resolve_runs,
     shipped_traces,
 )
-from dsparklab.lab.published import DEFAULT_COST_PROFILE
+from dsparklab.lab.published import DEFAULT_COST_PROFILES
 from dsparklab.lab.resources import PUBLISHED_VERIFY_COSTS, cost_profile_file, published_file
 from dsparklab.plain_json import plain_json
 from dsparklab.plots.style import (
@@ -316,8 +316,11 @@ def test_published_verify_costs_are_labelled_and_drawn_beside_the_profile(tmp_pa
     assert published["draft_cost"].isna().all()
     fig = P.plot_verify_costs(published, table)
     assert "pegainfer" in str(fig.data[0].customdata[-1][0])
-    deepseek = cost_table(DEFAULT_COST_PROFILE, runs)
+    both = cost_table(DEFAULT_COST_PROFILES, runs)  # a list: one table under the other
+    deepseek = both[both["profile"].str.startswith("published: DeepSeek")]
     assert (deepseek["draft_cost"] == 0.18).all()  # DSpark block 7: one pass per block
+    assumed = both[both["profile"] == "assumed-gpu-like"]
+    assert assumed["cost_source"].str.contains("assumption, not a measurement").all()
     with pytest.raises(MissingInputError, match="has no 1"):
         cost_table("published:Qwen3-14B + DSpark block 7", runs)
     bad = tmp_path / "costs.csv"
