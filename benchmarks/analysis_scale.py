@@ -20,7 +20,8 @@
    by default, or from the position rows) and per-position calibration table
    (``aggregate_store`` + ``compute_calibration``: confidence vs accepted on reached rows,
    10 bins, 1000 AUROC levels) on DuckDB and on Spark ``local[2]``; the in-process path the
-   notebooks use (``read_trace`` + ``count_acceptance``) up to ``--inproc-max-rows``; and
+   notebooks use on frames (``read_trace`` + ``count_frames``, the same SQL by DuckDB over
+   the frames in memory) up to ``--inproc-max-rows``; and
    hand-written DuckDB queries for the same counters over the same files ("reached" from a
    window over each step, from a join with the steps table, or counted from the steps
    table), and ``dsparklab report`` over the store (from ``--report-min-rows``: its findings
@@ -290,7 +291,7 @@ def measure(name: str, root: Path, out: Path) -> None:
         result = compute_calibration(counts, by=("n",), scores=("confidence",))
         counts.to_parquet(out.with_suffix(".counts.parquet"))
     elif name == "inproc_heatmap":
-        from dsparklab.analysis import compute_acceptance_by_position, count_acceptance
+        from dsparklab.analysis import compute_acceptance_by_position, count_frames
         from dsparklab.store import read_trace
 
         columns = ["request_id", "step", "position", "accepted"]
@@ -298,10 +299,12 @@ def measure(name: str, root: Path, out: Path) -> None:
         steps = read_trace(
             root,
             "steps",
-            columns=["request_id", "step", "num_verified"],
+            columns=["request_id", "step", "num_drafted", "num_verified", "accepted_len"],
             filters={"method": METHODS},
         )
-        counts = count_acceptance(positions, steps=steps, by=("method", "n"), per_request=False)
+        counts = count_frames(
+            positions=positions, steps=steps, by=("method", "n"), per_request=False
+        )
         result = compute_acceptance_by_position(counts, by=("method", "n"), n_boot=0)
     elif name == "report":
         report_dir = out.with_suffix(".report")
@@ -443,7 +446,7 @@ LABELS = [
     ("heatmap: dsparklab on DuckDB, from steps (default)", "lib_heatmap", HEAT_REFS),
     ("heatmap: dsparklab on DuckDB, source='positions'", "lib_heatmap_positions", HEAT_REFS),
     ("heatmap: dsparklab on Spark local[2], from steps", "spark_heatmap", HEAT_REFS),
-    ("heatmap: in-process (read_trace + count_acceptance)", "inproc_heatmap", HEAT_REFS),
+    ("heatmap: in-process (read_trace + count_frames)", "inproc_heatmap", HEAT_REFS),
     ("heatmap: hand-written DuckDB, reached by window", "duckdb_heatmap_window", HEAT_REFS),
     ("heatmap: hand-written DuckDB, reached by join", "duckdb_heatmap_join", HEAT_REFS),
     ("heatmap: hand-written DuckDB, from steps", "duckdb_heatmap_steps", HEAT_REFS),

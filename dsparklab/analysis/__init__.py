@@ -1,10 +1,10 @@
 """Analysis: pure functions from trace DataFrames to tidy DataFrames (no plotting, no I/O).
 
 Every metric is finished from counters (sum/total pairs) that merge by addition; the
-counters come from the in-memory tables (``count_*``) or straight from a store on disk or
-``s3://`` (:func:`aggregate_store`, the one function here that reads files: the counting
-stage, one SQL text per counter run by DuckDB or Spark, :mod:`dsparklab.analysis.sql`,
-giving the ``count_*`` table of the same rows). Runs without token-level rows (imported or
+counters are counted by one SQL text per counter (:mod:`dsparklab.analysis.sql`), run by
+DuckDB or Spark straight from a store on disk or ``s3://`` (:func:`aggregate_store`, the
+one function here that reads files) or by DuckDB over frames in memory
+(:func:`count_frames`). Runs without token-level rows (imported or
 scraped live) are counted by the same acceptance functions from whatever rows each run
 holds, and :func:`compute_coverage` says what each run cannot show; the conversions between
 every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
@@ -13,8 +13,6 @@ every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
 from dsparklab.analysis.acceptance import (
     acceptance_stats,
     compute_iid_accept_len,
-    count_acceptance,
-    count_acceptance_from_steps,
 )
 from dsparklab.analysis.adaptive import compute_adaptive_verification
 from dsparklab.analysis.aggregate import (
@@ -31,14 +29,13 @@ from dsparklab.analysis.attribution import (
     compute_window_attribution,
 )
 from dsparklab.analysis.calibration import (
-    SCORES,
+    CALIBRATION_SCORES,
     calibrate_confidence,
     compute_auroc,
     compute_brier,
     compute_calibration,
     compute_ece,
     compute_reliability,
-    count_calibration,
 )
 from dsparklab.analysis.coverage import ANALYSES, compute_coverage
 from dsparklab.analysis.diff import (
@@ -75,20 +72,19 @@ from dsparklab.analysis.speedup import (
     compute_speedup_model,
     fit_speedup_model,
 )
-from dsparklab.analysis.sql import aggregate_store
+from dsparklab.analysis.sql import aggregate_store, count_frames
 from dsparklab.analysis.tokens import KEYWORDS, TOKEN_CLASSES, classify_token, rejected_pairs
 from dsparklab.analysis.window import (
     compute_window_scaling,
-    count_step_times,
     require_step_costs,
 )
 
 __all__ = [
     "ANALYSES",
+    "CALIBRATION_SCORES",
     "COMPONENTS",
     "DRAFTER_KINDS",
     "KEYWORDS",
-    "SCORES",
     "TOKEN_CLASSES",
     "acceptance_stats",
     "aggregate_store",
@@ -130,12 +126,9 @@ __all__ = [
     "cost_table_from_profile",
     "cost_table_from_published",
     "cost_table_from_step_times",
-    "count_acceptance",
     "count_acceptance_any",
     "count_acceptance_from_counters",
-    "count_acceptance_from_steps",
-    "count_calibration",
-    "count_step_times",
+    "count_frames",
     "fit_speedup_model",
     "fitted_cost_table",
     "rejected_pairs",

@@ -7,189 +7,21 @@ counts the bonus token, so a step that accepts nothing still emits 1 token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import (
     UNIT_COLUMNS,
-    as_columns,
     combined_codes,
-    factorize,
     group_key_frame,
-    require_columns,
     split_by_code,
-    tidy,
 )
 from dsparklab.analysis._kernels import (
     bootstrap_sums,
     group_rng,
-    group_sums,
     percentile_interval,
 )
-from dsparklab.analysis.prepare import annotate_positions
 from dsparklab.errors import DSparkLabError
-
-# Counter columns of an acceptance count table (sum/total pairs: merge runs by adding).
-ACCEPTANCE_COUNTERS = ("n_drafted", "n_reached", "n_accepted")
-
-
-def count_acceptance(
-    positions: pd.DataFrame,
-    *,
-    steps: pd.DataFrame | None = None,
-    by: str | Iterable[str] = ("run_id",),
-    per_request: bool = True,
-) -> pd.DataFrame:
-    """Acceptance counters per group, (request,) and position.
-
-    Parameters
-    ----------
-    positions
-        Rows of the positions table (see :func:`annotate_positions`).
-    steps
-        The steps table, for ``prompt_id`` grouping and adaptive verification.
-    by
-        Grouping columns: any run column (run_id, method, n, dataset, ...), ``prompt_id``
-        (needs ``steps``) or ``request_id``.
-    per_request
-        Keep one row per request (``run_id``, ``request_id``) so that bootstrap intervals
-        over requests can be drawn from the counts.
-
-    Returns
-    -------
-    pandas.DataFrame
-        ``by`` [+ run_id, request_id] + ``position`` and the counters ``n_drafted`` (rows),
-        ``n_reached`` (rows whose earlier positions were all accepted) and ``n_accepted``.
-        Counts of disjoint row sets add up: concatenate and sum to merge runs.
-    """
-    by = as_columns(by)
-    frame = annotate_positions(positions, steps=steps)
-    keys = [*by]
-    if per_request:
-        keys += [c for c in UNIT_COLUMNS if c not in keys]
-    keys.append("position")
-    require_columns(frame, keys, what="count_acceptance")
-    codes, sizes, uniques = factorize(frame, keys)
-    cells, columns = acceptance_cells(
-        codes, sizes, frame["reached"].to_numpy(dtype=bool), frame["accepted"].to_numpy(bool)
-    )
-    return tidy(keys, cells, uniques, columns)
-
-
-def acceptance_cells(
-    codes: list[np.ndarray], sizes: list[int], reached: np.ndarray, accepted: np.ndarray
-) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """Acceptance counters per key cell from per-row ``reached``/``accepted`` ``[N]``."""
-    cells, count, sums = group_sums(
-        codes, sizes, {"n_reached": reached, "n_accepted": accepted & reached}
-    )
-    return cells, {
-        "n_drafted": count.astype(np.int64),
-        "n_reached": sums["n_reached"].astype(np.int64),
-        "n_accepted": sums["n_accepted"].astype(np.int64),
-    }
-
-
-def count_acceptance_from_steps(
-    steps: pd.DataFrame,
-    *,
-    by: str | Iterable[str] = ("run_id",),
-    per_request: bool = True,
-) -> pd.DataFrame:
-    """The acceptance counters of :func:`count_acceptance`, from the steps table alone.
-
-    Parameters
-    ----------
-    steps
-        Rows of the steps table (``num_drafted``, ``num_verified``, ``accepted_len``).
-    by, per_request
-        As in :func:`count_acceptance`; ``prompt_id`` needs no join here.
-
-    Returns
-    -------
-    pandas.DataFrame
-        The same table :func:`count_acceptance` returns for the positions of these steps.
-
-    Notes
-    -----
-    For a step with :math:`D` drafted, :math:`V` verified and :math:`A` accepted
-    positions, acceptance is prefix-closed, so position :math:`i` was drafted iff
-    :math:`i < D`, accepted iff :math:`i < A`, and reached iff :math:`i \\le A` and
-    :math:`i < \\min(V, D)`:
-
-    .. math::
-
-        \\mathrm{drafted}_i = \\#\\{D > i\\}, \\qquad
-        R_i = \\#\\{A \\ge i \\wedge \\min(V, D) > i\\}, \\qquad
-        A_i = \\#\\{A > i\\}
-
-    This equals the per-row count on any trace that passes ``dsparklab validate``
-    (accepted_len equals the step's accepted rows, acceptance prefix-closed, positions
-    ``0..D-1``); it reads a fifth of the rows and needs no (request, step) join, which is
-    why :func:`aggregate_store` uses it for acceptance.
-    """
-    by = as_columns(by)
-    keys = [*by]
-    if per_request:
-        keys += [c for c in UNIT_COLUMNS if c not in keys]
-    require_columns(
-        steps, [*keys, "num_drafted", "num_verified", "accepted_len"], what="count_acceptance"
-    )
-    codes, sizes, uniques = factorize(steps, keys)
-    cells, columns = step_acceptance_cells(
-        codes,
-        sizes,
-        steps["num_drafted"].to_numpy(dtype=np.int64),
-        steps["num_verified"].to_numpy(dtype=np.int64),
-        steps["accepted_len"].to_numpy(dtype=np.int64),
-    )
-    positions = np.arange(int(cells[-1].max()) + 1 if len(cells[-1]) else 0)  # codes = values
-    return tidy([*keys, "position"], cells, [*uniques, positions], columns)
-
-
-def step_acceptance_cells(
-    codes: list[np.ndarray],
-    sizes: list[int],
-    drafted: np.ndarray,
-    verified: np.ndarray,
-    accepted_len: np.ndarray,
-) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """Acceptance counters per key cell and position from per-step ``D, V, A`` ``[S]``.
-
-    Returns the key codes of each non-empty (key..., position) cell (the last array is the
-    position) and the counter columns. See :func:`count_acceptance_from_steps`.
-    """
-    limit = np.minimum(verified, drafted)  # [S] positions put to the target
-    accepted_len = np.minimum(accepted_len, limit)  # a valid trace never clips
-    n_max = int(drafted.max()) if len(drafted) else 0
-    if n_max <= 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return [empty for _ in range(len(codes) + 1)], {name: empty for name in ACCEPTANCE_COUNTERS}
-    # histogram of (key, D, L, A): few distinct cells, then spread over positions
-    side = n_max + 1
-    hist, count, _ = group_sums(
-        [*codes, drafted, limit, accepted_len], [*sizes, side, side, side], {}
-    )
-    d, lim, acc = hist[-3], hist[-2], hist[-1]
-    pos = np.arange(n_max)  # [P]
-    n_drafted = (d[:, None] > pos) * count[:, None]  # [C, P]
-    n_reached = ((acc[:, None] >= pos) & (lim[:, None] > pos)) * count[:, None]  # [C, P]
-    n_accepted = (acc[:, None] > pos) * count[:, None]  # [C, P]
-    keep = n_drafted > 0  # [C, P]
-    spread = [np.broadcast_to(c[:, None], keep.shape)[keep] for c in hist[: len(codes)]]
-    position = np.broadcast_to(pos, keep.shape)[keep]
-    cells, _, sums = group_sums(
-        [*spread, position],
-        [*sizes, n_max],
-        {
-            "n_drafted": n_drafted[keep],
-            "n_reached": n_reached[keep],
-            "n_accepted": n_accepted[keep],
-        },
-    )
-    return cells, {name: sums[name].astype(np.int64) for name in ACCEPTANCE_COUNTERS}
 
 
 def is_acceptance_counts(frame: pd.DataFrame) -> bool:

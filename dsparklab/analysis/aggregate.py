@@ -23,12 +23,11 @@ import pandas as pd
 from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns, require_columns
 from dsparklab.analysis.acceptance import (
     _empty_by_position,
-    count_acceptance,
-    count_acceptance_from_steps,
     finish_acceptance,
     is_acceptance_counts,
 )
 from dsparklab.analysis.definitions import conditional_from_marginal
+from dsparklab.analysis.sql.counting import count_frames
 from dsparklab.errors import DSparkLabError
 
 COUNTER_COLUMNS = ("scope", "request_id", "interval", "position", "n_reached", "n_accepted")
@@ -44,7 +43,8 @@ def count_acceptance_from_counters(
     by: str | Iterable[str] = ("run_id",),
     per_request: bool = True,
 ) -> pd.DataFrame:
-    """The counter table of :func:`dsparklab.analysis.count_acceptance`, from stored counters.
+    """The acceptance counter table (that of :func:`dsparklab.analysis.count_frames`), from
+    stored counters.
 
     Parameters
     ----------
@@ -198,13 +198,15 @@ def _count_pieces(
         pieces.append(counted if per_request else _flatten(counted, by))
     token_runs: set[str] = set()
     if positions is not None and len(positions):
-        pieces.append(count_acceptance(positions, steps=steps, by=by, per_request=per_request))
+        pieces.append(
+            count_frames(positions=positions, steps=steps, by=by, per_request=per_request)
+        )
         token_runs = set(positions["run_id"].unique()) if "run_id" in positions else {"run"}
     if steps is not None and len(steps):
         run_ids = steps["run_id"] if "run_id" in steps else pd.Series("run", index=steps.index)
         rest = steps[~run_ids.isin(token_runs)]
         if len(rest):
-            counted = count_acceptance_from_steps(rest, by=by, per_request=per_request)
+            counted = count_frames(steps=rest, by=by, per_request=per_request)
             pieces.append(counted[counted["n_drafted"] > 0])
     if counters is not None and len(counters):
         run_ids = (
@@ -289,7 +291,7 @@ def count_acceptance_any(
 
     Token-level runs are counted from ``positions``; runs whose steps have no position
     rows (``step`` granularity: vLLM's per-step counts without drafted tokens) from
-    ``steps`` (:func:`dsparklab.analysis.count_acceptance_from_steps`); the rest from
+    ``steps`` (both by :func:`dsparklab.analysis.count_frames`); the rest from
     ``counters`` (:func:`count_acceptance_from_counters`). The sources are disjoint by
     run, so their counts add: :math:`R_i = \\sum_{\\text{runs}} R_i`, likewise
     :math:`A_i`. Per-request rows are kept only when every run of the selection has them.

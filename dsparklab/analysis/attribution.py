@@ -31,13 +31,8 @@ import pandas as pd
 
 from dsparklab.analysis._frames import as_columns
 from dsparklab.analysis._kernels import bootstrap_sums, group_rng, percentile_interval
-from dsparklab.analysis.window import (
-    BASELINE_METHOD,
-    MATCH_COLUMNS,
-    match_columns,
-    require_step_costs,
-    step_time_counts,
-)
+from dsparklab.analysis.layouts import MATCH_COLUMNS, match_columns
+from dsparklab.analysis.window import BASELINE_METHOD, require_step_costs, step_time_counts
 from dsparklab.errors import DSparkLabError, MissingInputError
 
 COMPONENTS = ("tokens", "draft", "verify", "other")

@@ -8,7 +8,8 @@ Two scores are judged (docs/acceptance-definitions.md, "Calibration scores"):
 - ``"prefix_confidence"``: :math:`\\prod_{j \\le i} c_j` at every drafted (verified)
   position against whether it was accepted, i.e. the survival probability.
 
-Every metric is finished from one counter table (:func:`count_calibration`): row counts
+Every metric is finished from one counter table (``aggregate_store(metric="calibration")``
+over a store, :func:`~dsparklab.analysis.sql.count_frames` over frames): row counts
 and score sums per (group, score, position, equal-width bin, score level, label). The
 level is a cell of an ``L``-cell grid (``levels=L``, :data:`DEFAULT_LEVELS` = 1000 by
 default, in memory and in SQL alike) or, with ``levels=None``, the exact score value;
@@ -21,60 +22,30 @@ Runs imported from a source that computed its own calibration hold only its bins
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import (
-    NO_CONFIDENCE,
     as_columns,
     combined_codes,
     factorize,
     group_key_frame,
     require_columns,
-    require_values,
     split_by_code,
     tidy,
 )
 from dsparklab.analysis._kernels import group_sums, score_bins, score_levels
-from dsparklab.analysis.prepare import annotate_positions
+from dsparklab.analysis.layouts import DEFAULT_LEVELS
+from dsparklab.analysis.sql.counting import count_frames
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 
-# Counter columns of a calibration count table.
-CALIBRATION_COUNTERS = ("count", "sum_score", "sum_score_sq")
-# the level grid every calibration counter (in process and SQL) takes unless told: AUROC
-# with ties within 0.001, a table of at most 1000 levels per bin however large the store
-DEFAULT_LEVELS = 1000
+# The scores a calibration table can judge: the SQL counter's, and the head's score after
+# per-position temperatures (calibrate_confidence), judged on the rows ``confidence`` is.
+CALIBRATED = "confidence_calibrated"
+CALIBRATION_SCORES = ("confidence", CALIBRATED, "prefix_confidence")
 CLIP = 1e-6  # scores are clipped to [CLIP, 1 - CLIP] before a logit
-
-
-def _confidence_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    score = frame["confidence"].to_numpy(dtype=np.float64, na_value=np.nan)
-    return score, frame["reached"].to_numpy(dtype=bool) & ~np.isnan(score)
-
-
-def _calibrated_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    score = frame["confidence_calibrated"].to_numpy(dtype=np.float64, na_value=np.nan)
-    return score, frame["reached"].to_numpy(dtype=bool) & ~np.isnan(score)
-
-
-def _prefix_rows(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    score = frame["prefix_confidence"].to_numpy(dtype=np.float64)
-    keep = ~np.isnan(score)
-    if "num_verified" in frame.columns:
-        keep &= frame["position"].to_numpy() < frame["num_verified"].to_numpy(
-            dtype=np.float64, na_value=np.inf
-        )
-    return score, keep
-
-
-# score name -> (score [N], rows kept [N]) from annotated positions
-SCORES: dict[str, Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]] = {
-    "confidence": _confidence_rows,
-    "confidence_calibrated": _calibrated_rows,
-    "prefix_confidence": _prefix_rows,
-}
 
 
 def calibrate_confidence(
@@ -112,16 +83,6 @@ def calibrate_confidence(
     return out
 
 
-def score_rows(name: str) -> Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]]:
-    """The function giving score ``name``'s (score, label) arrays of a position frame."""
-    try:
-        return SCORES[name]
-    except KeyError:
-        raise UnknownMethodError(
-            f"unknown calibration score {name!r}; valid scores are {sorted(SCORES)}"
-        ) from None
-
-
 def calibration_cells(
     score: np.ndarray, n_bins: int, levels: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,54 +94,6 @@ def calibration_cells(
     bins = score_bins(score, n_bins)
     level, level_values = score_levels(score, levels)
     return bins, level, level_values
-
-
-def count_calibration(
-    positions: pd.DataFrame,
-    *,
-    steps: pd.DataFrame | None = None,
-    by: str | Iterable[str] = ("run_id",),
-    scores: Iterable[str] = ("confidence", "prefix_confidence"),
-    n_bins: int = 10,
-    levels: int | None = DEFAULT_LEVELS,
-) -> pd.DataFrame:
-    """Calibration counters per group, score, position, bin, level and label.
-
-    Parameters
-    ----------
-    positions
-        The positions table (rows with a null confidence, e.g. Eagle3's, are skipped).
-    steps
-        The steps table (``prompt_id`` grouping; adaptive verification).
-    by
-        Grouping columns.
-    scores
-        Which scores to count: ``"confidence"``, ``"prefix_confidence"``.
-    n_bins
-        Equal-width bins on [0, 1] for ECE and reliability.
-    levels
-        The level grid AUROC is counted on: :data:`DEFAULT_LEVELS` cells by default (ties
-        within 1 / L, the default of every counter, SQL or not), None the exact score
-        values (exact AUROC).
-
-    Returns
-    -------
-    pandas.DataFrame
-        ``by`` + ``score``, ``position``, ``bin``, ``bin_lo``, ``bin_hi``, ``level``
-        (the score value or grid cell's lower edge), ``accepted`` and the counters
-        ``count``, ``sum_score``, ``sum_score_sq``. Tables with the same ``n_bins`` and
-        ``levels`` merge by concatenating and summing.
-    """
-    by = as_columns(by)
-    frame = annotate_positions(positions, steps=steps)
-    require_columns(frame, [*by, "confidence"], what="count_calibration")
-    require_values(frame, "confidence", what="calibration", why=NO_CONFIDENCE)
-    pieces = []
-    for name in scores:
-        score, keep = score_rows(name)(frame)
-        part = frame.loc[keep, [*by, "position", "accepted"]]
-        pieces.append(_count_scores(part, by, name, score[keep], n_bins, levels))
-    return pd.concat(pieces, ignore_index=True)
 
 
 def score_cells(
@@ -242,6 +155,17 @@ def _is_counts(frame: pd.DataFrame) -> bool:
     return {"count", "sum_score", "level", "bin"} <= set(frame.columns)
 
 
+def check_scores(scores: Iterable[str]) -> list[str]:
+    """``scores`` as a list, each one of :data:`CALIBRATION_SCORES` (else one error)."""
+    wanted = list(scores)
+    for name in wanted:
+        if name not in CALIBRATION_SCORES:
+            raise UnknownMethodError(
+                f"unknown calibration score {name!r}; valid scores are {list(CALIBRATION_SCORES)}"
+            )
+    return wanted
+
+
 def _counts_for(
     data: pd.DataFrame,
     steps: pd.DataFrame | None,
@@ -250,13 +174,31 @@ def _counts_for(
     n_bins: int,
     levels: int | None,
 ) -> pd.DataFrame:
+    """The calibration counts of ``data``: itself when it is a counter table, else its
+    rows counted by the SQL counter (``confidence_calibrated`` counted as the confidence of
+    rows whose confidence it replaces)."""
+    wanted = check_scores(scores)
     if _is_counts(data):
         require_columns(data, [*by, "score", "position", "accepted"], what="calibration")
-        wanted = list(scores)
-        for name in wanted:
-            score_rows(name)
         return data[data["score"].isin(wanted)]
-    return count_calibration(data, steps=steps, by=by, scores=scores, n_bins=n_bins, levels=levels)
+    pieces = []
+    for name in wanted:
+        rows = data
+        if name == CALIBRATED:
+            require_columns(data, [CALIBRATED], what="calibration")
+            rows = data.assign(confidence=data[CALIBRATED])
+        counted = count_frames(
+            "calibration",
+            positions=rows,
+            steps=steps,
+            by=by,
+            per_request=False,
+            scores=("confidence" if name == CALIBRATED else name,),
+            n_bins=n_bins,
+            levels=levels,
+        )
+        pieces.append(counted.assign(score=name))
+    return pd.concat(pieces, ignore_index=True)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -464,10 +406,13 @@ def compute_calibration(
     Parameters
     ----------
     data
-        The positions table, or counts from :func:`count_calibration` /
-        :func:`dsparklab.analysis.aggregate_store`.
+        The positions table (counted by :func:`dsparklab.analysis.count_frames`), or
+        counts from :func:`dsparklab.analysis.aggregate_store` / ``count_frames``.
     steps, by, scores, n_bins, levels
-        As in :func:`count_calibration` (ignored, except ``by`` and ``scores``, for counts).
+        The steps table beside the positions (``prompt_id``; adaptive verification), the
+        grouping columns, the scores (:data:`CALIBRATION_SCORES`), the equal-width bins
+        and the AUROC level grid, as in ``count_frames`` (ignored, except ``by`` and
+        ``scores``, for counts).
     per_position
         One row per position (True) or pooled over positions (False).
 

@@ -51,7 +51,8 @@ def fitted_cost_table(
     :math:`V_b(n) = \\bar u_b(n) / t_b`, the mean verify time of the steps that ran b
     requests over the baseline's mean step of b requests, whatever load the runs kept.
     """
-    from dsparklab.analysis.window import MATCH_COLUMNS, STEP_MATCH_COLUMNS, require_step_costs
+    from dsparklab.analysis.layouts import MATCH_COLUMNS, STEP_MATCH_COLUMNS
+    from dsparklab.analysis.window import require_step_costs
 
     require_step_costs(steps)
     by = [c for c in as_columns(by) if c != "method"]

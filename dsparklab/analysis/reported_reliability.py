@@ -25,8 +25,8 @@ from dsparklab.analysis._frames import (
 from dsparklab.analysis.calibration import (
     binned_ece,
     calibration_keys,
+    check_scores,
     reliability_rows,
-    score_rows,
 )
 from dsparklab.errors import DSparkLabError
 
@@ -96,10 +96,7 @@ def compute_reported_reliability(
     require_values(calibration, "bin", what="a reported reliability diagram", why=NO_BINS)
     rows = calibration[calibration["bin"].notna() & (calibration["count"].fillna(0) > 0)]
     if scores is not None:
-        wanted = list(scores)
-        for name in wanted:
-            score_rows(name)
-        rows = rows[rows["score"].isin(wanted)]
+        rows = rows[rows["score"].isin(check_scores(scores))]
     if rows.empty:
         columns = [*keys, "bin", "bin_lo", "bin_hi", "count", "mean_score", "accept_rate"]
         return pd.DataFrame(columns=[*columns, "gap", "source"])

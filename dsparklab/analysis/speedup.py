@@ -21,13 +21,8 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, combined_codes, split_by_code
-from dsparklab.analysis.window import (
-    BASELINE_METHOD,
-    MATCH_COLUMNS,
-    compute_window_scaling,
-    match_columns,
-    require_step_costs,
-)
+from dsparklab.analysis.layouts import MATCH_COLUMNS, match_columns
+from dsparklab.analysis.window import BASELINE_METHOD, compute_window_scaling, require_step_costs
 from dsparklab.errors import UnknownMethodError
 
 # method -> drafter kind

@@ -20,105 +20,27 @@ from dsparklab.analysis._frames import (
     UNIT_COLUMNS,
     as_columns,
     combined_codes,
-    factorize,
     group_key_frame,
     require_columns,
     split_by_code,
-    tidy,
 )
 from dsparklab.analysis._kernels import (
     bootstrap_sums,
     group_rng,
-    group_sums,
     percentile_interval,
 )
 from dsparklab.analysis.aggregate import compute_acceptance_length
+from dsparklab.analysis.layouts import (
+    MATCH_COLUMNS,
+    STEP_TIME_COUNTERS,
+    match_columns,
+)
+from dsparklab.analysis.sql.counting import count_frames
 from dsparklab.errors import DSparkLabError, MissingInputError
 
 logger = logging.getLogger(__name__)
 
 BASELINE_METHOD = "none"
-# Run columns a baseline run must share with the method run it is compared with.
-MATCH_COLUMNS = ("engine", "target", "dataset", "temperature", "concurrency")
-# Match columns a frame built by hand may lack: without one, its runs share one load.
-OPTIONAL_MATCH_COLUMNS = ("concurrency",)
-# Step columns a step-time table may be grouped by. A group by one is matched with the
-# baseline's steps of the same value: a step of b requests is costed against the
-# target-only steps of b requests, not against the baseline's mean step.
-STEP_MATCH_COLUMNS = ("batch_size",)
-# The counters of a step-time table (count_step_times; aggregate_store's "step_times").
-STEP_TIME_COUNTERS = ("n_steps", "sum_tokens", "sum_time", "sum_draft", "sum_verify")
-
-
-def match_columns(frame: pd.DataFrame, match: Iterable[str]) -> list[str]:
-    """``match`` less the optional columns (:data:`OPTIONAL_MATCH_COLUMNS`) ``frame`` lacks:
-    a frame without ``concurrency`` (built by hand, not read from a store) is one load."""
-    return [c for c in as_columns(match) if c in frame.columns or c not in OPTIONAL_MATCH_COLUMNS]
-
-
-def count_step_times(
-    steps: pd.DataFrame,
-    *,
-    by: str | Iterable[str] = ("method", "dataset"),
-    match: Iterable[str] = MATCH_COLUMNS,
-    per_request: bool = True,
-) -> pd.DataFrame:
-    """Step-time counters per group, window, baseline-match key (and request).
-
-    Parameters
-    ----------
-    steps
-        The steps table of method runs and baseline runs.
-    by
-        Grouping columns; ``method`` and ``n`` are always kept.
-    match
-        Run columns that pair a method run with its baseline run.
-    per_request
-        Keep one row per request (for bootstrap intervals).
-
-    Returns
-    -------
-    pandas.DataFrame
-        Keys plus ``n_steps``, ``sum_tokens`` (``emitted``: the output tokens the steps
-        added, ``accepted_len + 1`` but where the output was cut),
-        ``sum_time`` (``draft_time_s + verify_time_s + other_time_s``; a null draft or
-        other time counts 0),
-        ``sum_draft`` and ``sum_verify``; the time sums are NaN in a group holding a step
-        without a verify time.
-    """
-    by = as_columns(by)
-    keys = list(dict.fromkeys([*by, "method", "n", *match_columns(steps, match)]))
-    if per_request:
-        keys += [c for c in UNIT_COLUMNS if c not in keys]
-    require_columns(steps, [*keys, "emitted", "verify_time_s"], what="count_step_times")
-    frame = steps
-    # a step without a verify time (a vLLM run records the draft time only) makes its
-    # group's time sums NaN: tokens per step still count, speedup cannot
-    verify = frame["verify_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
-    draft = (
-        frame["draft_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
-        if "draft_time_s" in frame
-        else np.zeros(len(frame))
-    )
-    draft = np.where(np.isnan(verify), np.nan, np.nan_to_num(draft, nan=0.0))
-    other = (
-        np.nan_to_num(frame["other_time_s"].to_numpy(dtype=np.float64, na_value=np.nan), nan=0.0)
-        if "other_time_s" in frame
-        else np.zeros(len(frame))
-    )
-    codes, sizes, uniques = factorize(frame, keys)
-    cells, count, s = group_sums(
-        codes,
-        sizes,
-        {
-            # what the steps added to the output (a null emitted makes the group's NaN)
-            "sum_tokens": frame["emitted"].to_numpy(dtype=np.float64, na_value=np.nan),
-            "sum_time": draft + verify + other,
-            "sum_draft": draft,
-            "sum_verify": verify,
-        },
-    )
-    return tidy(keys, cells, uniques, {"n_steps": count.astype(np.int64), **s})
 
 
 def is_step_time_counts(frame: pd.DataFrame) -> bool:
@@ -130,11 +52,11 @@ def step_time_counts(
     steps: pd.DataFrame, *, by: Iterable[str], match: Iterable[str] = MATCH_COLUMNS
 ) -> pd.DataFrame:
     """Per-request step-time counters of ``steps``: the table itself when it is one
-    (:func:`count_step_times`, or ``aggregate_store(metric="step_times",
-    per_request=True)``), else :func:`count_step_times` of its rows. A counter table
-    summed over requests is refused: the bootstraps resample its rows as requests."""
+    (``aggregate_store(metric="step_times")``), else its rows counted by the same query
+    (:func:`~dsparklab.analysis.sql.count_frames`). A counter table summed over requests is
+    refused: the bootstraps resample its rows as requests."""
     if not is_step_time_counts(steps):
-        return count_step_times(steps, by=by, match=match, per_request=True)
+        return count_frames("step_times", steps=steps, by=by, match=match)
     keys = list(dict.fromkeys([*as_columns(by), "method", "n", *match_columns(steps, match)]))
     require_columns(steps, [*keys, *UNIT_COLUMNS], what="per-request step-time counts")
     return steps

@@ -13,10 +13,11 @@ import pytest
 from counting_cases import CASES, assert_same_counts, in_process, write_store
 from typer.testing import CliRunner
 
-from dsparklab.analysis import aggregate_store, count_acceptance, count_calibration
+from dsparklab.analysis import aggregate_store
 from dsparklab.cli.app import app
 from dsparklab.store import hive_table, read_trace
 from dsparklab.store.compact import compact_store
+from tests.oracles import count_acceptance, count_calibration
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@
 from dsparklab.analysis.sql.counting import (
     METRICS,
     aggregate_store,
+    count_frames,
     empty_counts,
     metric_keys,
     select_runs,
@@ -28,6 +29,7 @@ __all__ = [
     "Engine",
     "SparkEngine",
     "aggregate_store",
+    "count_frames",
     "empty_counts",
     "metric_keys",
     "open_engine",

@@ -1,10 +1,11 @@
-"""The counting stage: counter tables straight from a store, counted by an SQL engine.
+"""The counting stage: counter tables counted by an SQL engine, from a store or from frames.
 
 :func:`aggregate_store` is the one I/O entry point of the analysis layer. It selects runs
 by their run.json (status and run-column filters), renders the metric's query
 (:mod:`dsparklab.analysis.sql.queries`: one text, run as is by DuckDB and by Spark) and
-returns the counter table the in-process ``count_*`` function returns for the same rows.
-Finish it with the usual ``compute_*`` function (the bootstraps resample the per-request
+returns its counter table. :func:`count_frames` runs the same texts by DuckDB over frames
+in memory, so rows read with ``read_trace`` count exactly as the store they came from.
+Finish either with the usual ``compute_*`` function (the bootstraps resample the per-request
 rows of ``per_request=True``)::
 
     counts = aggregate_store("runs/", metric="acceptance", by=("method", "n"))
@@ -24,10 +25,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsparklab.analysis._frames import UNIT_COLUMNS, as_columns
-from dsparklab.analysis.acceptance import ACCEPTANCE_COUNTERS
-from dsparklab.analysis.calibration import CALIBRATION_COUNTERS, DEFAULT_LEVELS
-from dsparklab.analysis.sql.engines import ENGINES, open_engine
+from dsparklab.analysis._frames import (
+    NO_CONFIDENCE,
+    UNIT_COLUMNS,
+    as_columns,
+    require_columns,
+    require_values,
+    with_default_run,
+)
+from dsparklab.analysis.layouts import (
+    ACCEPTANCE_COUNTERS,
+    CALIBRATION_COUNTERS,
+    DEFAULT_LEVELS,
+    MATCH_COLUMNS,
+    STEP_MATCH_COLUMNS,
+    STEP_TIME_COUNTERS,
+    match_columns,
+)
+from dsparklab.analysis.sql.engines import ENGINES, Engine, FramesEngine, open_engine
 from dsparklab.analysis.sql.queries import (
     BIN_EDGES,
     COUNTERS,
@@ -36,8 +51,7 @@ from dsparklab.analysis.sql.queries import (
     UNVERIFIED_STEPS,
     render,
 )
-from dsparklab.analysis.window import MATCH_COLUMNS, STEP_MATCH_COLUMNS, STEP_TIME_COUNTERS
-from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.errors import DSparkLabError, TraceSchemaError, UnknownMethodError
 from dsparklab.store.catalog import Catalog, catalog_of, list_runs
 from dsparklab.store.location import Location
 from dsparklab.store.schema import RUN_COLUMNS, STATUSES
@@ -236,9 +250,10 @@ def aggregate_store(
         A store (a local directory or ``s3://bucket/prefix``, either layout; Spark: the
         table layout) or one run, or the catalog of one (listed once by the caller).
     metric
-        ``"acceptance"`` (the table of :func:`count_acceptance`), ``"calibration"`` (that
-        of :func:`count_calibration`) or ``"step_times"`` (that of
-        :func:`count_step_times`, for speedup and attribution).
+        ``"acceptance"`` (per position: drafted, reached, accepted), ``"calibration"``
+        (per score, position, bin, level and label: rows and score sums) or
+        ``"step_times"`` (per method, n and baseline match key: steps, tokens and time
+        sums, for speedup and attribution).
     by
         Run columns (run_id, method, n, dataset, ...) and ``request_id`` / ``prompt_id``;
         ``("dataset", "prompt_id")`` gives the per-prompt counts a regression diff compares.
@@ -254,11 +269,11 @@ def aggregate_store(
         default, as for every counter; False sums over requests, a smaller table).
     source
         Acceptance only: ``"steps"`` counts from the steps table (one row per step, see
-        :func:`count_acceptance_from_steps`), ``"positions"`` from the position rows as
-        :func:`count_acceptance` does. Both give the same counters on a trace that passes
-        ``dsparklab validate``.
+        the Notes), ``"positions"`` from the position rows, each joined to its step. Both
+        give the same counters on a trace that passes ``dsparklab validate``.
     scores, n_bins, levels
-        Calibration only; as in :func:`count_calibration` (the same defaults: ``levels``
+        Calibration only: the scores (``confidence``, ``prefix_confidence``), the number
+        of equal-width bins and the AUROC level grid (the same defaults: ``levels``
         a 1000-cell grid, AUROC ties within 0.001; None counts exact scores).
     match
         Step times only: the run columns pairing a method run with its baseline.
@@ -293,30 +308,23 @@ def aggregate_store(
     filters = dict(filters or {})
     _check(metric, source, by, filters, scores, engine)
     keys = metric_keys(metric, by, per_request=per_request, match=match)
-    sort_keys, counters = _layout(metric, keys)
     catalog = catalog_of(root)
     runs, every_run = select_runs(catalog, filters=filters, statuses=statuses)
     if runs.empty:
         return empty_counts(metric, by, per_request=per_request, match=match)
     n_positions = int(max(runs["n"].max(), 1))
-    if metric == "acceptance":
-        tables = COUNTERS["acceptance_steps" if source == "steps" else "acceptance"].tables
-    else:
-        tables = COUNTERS[metric].tables
     with open_engine(
         engine,
         catalog,
         runs,
-        tables,
+        counter_tables(metric, source),
         every_run=every_run,
         statuses=statuses,
         threads=threads,
         memory_limit=memory_limit,
     ) as session:
-        # rows from positions: without adaptive verification, reached needs no steps join
-        from_positions = metric == "calibration" or source == "positions"
-        all_verified = from_positions and int(session.query(UNVERIFIED_STEPS)["n"].iloc[0]) == 0
-        texts = metric_queries(
+        table = count_in(
+            session,
             metric,
             keys,
             n_positions=n_positions,
@@ -324,12 +332,173 @@ def aggregate_store(
             scores=scores,
             n_bins=n_bins,
             levels=levels,
-            all_verified=all_verified,
         )
-        pieces = [session.query(text) for text in texts]
-    pieces = [p for p in pieces if len(p)]
-    if not pieces:
+    if table is None:
         return empty_counts(metric, by, per_request=per_request, match=match)
+    return table
+
+
+def counter_tables(metric: str, source: str = "steps") -> tuple[str, ...]:
+    """The relations ``metric``'s queries read (``source``: acceptance's rows)."""
+    if metric == "acceptance":
+        return COUNTERS["acceptance_steps" if source == "steps" else "acceptance"].tables
+    return COUNTERS[metric].tables
+
+
+def count_in(
+    session: Engine,
+    metric: str,
+    keys: list[str],
+    *,
+    n_positions: int,
+    source: str = "steps",
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    n_bins: int = 10,
+    levels: int | None = DEFAULT_LEVELS,
+) -> pd.DataFrame | None:
+    """``metric``'s counter table over the relations ``session`` holds, keyed by ``keys``
+    (:func:`metric_keys`), typed and sorted as the in-memory tables; None when no row
+    counts."""
+    # rows from positions: without adaptive verification, reached needs no steps join
+    from_positions = metric == "calibration" or source == "positions"
+    all_verified = from_positions and int(session.query(UNVERIFIED_STEPS)["n"].iloc[0]) == 0
+    texts = metric_queries(
+        metric,
+        keys,
+        n_positions=n_positions,
+        source=source,
+        scores=scores,
+        n_bins=n_bins,
+        levels=levels,
+        all_verified=all_verified,
+    )
+    pieces = [p for p in (session.query(text) for text in texts) if len(p)]
+    if not pieces:
+        return None
+    sort_keys, counters = _layout(metric, keys)
     table = _typed(pd.concat(pieces, ignore_index=True), metric)
     table = table[[*sort_keys, *counters]]
     return table.sort_values(sort_keys, kind="stable", na_position="last").reset_index(drop=True)
+
+
+# Columns each counter needs from a frame built in memory (a store's tables always hold them).
+# Steps beside positions say which rows were verified (num_verified < num_drafted: adaptive
+# verification) and how many were accepted.
+FRAME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "positions": ("request_id", "step", "position", "accepted"),
+    "steps": ("request_id", "step", "num_drafted", "num_verified", "accepted_len"),
+    "acceptance_steps": ("request_id", "num_drafted", "num_verified", "accepted_len"),
+    "step_times": ("request_id", "emitted", "verify_time_s"),
+}
+
+
+def frame_runs(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """The ``runs`` relation of frames in memory: one row per ``run_id`` with the first
+    value each run column takes in the frames (null where no frame has the column)."""
+    parts = [f[[c for c in RUN_COLUMNS if c in f.columns]].drop_duplicates() for f in frames]
+    runs = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run_id"])
+    runs = runs.groupby("run_id", sort=True, dropna=False).first().reset_index()
+    for name in RUN_COLUMNS:
+        if name not in runs.columns:
+            runs[name] = None
+        elif name not in ("n", "temperature", "concurrency"):
+            runs[name] = runs[name].map(lambda v: None if pd.isna(v) else str(v))
+    return runs
+
+
+def _widest(frames: Mapping[str, pd.DataFrame | None]) -> int:
+    """P, the widest window the rows drafted: positions ``0..P-1`` are counted."""
+    widths = [1]
+    positions, steps = frames["positions"], frames["steps"]
+    if positions is not None and len(positions):
+        widths.append(int(positions["position"].max()) + 1)
+    if steps is not None and "num_drafted" in steps and steps["num_drafted"].notna().any():
+        widths.append(int(steps["num_drafted"].max()))
+    return max(widths)
+
+
+def count_frames(
+    metric: str = "acceptance",
+    *,
+    positions: pd.DataFrame | None = None,
+    steps: pd.DataFrame | None = None,
+    by: str | Iterable[str] = ("run_id",),
+    per_request: bool = True,
+    scores: Iterable[str] = ("confidence", "prefix_confidence"),
+    n_bins: int = 10,
+    levels: int | None = DEFAULT_LEVELS,
+    match: Iterable[str] = MATCH_COLUMNS,
+    threads: int | None = None,
+) -> pd.DataFrame:
+    """Counters of ``metric`` over frames in memory: :func:`aggregate_store`'s query texts,
+    run by DuckDB over the frames instead of a store.
+
+    Parameters
+    ----------
+    metric
+        ``"acceptance"``, ``"calibration"`` or ``"step_times"``, as in
+        :func:`aggregate_store`.
+    positions, steps
+        Rows of the positions and steps tables (``read_trace``); a frame without
+        ``run_id`` is one run, and its run columns (method, n, dataset, ...) are read off
+        its rows. Acceptance is counted from ``positions`` when given (``steps`` then adds
+        ``prompt_id`` and adaptive verification), else from ``steps``; calibration needs
+        ``positions``, step times ``steps``.
+    by, per_request, scores, n_bins, levels, match
+        As in :func:`aggregate_store`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The counter table :func:`aggregate_store` returns for a store holding these rows.
+        Its formulas are :func:`aggregate_store`'s.
+    """
+    by = as_columns(by)
+    scores = tuple(scores)
+    source = "positions" if positions is not None else "steps"
+    counter = "acceptance_steps" if metric == "acceptance" and source == "steps" else metric
+    _check(metric, source, by, {}, scores, "duckdb")
+    frames = {
+        "positions": None if positions is None else with_default_run(positions),
+        "steps": None if steps is None else with_default_run(steps),
+    }
+    tables = [t for t in counter_tables(metric, source) if t != "runs"]
+    given = [frames[t] for t in tables if frames[t] is not None]
+    if not given:
+        raise DSparkLabError(f"counting {metric} needs the {' and '.join(tables)} rows")
+    if metric == "step_times":
+        match = match_columns(given[0], match)
+    if metric == "calibration":
+        require_values(given[0], "confidence", what="calibration", why=NO_CONFIDENCE)
+    keys = metric_keys(metric, by, per_request=per_request, match=match)
+    from_steps = [k for k in keys if k in ("prompt_id", *STEP_MATCH_COLUMNS)]
+    from_steps += ["context_len"] if any(k in BIN_EDGES for k in keys) else []
+    if from_steps and frames["steps"] is None:
+        raise TraceSchemaError(
+            f"counting {metric} by {from_steps} needs the steps table: pass steps= "
+            "(read it with dsparklab.store.read_trace)"
+        )
+    for name in tables:
+        frame = frames[name]
+        if frame is not None:
+            wanted = FRAME_COLUMNS[
+                counter if name == "steps" and counter in FRAME_COLUMNS else name
+            ]
+            extra = from_steps if name == "steps" else []
+            require_columns(frame, [*wanted, *extra], what=f"counting {metric}")
+    with FramesEngine(
+        frame_runs(given), {t: frames[t] for t in tables}, threads=threads
+    ) as session:
+        table = count_in(
+            session,
+            metric,
+            keys,
+            n_positions=_widest(frames),
+            source=source,
+            scores=scores,
+            n_bins=n_bins,
+            levels=levels,
+        )
+    if table is None:
+        return empty_counts(metric, by, per_request=per_request, match=match)
+    return table

@@ -123,18 +123,7 @@ class DuckDBEngine(Engine):
         threads: int | None = None,
         memory_limit: str | None = None,
     ) -> None:
-        import duckdb
-
-        self.con = duckdb.connect()
-        # spills go below the system's temporary directory, not ./.tmp (DuckDB's default)
-        self.scratch = tempfile.mkdtemp(prefix="dsparklab-duckdb-")
-        self.con.execute(f"SET temp_directory = {_quoted(self.scratch)}")
-        if threads:
-            self.con.execute(f"SET threads = {int(threads)}")
-        if memory_limit:
-            self.con.execute(f"SET memory_limit = {_quoted(memory_limit)}")
-        self.con.execute("SET preserve_insertion_order = false")
-        self.con.register("runs", runs_table(runs))
+        self._connect(runs, threads, memory_limit)
         for table in tables:
             if table != "runs":
                 self._register(catalog, runs, table, every_run, tuple(statuses))
@@ -166,12 +155,56 @@ class DuckDBEngine(Engine):
         where = "" if every_run else _run_filter(list(runs["run_id"]))
         self.con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {table}_parts{where}")
 
+    def _connect(self, runs: pd.DataFrame, threads: int | None, memory_limit: str | None) -> None:
+        import duckdb
+
+        self.con = duckdb.connect()
+        # spills go below the system's temporary directory, not ./.tmp (DuckDB's default)
+        self.scratch = tempfile.mkdtemp(prefix="dsparklab-duckdb-")
+        self.con.execute(f"SET temp_directory = {_quoted(self.scratch)}")
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        if memory_limit:
+            self.con.execute(f"SET memory_limit = {_quoted(memory_limit)}")
+        self.con.execute("SET preserve_insertion_order = false")
+        self.con.register("runs", runs_table(runs))
+
     def query(self, sql: str) -> pd.DataFrame:
         return self.con.sql(sql).to_arrow_table().to_pandas()
 
     def close(self) -> None:
         self.con.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class FramesEngine(DuckDBEngine):
+    """DuckDB over frames in memory: the same relations, registered from the frames
+    rather than read from a store (``frames``: table name -> rows with ``run_id``)."""
+
+    def __init__(
+        self,
+        runs: pd.DataFrame,
+        frames: dict[str, pd.DataFrame | None],
+        *,
+        threads: int | None = None,
+    ) -> None:
+        self._connect(runs, threads, None)
+        for table, frame in frames.items():
+            self.con.register(table, frame_table(table, frame))
+
+
+def frame_table(table: str, frame: pd.DataFrame | None) -> pa.Table:
+    """``table``'s relation from ``frame``: the columns the queries read, null where the
+    frame lacks one (no rows when ``frame`` is None); other columns keep their dtypes."""
+    schema = table_schema(table)
+    if frame is None:
+        return schema.empty_table()
+    present = [name for name in schema.names if name in frame.columns]
+    data = pa.Table.from_pandas(frame[present], preserve_index=False)
+    for field in schema:
+        if field.name not in present:
+            data = data.append_column(field, pa.nulls(len(frame), field.type))
+    return data.select(schema.names)
 
 
 class SparkEngine(Engine):

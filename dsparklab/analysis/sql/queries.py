@@ -12,17 +12,11 @@ relations, which :mod:`dsparklab.analysis.sql.engines` registers:
 
 Run columns always come from ``runs`` (an inner join on ``run_id``, which is also what
 selects runs by status and filter); row columns (``request_id``, ``prompt_id``) from the
-tables. Every counter equals the in-process function it names on a trace that passes
-``dsparklab validate`` (integer counts exactly; float sums up to summation order):
-
-=====================  =======================================================
-counter                in-process function
-=====================  =======================================================
-``acceptance_steps``   :func:`~dsparklab.analysis.count_acceptance_from_steps`
-``acceptance``         :func:`~dsparklab.analysis.count_acceptance`
-``calibration``        :func:`~dsparklab.analysis.count_calibration` (one score)
-``step_times``         :func:`~dsparklab.analysis.count_step_times`
-=====================  =======================================================
+tables. The same texts count a store (:func:`~dsparklab.analysis.sql.aggregate_store`) and
+frames in memory (:func:`~dsparklab.analysis.sql.count_frames`): they are the library's
+only counters. The tests hold each one equal to an independent numpy counter
+(``tests/oracles.py``) on every store shape ``dsparklab validate`` accepts (integer counts
+exactly; float sums up to summation order).
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsparklab.analysis.calibration import DEFAULT_LEVELS
-from dsparklab.analysis.window import STEP_MATCH_COLUMNS
+from dsparklab.analysis.layouts import DEFAULT_LEVELS, STEP_MATCH_COLUMNS
 from dsparklab.errors import DSparkLabError
 
 # Row-level grouping columns besides the run columns, and the relation each comes from in
@@ -164,7 +157,7 @@ FROM steps s JOIN runs r ON s.run_id = r.run_id
 WHERE s.num_verified < s.num_drafted
 """
 
-# Acceptance counters per (keys, position) from the position rows (count_acceptance).
+# Acceptance counters per (keys, position) from the position rows.
 ACCEPTANCE_COUNTS = """
 SELECT {x_keys}
   x.position AS position,
@@ -177,8 +170,8 @@ GROUP BY {x_group} x.position
 ACCEPTANCE_POSITIONS = POSITION_ROWS + ACCEPTANCE_COUNTS
 ACCEPTANCE_POSITIONS_WINDOW = POSITION_ROWS_WINDOW + ACCEPTANCE_COUNTS
 
-# Calibration counters of one score per (keys, position, bin, level, label)
-# (count_calibration): bin = min(max(floor(s * B), 0), B - 1); level = the exact score or
+# Calibration counters of one score per (keys, position, bin, level, label):
+# bin = min(max(floor(s * B), 0), B - 1); level = the exact score or
 # the grid cell floor(s * L) clipped to [0, L - 1], given by its lower edge cell / L.
 CALIBRATION_COUNTS = """,
 y AS (
@@ -209,7 +202,7 @@ CALIBRATION = POSITION_ROWS + CALIBRATION_COUNTS
 CALIBRATION_WINDOW = POSITION_ROWS_WINDOW + CALIBRATION_COUNTS
 PREFIX_CALIBRATION = PREFIX_ROWS + CALIBRATION_COUNTS
 
-# Which rows each score is judged on (calibration.SCORES): the head's output at reached
+# Which rows each score is judged on: the head's output at reached
 # positions; the prefix product at every verified position.
 SCORE_ROWS = {
     "confidence": "x.reached AND x.confidence IS NOT NULL AND NOT isnan(x.confidence)",
@@ -218,7 +211,7 @@ SCORE_ROWS = {
     ),
 }
 
-# -- step times (count_step_times) ---------------------------------------------------------
+# -- step times ----------------------------------------------------------------------------
 # A step without a verify time makes its group's time sums NaN, a step without emitted its
 # group's token sum; a null (or NaN) draft or other time counts 0.
 _DRAFT, _OTHER = (

@@ -28,15 +28,15 @@ import numpy as np
 import pandas as pd
 from analysis_synth import Run, _plain, build_run, noisy_confidence
 
-from dsparklab.analysis import (
+from dsparklab.analysis.sql import metric_keys
+from dsparklab.store import POSITIONS_SCHEMA, STEPS_SCHEMA, TraceWriter, new_run_json, read_trace
+from dsparklab.store.rows import counter_row, totals_row
+from tests.oracles import (
     count_acceptance,
     count_acceptance_from_steps,
     count_calibration,
     count_step_times,
 )
-from dsparklab.analysis.sql import metric_keys
-from dsparklab.store import POSITIONS_SCHEMA, STEPS_SCHEMA, TraceWriter, new_run_json, read_trace
-from dsparklab.store.rows import counter_row, totals_row
 
 # the match key of step times: engine, target, dataset, temperature (count_step_times)
 STEP_TIME_BY: tuple[str, ...] = ("method", "dataset")

@@ -11,10 +11,10 @@ from dsparklab.analysis import (
     compute_acceptance_by_position,
     compute_acceptance_length,
     compute_iid_accept_len,
-    count_acceptance,
 )
 from dsparklab.errors import DSparkLabError, TraceSchemaError
 from dsparklab.store import read_trace
+from tests.oracles import count_acceptance
 
 
 def hand_positions(accepted: list[list[bool]], **extra) -> pd.DataFrame:
@@ -44,7 +44,15 @@ def test_rows_past_num_verified_are_not_reached():
     # step 0 verified only its first position (adaptive verification) and accepted it
     positions = hand_positions([[True, False, False], [True, True, False]])
     steps = pd.DataFrame(
-        {"run_id": "r", "request_id": "q", "step": [0, 1], "prompt_id": "p", "num_verified": [1, 3]}
+        {
+            "run_id": "r",
+            "request_id": "q",
+            "step": [0, 1],
+            "prompt_id": "p",
+            "num_drafted": [3, 3],
+            "num_verified": [1, 3],
+            "accepted_len": [1, 2],
+        }
     )
     without = compute_acceptance_by_position(positions, by=(), n_boot=0)
     with_steps = compute_acceptance_by_position(positions, steps=steps, by=(), n_boot=0)

@@ -13,12 +13,10 @@ from dsparklab.analysis import (
     compute_acceptance_length,
     compute_calibration,
     compute_window_scaling,
-    count_acceptance,
-    count_acceptance_from_steps,
-    count_calibration,
 )
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 from dsparklab.store import read_run_json, read_trace, validate_trace
+from tests.oracles import count_acceptance, count_acceptance_from_steps, count_calibration
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from dsparklab.analysis import (
     compute_ece,
     compute_reliability,
     compute_reliability_ece,
-    count_calibration,
 )
 from dsparklab.errors import UnknownMethodError
+from tests.oracles import count_calibration
 
 
 def direct_ece(score: np.ndarray, label: np.ndarray, n_bins: int) -> float:

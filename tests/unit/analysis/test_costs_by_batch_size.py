@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from analysis_synth import Run, build_run, write_run
 
-from dsparklab.analysis import count_step_times, fitted_cost_table
+from dsparklab.analysis import fitted_cost_table
+from dsparklab.analysis.layouts import MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.analysis.sql import aggregate_store
-from dsparklab.analysis.window import MATCH_COLUMNS, STEP_TIME_COUNTERS
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import read_trace
+from tests.oracles import count_step_times
 
 # the target-only step of b requests takes BASE[b] s; a verify of n + 1 = 4 tokens VERIFY[b]
 # of those steps and the draft pass DRAFT[b] of them: verifying costs more as the batch fills

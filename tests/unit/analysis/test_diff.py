@@ -16,9 +16,9 @@ from dsparklab.analysis import (
     compute_token_class_acceptance,
     compute_token_class_diff,
     compute_worst_prompts,
-    count_acceptance,
 )
 from dsparklab.errors import DSparkLabError, UnknownMethodError
+from tests.oracles import count_acceptance
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,8 @@ from dsparklab.analysis import (
     compute_acceptance_by_position,
     compute_acceptance_length,
     compute_regression_diff,
-    count_acceptance,
-    count_acceptance_from_steps,
 )
+from tests.oracles import count_acceptance, count_acceptance_from_steps
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

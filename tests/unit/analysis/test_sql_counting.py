@@ -18,11 +18,17 @@ import pandas as pd
 import pytest
 from counting_cases import CASES, Case, assert_same_counts, in_process, write_store
 
-from dsparklab.analysis import acceptance_stats, aggregate_store, compute_regression_diff
+from dsparklab.analysis import (
+    acceptance_stats,
+    aggregate_store,
+    compute_regression_diff,
+    count_frames,
+)
 from dsparklab.analysis.sql import COUNTERS, open_engine, render, select_runs
 from dsparklab.errors import DSparkLabError, UnknownMethodError
 from dsparklab.store import hive_table, read_trace
 from dsparklab.store.compact import compact_store
+from tests.oracles import count_acceptance, count_calibration
 
 IMPORTED = ["import/vllm-bench/gsm8k", "import/sglang/gsm8k"]
 
@@ -47,6 +53,23 @@ def test_duckdb_counts_equal_the_in_process_counts(
     for layout, root in stores.items():
         got = aggregate_store(root, **case.store_args())
         assert_same_counts(got, expected[case.name], what=f"{layout}: {case.name}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_frames_in_memory_count_as_the_store_does(
+    stores: dict[str, str], expected: dict[str, pd.DataFrame], case: Case
+) -> None:
+    """count_frames runs the same query texts by DuckDB over the rows read_trace returns:
+    the table equals the numpy oracle's (and so aggregate_store's)."""
+    root = stores["written"]
+    args = case.store_args()
+    source = args.pop("source", "steps")
+    steps = read_trace(root, "steps")
+    positions = read_trace(root, "positions") if case.metric == "calibration" else None
+    if source == "positions":
+        positions = read_trace(root, "positions")
+    got = count_frames(positions=positions, steps=steps, **args)
+    assert_same_counts(got, expected[case.name], what=f"frames: {case.name}")
 
 
 def _views(root: str) -> dict[str, str]:
@@ -83,7 +106,6 @@ def test_runs_selected_by_status_and_filter(stores: dict[str, str]) -> None:
     positions = read_trace(written, "positions", statuses=statuses, filters=filters)
     steps = read_trace(written, "steps", statuses=statuses, filters=filters)
     assert "ref/gsm8k/dspark-n3-crashed" not in set(steps["run_id"])  # failed: left out
-    from dsparklab.analysis import count_acceptance, count_calibration
 
     for root in stores.values():
         got = aggregate_store(

@@ -12,10 +12,10 @@ from analysis_synth import build_run, concat
 from dsparklab.analysis import (
     compute_speedup_model,
     compute_window_scaling,
-    count_step_times,
     fit_speedup_model,
 )
 from dsparklab.errors import TraceSchemaError, UnknownMethodError
+from tests.oracles import count_step_times
 
 RUN = {"engine": "synthetic", "target": "t", "temperature": 0.0}
 

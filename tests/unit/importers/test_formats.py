@@ -20,6 +20,7 @@ import dsparklab.analysis as A
 from dsparklab.analysis import definitions as D
 from dsparklab.importers import import_files, parse_files
 from dsparklab.store import list_runs, read_run_json, read_trace, validate_trace
+from tests.oracles import count_acceptance_from_steps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -168,7 +169,7 @@ def test_vllm_request_detailed_is_step_level(tmp_path: Path) -> None:
 
 
 def steps_counts(steps: pd.DataFrame) -> pd.DataFrame:
-    return A.count_acceptance_from_steps(steps, by=("request_id",))
+    return count_acceptance_from_steps(steps, by=("request_id",))
 
 
 def test_vllm_request_summary_equals_detailed_counts(tmp_path: Path) -> None:
