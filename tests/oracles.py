@@ -22,8 +22,7 @@ from dsparklab.analysis._frames import (
     require_values,
     tidy,
 )
-from dsparklab.analysis._kernels import group_sums
-from dsparklab.analysis.calibration import _count_scores
+from dsparklab.analysis._kernels import group_sums, score_bins, score_levels
 from dsparklab.analysis.layouts import (
     ACCEPTANCE_COUNTERS,
     DEFAULT_LEVELS,
@@ -31,7 +30,7 @@ from dsparklab.analysis.layouts import (
     match_columns,
 )
 from dsparklab.analysis.prepare import annotate_positions
-from dsparklab.errors import UnknownMethodError
+from dsparklab.errors import DSparkLabError, UnknownMethodError
 
 
 def count_acceptance(
@@ -340,3 +339,71 @@ def count_step_times(
         },
     )
     return tidy(keys, cells, uniques, {"n_steps": count.astype(np.int64), **s})
+
+
+def calibration_cells(
+    score: np.ndarray, n_bins: int, levels: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bin codes ``[N]``, level codes ``[N]`` and level values ``[L]`` of scores."""
+    if n_bins < 1:
+        raise DSparkLabError(f"n_bins must be >= 1, got {n_bins}")
+    if levels is not None and levels < 1:
+        raise DSparkLabError(f"levels must be >= 1 or None (exact), got {levels}")
+    bins = score_bins(score, n_bins)
+    level, level_values = score_levels(score, levels)
+    return bins, level, level_values
+
+
+def score_cells(
+    codes: list[np.ndarray],
+    sizes: list[int],
+    score: np.ndarray,
+    label: np.ndarray,
+    n_bins: int,
+    levels: int | None,
+) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Calibration counters of ``score`` ``[N]`` vs ``label`` ``[N]`` per key cell.
+
+    ``codes``/``sizes`` are the key columns (e.g. group and position). Returns the key
+    codes of each non-empty cell and the bin, level, label and counter columns.
+    """
+    bins, level, level_values = calibration_cells(score, n_bins, levels)
+    cells, count, sums = group_sums(
+        [*codes, bins, level, np.asarray(label, dtype=np.int64)],
+        [*sizes, n_bins, len(level_values), 2],
+        {"sum_score": score, "sum_score_sq": score * score},
+    )
+    return cells[: len(codes)], {
+        "bin": cells[-3],
+        "bin_lo": cells[-3] / n_bins,
+        "bin_hi": (cells[-3] + 1) / n_bins,
+        "level": level_values[cells[-2]],
+        "accepted": cells[-1].astype(bool),
+        "count": count.astype(np.int64),
+        "sum_score": sums["sum_score"],
+        "sum_score_sq": sums["sum_score_sq"],
+    }
+
+
+def _count_scores(
+    part: pd.DataFrame,
+    by: tuple[str, ...],
+    name: str,
+    score: np.ndarray,
+    n_bins: int,
+    levels: int | None,
+) -> pd.DataFrame:
+    codes, sizes, uniques = factorize(part, [*by, "position"])
+    label = part["accepted"].to_numpy(dtype=bool)
+    cells, columns = score_cells(codes, sizes, score, label, n_bins, levels)
+    keys = tidy([*by, "position"], cells, uniques, {})
+    return format_calibration_counts(keys, by, name, columns)
+
+
+def format_calibration_counts(
+    keys: pd.DataFrame, by: tuple[str, ...], name: str, columns: dict[str, np.ndarray]
+) -> pd.DataFrame:
+    """Counter table in column order ``by``, score, position, bin..., counters."""
+    out = keys[list(by)].assign(score=np.full(len(keys), name, dtype=object))
+    out["position"] = keys["position"].to_numpy()
+    return out.assign(**columns)

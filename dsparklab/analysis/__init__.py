@@ -31,13 +31,11 @@ from dsparklab.analysis.attribution import (
 from dsparklab.analysis.calibration import (
     CALIBRATION_SCORES,
     calibrate_confidence,
-    compute_auroc,
-    compute_brier,
     compute_calibration,
-    compute_ece,
     compute_reliability,
 )
 from dsparklab.analysis.coverage import ANALYSES, compute_coverage
+from dsparklab.analysis.definitions import compute_auroc, compute_brier, compute_ece
 from dsparklab.analysis.diff import (
     compute_regression_diff,
     compute_token_class_acceptance,

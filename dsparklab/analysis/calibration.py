@@ -30,16 +30,14 @@ import pandas as pd
 from dsparklab.analysis._frames import (
     as_columns,
     combined_codes,
-    factorize,
     group_key_frame,
     require_columns,
     split_by_code,
-    tidy,
 )
-from dsparklab.analysis._kernels import group_sums, score_bins, score_levels
+from dsparklab.analysis._kernels import group_sums, score_bins
 from dsparklab.analysis.layouts import DEFAULT_LEVELS
 from dsparklab.analysis.sql.counting import count_frames
-from dsparklab.errors import DSparkLabError, UnknownMethodError
+from dsparklab.errors import UnknownMethodError
 
 # The scores a calibration table can judge: the SQL counter's, and the head's score after
 # per-position temperatures (calibrate_confidence), judged on the rows ``confidence`` is.
@@ -81,74 +79,6 @@ def calibrate_confidence(
         calibrated[mine] = 1.0 / (1.0 + np.exp(-logit / t))
     out["confidence_calibrated"] = calibrated
     return out
-
-
-def calibration_cells(
-    score: np.ndarray, n_bins: int, levels: int | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bin codes ``[N]``, level codes ``[N]`` and level values ``[L]`` of scores."""
-    if n_bins < 1:
-        raise DSparkLabError(f"n_bins must be >= 1, got {n_bins}")
-    if levels is not None and levels < 1:
-        raise DSparkLabError(f"levels must be >= 1 or None (exact), got {levels}")
-    bins = score_bins(score, n_bins)
-    level, level_values = score_levels(score, levels)
-    return bins, level, level_values
-
-
-def score_cells(
-    codes: list[np.ndarray],
-    sizes: list[int],
-    score: np.ndarray,
-    label: np.ndarray,
-    n_bins: int,
-    levels: int | None,
-) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    """Calibration counters of ``score`` ``[N]`` vs ``label`` ``[N]`` per key cell.
-
-    ``codes``/``sizes`` are the key columns (e.g. group and position). Returns the key
-    codes of each non-empty cell and the bin, level, label and counter columns.
-    """
-    bins, level, level_values = calibration_cells(score, n_bins, levels)
-    cells, count, sums = group_sums(
-        [*codes, bins, level, np.asarray(label, dtype=np.int64)],
-        [*sizes, n_bins, len(level_values), 2],
-        {"sum_score": score, "sum_score_sq": score * score},
-    )
-    return cells[: len(codes)], {
-        "bin": cells[-3],
-        "bin_lo": cells[-3] / n_bins,
-        "bin_hi": (cells[-3] + 1) / n_bins,
-        "level": level_values[cells[-2]],
-        "accepted": cells[-1].astype(bool),
-        "count": count.astype(np.int64),
-        "sum_score": sums["sum_score"],
-        "sum_score_sq": sums["sum_score_sq"],
-    }
-
-
-def _count_scores(
-    part: pd.DataFrame,
-    by: tuple[str, ...],
-    name: str,
-    score: np.ndarray,
-    n_bins: int,
-    levels: int | None,
-) -> pd.DataFrame:
-    codes, sizes, uniques = factorize(part, [*by, "position"])
-    label = part["accepted"].to_numpy(dtype=bool)
-    cells, columns = score_cells(codes, sizes, score, label, n_bins, levels)
-    keys = tidy([*by, "position"], cells, uniques, {})
-    return format_calibration_counts(keys, by, name, columns)
-
-
-def format_calibration_counts(
-    keys: pd.DataFrame, by: tuple[str, ...], name: str, columns: dict[str, np.ndarray]
-) -> pd.DataFrame:
-    """Counter table in column order ``by``, score, position, bin..., counters."""
-    out = keys[list(by)].assign(score=np.full(len(keys), name, dtype=object))
-    out["position"] = keys["position"].to_numpy()
-    return out.assign(**columns)
 
 
 def _is_counts(frame: pd.DataFrame) -> bool:
@@ -489,33 +419,3 @@ def compute_reliability(
 
 
 # Columns of the store's ``calibration`` table a reported reliability bin needs.
-def _array_summary(score: np.ndarray, label: np.ndarray, n_bins: int) -> pd.Series:
-    score = np.asarray(score, dtype=np.float64)  # [N]
-    label = np.asarray(label, dtype=bool)  # [N]
-    if score.shape != label.shape or score.ndim != 1:
-        raise DSparkLabError(
-            f"score and label must be 1-d arrays of one length; got {score.shape} and {label.shape}"
-        )
-    part = pd.DataFrame({"position": np.zeros(len(score), np.int64), "accepted": label})
-    counts = _count_scores(part, (), "confidence", score, n_bins, None)
-    return _finish(counts, ["score"])[0].iloc[0]
-
-
-def compute_ece(score: np.ndarray, label: np.ndarray, *, n_bins: int = 10) -> float:
-    """Expected calibration error of ``score`` ``[N]`` against ``label`` ``[N]``.
-
-    Notes
-    -----
-    Equal-width bins; see :func:`compute_calibration` for the formula.
-    """
-    return float(_array_summary(score, label, n_bins)["ece"])
-
-
-def compute_brier(score: np.ndarray, label: np.ndarray) -> float:
-    """Brier score :math:`\\frac1N \\sum_k (p_k - y_k)^2` of ``score`` ``[N]``."""
-    return float(_array_summary(score, label, 10)["brier"])
-
-
-def compute_auroc(score: np.ndarray, label: np.ndarray) -> float:
-    """Area under the ROC curve of ``score`` ``[N]`` ranking ``label`` ``[N]`` (ties 1/2)."""
-    return float(_array_summary(score, label, 10)["auroc"])

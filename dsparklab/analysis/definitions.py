@@ -265,6 +265,67 @@ class Check:
         return out
 
 
+def _score_arrays(score: Any, label: Any) -> tuple[np.ndarray, np.ndarray]:
+    score = np.asarray(score, dtype=np.float64)  # [N]
+    label = np.asarray(label, dtype=bool)  # [N]
+    if score.shape != label.shape or score.ndim != 1:
+        raise DSparkLabError(
+            f"score and label must be 1-d arrays of one length; got {score.shape} and {label.shape}"
+        )
+    return score, label
+
+
+def compute_ece(score: Any, label: Any, *, n_bins: int = 10) -> float:
+    """Expected calibration error of a score ``[N]`` (the confidence head's) against
+    whether each position was accepted ``[N]``.
+
+    Notes
+    -----
+    Equal-width bins :math:`b_k = \\min(\\lfloor p_k M \rfloor, M - 1)`:
+
+    .. math::
+
+        \\mathrm{ECE} = \frac{1}{N} \\sum_b \\Bigl|\\sum_{k: b_k = b} (y_k - p_k)\\Bigr|
+
+    the same number :func:`dsparklab.analysis.compute_calibration` finishes from counts.
+    """
+    score, label = _score_arrays(score, label)
+    if n_bins < 1:
+        raise DSparkLabError(f"n_bins must be >= 1, got {n_bins}")
+    if not len(score):
+        return math.nan
+    bins = np.clip(np.floor(score * n_bins), 0, n_bins - 1).astype(np.int64)
+    gap = np.bincount(bins, weights=label - score, minlength=n_bins)
+    return float(np.abs(gap).sum() / len(score))
+
+
+def compute_brier(score: Any, label: Any) -> float:
+    """Brier score :math:`\frac1N \\sum_k (p_k - y_k)^2` of a score ``[N]``."""
+    score, label = _score_arrays(score, label)
+    return float(np.mean((score - label) ** 2)) if len(score) else math.nan
+
+
+def compute_auroc(score: Any, label: Any) -> float:
+    r"""Area under the ROC curve of a score ``[N]`` ranking the labels ``[N]``.
+
+    Notes
+    -----
+    The probability that an accepted position scores above a rejected one, ties counting
+    1/2: with mid-ranks :math:`r_k` of the scores and :math:`N_+` accepted of :math:`N`,
+    :math:`(\sum_{y_k = 1} r_k - N_+ (N_+ + 1) / 2) / (N_+ N_-)`. NaN when one class is
+    absent.
+    """
+    score, label = _score_arrays(score, label)
+    n_pos = int(label.sum())
+    n_neg = len(label) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    mid_rank = np.cumsum(counts) - (counts - 1) / 2  # 1-based rank of each distinct score
+    ranks = mid_rank[inverse.reshape(-1)]
+    return float((ranks[label].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def check(
     quantity: str,
     reported: float | None,

@@ -43,11 +43,7 @@ LAYERS: dict[str, int] = {
 # import runs) are formulas every writer needs: they live in analysis but sit below it
 BELOW_THEIR_PACKAGE = {"dsparklab.analysis.definitions": 2}
 # an upward import kept on purpose, with why
-ALLOWED_UP = {
-    ("dsparklab/zoo/smol/evaluate.py", "dsparklab.analysis.calibration"): (
-        "a trained drafter's card reports the lab's ECE, computed as the lab computes it"
-    ),
-}
+ALLOWED_UP: dict[tuple[str, str], str] = {}
 
 
 def _imports() -> list[tuple[str, str, str]]:

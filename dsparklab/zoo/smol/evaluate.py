@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dsparklab.analysis.calibration import compute_ece
+from dsparklab.analysis.definitions import compute_ece
 from dsparklab.prompts import load_prompts
 from dsparklab.zoo.calibrate import apply_temperatures, read_temperatures
 from dsparklab.zoo.evaluate import distinct_ratio, dspark_block_correct, evaluate_drafters
