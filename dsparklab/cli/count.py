@@ -33,6 +33,12 @@ def count(
     out: Path | None = typer.Option(
         None, "--out", help="Write the table to this .csv or .parquet file too."
     ),
+    statuses: str = typer.Option(
+        "",
+        "--statuses",
+        help="Run statuses to count, comma-separated (default: complete, or "
+        "$DSPARKLAB_STATUSES). Runs of other statuses are named, not counted.",
+    ),
 ) -> None:
     """Count a store in SQL and print the finished table (counters for step_times)."""
     from dsparklab.analysis import (
@@ -40,18 +46,27 @@ def count(
         compute_acceptance_by_position,
         compute_calibration,
     )
+    from dsparklab.analysis.sql import select_runs
+    from dsparklab.lab.runs import left_out_text, open_catalog, read_statuses
 
     if out is not None and out.suffix not in FORMATS:
         raise ConfigError(f"--out {out}: expected a file ending in one of {list(FORMATS)}")
+    wanted = read_statuses(statuses)
     keys = tuple(k.strip() for k in by.split(",") if k.strip())
+    catalog = open_catalog(path)
     counts = aggregate_store(
-        path,
+        catalog,
         metric=metric,
         by=keys,
+        statuses=wanted,
         per_request=n_boot > 0,
         source=source,
         engine=engine,
     )
+    every, _ = select_runs(catalog)
+    left_out = every[~every["status"].isin(list(wanted))] if len(every) else every
+    if len(left_out):  # named, never counted silently
+        typer.echo(left_out_text(left_out), err=True)
     if metric == "acceptance":
         table = compute_acceptance_by_position(counts, by=keys, n_boot=n_boot)
     elif metric == "calibration":

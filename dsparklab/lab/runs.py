@@ -217,17 +217,18 @@ READ_STATUSES: tuple[str, ...] = ("complete",)
 STATUSES_ENV = "DSPARKLAB_STATUSES"
 
 
-def read_statuses() -> tuple[str, ...]:
-    """The statuses the lab reads: ``$DSPARKLAB_STATUSES`` (a comma list), else
-    :data:`READ_STATUSES`."""
+def read_statuses(text: str | None = None) -> tuple[str, ...]:
+    """The statuses the lab reads: those ``text`` names (a comma list, e.g. a command's
+    ``--statuses``), else ``$DSPARKLAB_STATUSES``'s, else :data:`READ_STATUSES`."""
     from dsparklab.store.schema import STATUSES
 
-    text = os.environ.get(STATUSES_ENV, "")
+    where = "--statuses" if text else STATUSES_ENV
+    text = text or os.environ.get(STATUSES_ENV, "")
     wanted = tuple(s.strip() for s in text.split(",") if s.strip()) or READ_STATUSES
     unknown = [s for s in wanted if s not in STATUSES]
     if unknown:
         raise ConfigError(
-            f"{STATUSES_ENV}={text!r}: unknown status {unknown[0]!r}; expected some of "
+            f"{where}={text!r}: unknown status {unknown[0]!r}; expected some of "
             f"{', '.join(STATUSES)}"
         )
     return wanted
@@ -456,7 +457,7 @@ def left_out_text(left_out: pd.DataFrame) -> str:
     names = ", ".join(f"{r.run_id} ({r.status})" for r in left_out.itertuples())
     return (
         f"{len(left_out)} run(s) left out for their status: {names} (read them with "
-        f"${STATUSES_ENV} or dsparklab report --statuses)"
+        f"--statuses or ${STATUSES_ENV})"
     )
 
 
