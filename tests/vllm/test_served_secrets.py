@@ -1,7 +1,7 @@
 """Issue 33: no secret in any output. A real `dsparklab serve ... --api-key K` with the taps
 on, collected with the key in ``$VLLM_API_KEY`` (refused without it, in one line), then
-reported: K appears in no file under the tap directory, the store or the report, nor in
-the collector's or the report's output; the run.json files keep the redacted option."""
+reported: K appears in no file under the server's directory (its log included), the tap
+directory, the store or the report, nor in the collector's or the report's output; the run.json files keep the redacted option."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_an_api_key_reaches_no_file_and_no_output(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600, env=ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    for root in (taps, runs, report):
+    # the server's own directory too: its log (vLLM prints its non-default arguments)
+    for root in (tmp_path / "serve", taps, runs, report):
         assert _files_holding(root, KEY) == [], root
     for output in (refused, made, done):
         assert KEY not in output.stdout + output.stderr
