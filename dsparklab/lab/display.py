@@ -59,12 +59,12 @@ def record(name: str, value: Any) -> None:
     display({MIMETYPE: {"name": name, "value": plain_json(value)}, "text/plain": ""}, raw=True)
 
 
-def note(text: str) -> None:
-    """Show ``text`` as an italic line (nothing when empty), e.g. :attr:`Runs.rows_note`
-    above a view that reads rows rather than counts."""
+def note(*texts: str) -> None:
+    """Show each distinct non-empty text as an italic line, e.g. :attr:`Runs.rows_note`
+    (of each run set a view compares) above a view that reads rows rather than counts."""
     from IPython.display import display
 
-    if text:
+    for text in dict.fromkeys(t for t in texts if t):
         display({"text/markdown": f"*{text}*", "text/plain": text}, raw=True)
 
 

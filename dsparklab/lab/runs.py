@@ -183,6 +183,13 @@ class Runs:
         by_position = compute_acceptance_by_position(counts, by=keys, n_boot=n_boot)
         return by_position, compute_acceptance_length(counts, by=keys, n_boot=n_boot)
 
+    def calibration_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
+        """Calibration counters of the method runs per run over every request they hold
+        (:func:`count_runs`): what the calibration functions take in place of
+        ``positions``. Summed over requests: calibration draws no interval over them."""
+        method_runs = self.runs[self.runs["method"] != BASELINE_METHOD]
+        return count_runs(self.catalog, method_runs, "calibration", by=by, per_request=False)
+
     def step_time_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
         """Per-request step-time counters of every run, baselines included
         (:func:`count_runs`): what the speedup functions take in place of ``steps``."""
@@ -599,11 +606,16 @@ COUNTED_RUN_COLUMNS = (
 
 
 def count_runs(
-    catalog: Catalog, rows: pd.DataFrame, metric: str, *, by: Sequence[str] = ()
+    catalog: Catalog,
+    rows: pd.DataFrame,
+    metric: str,
+    *,
+    by: Sequence[str] = (),
+    per_request: bool = True,
 ) -> pd.DataFrame:
-    """Per-request counters of ``metric`` over every request of the runs in ``rows`` (rows
-    of ``catalog.runs``), counted by DuckDB root by root
-    (:func:`dsparklab.analysis.aggregate_store`), with the rows' run columns.
+    """Counters of ``metric`` per request (per run without ``per_request``) over every
+    request of the runs in ``rows`` (rows of ``catalog.runs``), counted by DuckDB root by
+    root (:func:`dsparklab.analysis.aggregate_store`), with the rows' run columns.
 
     Counting reads only the columns it counts, out of memory, so it takes every request
     whatever the row budget left in the notebook's tables: the headline numbers (heatmaps,
@@ -617,13 +629,13 @@ def count_runs(
         counts = aggregate_store(
             catalog.only(str(root)),
             metric=metric,
-            by=by,
+            by=by if per_request else ("run_id", *by),  # the run columns join on run_id
             filters={"run_id": group["run_id"].tolist()},
-            per_request=True,
+            per_request=per_request,
         )
         run_columns = [c for c in COUNTED_RUN_COLUMNS if c in group.columns]
         counts = counts.drop(columns=[c for c in run_columns if c in counts.columns])
         frames.append(counts.merge(group[["run_id", *run_columns]], on="run_id", how="left"))
     if not frames:
-        return empty_counts(metric, by, per_request=True)
+        return empty_counts(metric, by if per_request else ("run_id", *by), per_request=per_request)
     return pd.concat(frames, ignore_index=True)

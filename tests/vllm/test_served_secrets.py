@@ -1,7 +1,8 @@
 """Issue 33: no secret in any output. A real `dsparklab serve ... --api-key K` with the taps
 on, collected with the key in ``$VLLM_API_KEY`` (refused without it, in one line), then
 reported: K appears in no file under the server's directory (its log included), the tap
-directory, the store or the report, nor in the collector's or the report's output; the run.json files keep the redacted option."""
+directory, the store or the report, nor in the collector's or the report's output; the
+run.json files keep the redacted option."""
 
 from __future__ import annotations
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from dsparklab.analysis import (
     compute_acceptance_by_position,
+    compute_calibration,
     compute_regression_diff,
     compute_window_scaling,
+    fitted_cost_table,
 )
 from dsparklab.errors import ConfigError
 from dsparklab.lab.notebook import MAX_ROWS_ENV, load_any_runs, load_runs
@@ -123,6 +126,18 @@ def test_headline_counts_cover_every_request_past_the_budget(
         )
         pd.testing.assert_frame_equal(got, want)
         assert (got["n_units_base"] == 40).all()
+    # notebook 03's calibration and notebook 02's costs: counted over every request too
+    by = ("method", "dataset")
+    keys = [*by, "score", "position"]
+    want = compute_calibration(full.positions, steps=full.steps, by=by).sort_values(keys)
+    got = compute_calibration(runs.calibration_counts(), by=by).sort_values(keys)
+    assert len(want) and got["n_rows"].tolist() == want["n_rows"].tolist()
+    for name in ("ece", "brier", "auroc", "temperature"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-9, equal_nan=True)
+    pd.testing.assert_frame_equal(
+        fitted_cost_table(runs.step_time_counts(), by=["dataset"]),
+        fitted_cost_table(full.steps, by=["dataset"]),
+    )
     sampled = compute_findings(Catalog.of(store), tmp_path / "sampled", n_boot=0)
     assert sampled.acceptance == findings.acceptance and sampled.acceptance
     assert not any("hold a sample" in note for note in sampled.notes)
