@@ -37,6 +37,8 @@ def plain_json(value: Any, *, strict: bool = True) -> Any:
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if value is pd.NA or value is pd.NaT:  # a pandas missing value is null
+        return None
     if not strict or value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise DSparkLabError(

@@ -273,7 +273,7 @@ def build_report(
     )
     report.seconds = time.perf_counter() - start
     write_index(report, parameters=dict(parameters or {}), findings=findings)
-    _write_report_json(report, parameters=dict(parameters or {}))
+    _write_report_json(report, parameters=dict(parameters or {}), findings=findings.record())
     if report.failed:
         failed = "; ".join(f"{nb.name}: {nb.error} (see {nb.executed})" for nb in report.failed)
         raise ReportError(
@@ -291,7 +291,9 @@ def _directory(path: str | Path, what: str) -> Path:
     return found.resolve()
 
 
-def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> None:
+def _write_report_json(
+    report: ReportResult, *, parameters: dict[str, Any], findings: dict[str, Any]
+) -> None:
     from dsparklab.provenance import provenance
     from dsparklab.store import write_json_atomic
 
@@ -315,6 +317,8 @@ def _write_report_json(report: ReportResult, *, parameters: dict[str, Any]) -> N
             }
             for nb in report.notebooks
         ],
+        # the index's findings: headlines with their facts, notes, tables (Findings.record)
+        "findings": findings,
         "provenance": provenance(),
     }
     write_json_atomic(report.out / "report.json", json.loads(json.dumps(payload, default=str)))

@@ -51,6 +51,29 @@ class Findings:
     # AL per output-depth and context-length bin (bin column -> frame)
     binned_lengths: dict[str, pd.DataFrame] = field(default_factory=dict)
 
+    def record(self) -> dict[str, Any]:
+        """The findings as ``report.json`` keeps them: each headline with the facts it is
+        written from, the notes, and the tables the index folds under them (as shown)."""
+        from dsparklab.plain_json import plain_json
+
+        return plain_json(
+            {
+                "run_sets": self.run_sets,
+                "headlines": self.headlines,
+                "notes": self.notes,
+                "tables": {
+                    "acceptance": self.acceptance,
+                    "windows": self.window_table,
+                    "best_n": self.best_n,
+                    "attribution": self.attribution,
+                    "calibration": self.calibration,
+                    "learning_curve": self.curve,
+                    "seeds_answer": self.answer,
+                },
+                "model_error": self.model_error,
+            }
+        )
+
 
 def _interval(value: float, lo: float, hi: float, suffix: str = "") -> str:
     """A table cell a reader scans: ``0.84x (0.79–0.90)``."""

@@ -1,7 +1,9 @@
 """The index's headline findings: at most five sentences with their numbers and intervals.
 
 Each headline is one question a reader asks, answered from frames the findings already
-computed (:mod:`dsparklab.report.findings`), never from new counts:
+computed (:mod:`dsparklab.report.findings`), never from new counts. Each is a dict:
+``title``, ``text`` (the sentences) and ``facts`` (the numbers the text is written from,
+as records: what ``report.json`` keeps and tests read):
 
 1. did speculation pay, and where did the time go (speedup at each method's best window;
    the window attribution's largest component);
@@ -43,6 +45,26 @@ def with_interval(value: float, lo: float, hi: float, unit: str = "") -> str:
     return f"{value:.2f}{unit} ({lo:.2f}{between}{hi:.2f})"
 
 
+def _number(value: Any) -> float | None:
+    """A float for report.json (None where unknown)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _best_fact(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A best-window row as report.json records it: who, the window, the speedup."""
+    load = row.get("concurrency")
+    return {
+        "run_set": row.get("run_set"),
+        "method": row["method"],
+        "dataset": row["dataset"],
+        "concurrency": None if load is None or pd.isna(load) else int(load),
+        "best_n": int(row["best_n"]),
+        "speedup": float(row["speedup"]),
+        "lo": _number(row["speedup_lo"]),
+        "hi": _number(row["speedup_hi"]),
+    }
+
+
 def _who(row: Any) -> str:
     run_set = f"{row['run_set']}: " if row.get("run_set") else ""
     load = row.get("concurrency")
@@ -69,12 +91,29 @@ def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any
         + (f", and cannot be told from 1x for {unclear}" if unclear else "")
     )
     text = f"{verdict}: {'; '.join(parts)}."
+    facts = [
+        {**_best_fact(r), "paid": bool(r["speedup_lo"] > 1.0), "lost": bool(r["speedup_hi"] < 1.0)}
+        for r in best.to_dict("records")
+    ]
     if not attribution.empty:
         moves = []
         for (method, dataset), part in attribution.groupby(["method", "dataset"], sort=True):
             top = part.loc[part["delta_log_speedup"].abs().idxmax()]
             direction = "raised" if top["delta_log_speedup"] > 0 else "lowered"
             separated = not (top["lo"] <= 0.0 <= top["hi"]) if pd.notna(top["lo"]) else False
+            facts.append(
+                {
+                    "method": method,
+                    "dataset": dataset,
+                    "low_n": int(top["low_n"]),
+                    "high_n": int(top["high_n"]),
+                    "largest_component": str(top["component"]),
+                    "delta_log_speedup": float(top["delta_log_speedup"]),
+                    "lo": _number(top["lo"]),
+                    "hi": _number(top["hi"]),
+                    "separated": bool(separated),
+                }
+            )
             moves.append(
                 f"{method} on {dataset}, n = {int(top['low_n'])} → {int(top['high_n'])}: "
                 f"{COMPONENT_WORDS.get(str(top['component']), top['component'])} {direction} "
@@ -82,7 +121,11 @@ def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any
                 + (")" if separated else "; its interval includes 0)")
             )
         text += " Where the time went as the window grew: " + "; ".join(moves) + "."
-    return {"title": "Did speculation pay, and where did the time go?", "text": text}
+    return {
+        "title": "Did speculation pay, and where did the time go?",
+        "text": text,
+        "facts": facts,
+    }
 
 
 def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
@@ -92,9 +135,10 @@ def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
     target-only)."""
     if best.empty:
         return None
-    parts = []
+    parts, facts = [], []
     for r in best.to_dict("records"):
         tied = [int(n) for n in str(r["indistinguishable"]).split()]
+        facts.append({**_best_fact(r), "indistinguishable": tied})
         if len(tied) > 1:
             part = (
                 f"{_who(r)}: n = {', '.join(map(str, tied))} cannot be told apart "
@@ -105,7 +149,7 @@ def n_headline(best: pd.DataFrame) -> dict[str, Any] | None:
         if r.get("speedup_hi", float("nan")) < 1.0:
             part += ", though even that is measurably slower than the target alone"
         parts.append(part)
-    return {"title": "Which n?", "text": "; ".join(parts) + "."}
+    return {"title": "Which n?", "text": "; ".join(parts) + ".", "facts": facts}
 
 
 # per bin column: what it is, the first bin's words, the last bin's ({edge}: its lower edge)
@@ -123,12 +167,12 @@ def _bin_al(row: pd.Series) -> str:
     return with_interval(row["accept_len"], row["accept_len_lo"], row["accept_len_hi"])
 
 
-def bin_sentence(lengths: pd.DataFrame, column: str) -> str:
+def bin_sentence(lengths: pd.DataFrame, column: str) -> tuple[str, list[dict[str, Any]]]:
     """Per method and dataset at the largest window: AL in the first bin of ``column``
     (``depth_bin`` or ``context_bin``) against the last one, and whether the intervals
-    separate (a fall, a rise, or nothing these runs can tell)."""
+    separate (a fall, a rise, or nothing these runs can tell); the sentence and its facts."""
     what, first_words, last_words = BIN_WORDS[column]
-    parts = []
+    parts, facts = [], []
     for (method, dataset), part in lengths.dropna(subset=[column]).groupby(
         ["method", "dataset"], sort=True
     ):
@@ -142,12 +186,31 @@ def bin_sentence(lengths: pd.DataFrame, column: str) -> str:
             verdict = "rises"
         else:
             verdict = "does not change measurably (the intervals overlap)"
+        facts.append(
+            {
+                "bins": column,
+                "method": method,
+                "dataset": dataset,
+                "n": int(first["n"]),
+                "change": verdict.split(" (")[0],
+                **{
+                    f"{side}_{name}": _number(row[key])
+                    for side, row in (("first", first), ("last", last))
+                    for name, key in (
+                        ("bin", column),
+                        ("accept_len", "accept_len"),
+                        ("lo", "accept_len_lo"),
+                        ("hi", "accept_len_hi"),
+                    )
+                },
+            }
+        )
         parts.append(
             f"{method} on {dataset} (n = {int(first['n'])}): AL {verdict} from "
             f"{_bin_al(first)} {first_words} to {_bin_al(last)} "
             f"{last_words.format(edge=int(last[column]))}"
         )
-    return f" With {what}: " + "; ".join(parts) + "." if parts else ""
+    return (f" With {what}: " + "; ".join(parts) + "." if parts else ""), facts
 
 
 def loss_headline(
@@ -159,11 +222,24 @@ def loss_headline(
     column -> AL per bin) where the runs tell it."""
     if by_position.empty or "survival" not in by_position:
         return None
-    parts = []
+    parts, facts = [], []
     for keys, part in by_position.groupby(["method", "dataset"], sort=True):
         top = part[part["n"] == part["n"].max()].sort_values("position")
         below = top[top["survival"] < 0.5]
         method, dataset = keys
+        row = top.iloc[-1] if below.empty else below.iloc[0]
+        facts.append(
+            {
+                "method": method,
+                "dataset": dataset,
+                "n": int(row["n"]),
+                # the first position whose survival is below one half (None: none is)
+                "position_below_half": None if below.empty else int(row["position"]),
+                "survival": float(row["survival"]),
+                "lo": _number(row.get("survival_lo", np.nan)),
+                "hi": _number(row.get("survival_hi", np.nan)),
+            }
+        )
         if below.empty:
             last = top.iloc[-1]
             parts.append(
@@ -181,8 +257,10 @@ def loss_headline(
     text = "; ".join(parts) + ". The explorer lists the draft → target pairs lost there."
     for column, lengths in (binned or {}).items():
         if len(lengths):
-            text += bin_sentence(lengths, column)
-    return {"title": "Where does the drafter lose its tokens?", "text": text}
+            sentence, bin_facts = bin_sentence(lengths, column)
+            text += sentence
+            facts += bin_facts
+    return {"title": "Where does the drafter lose its tokens?", "text": text, "facts": facts}
 
 
 def seeds_headline(answer: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -202,6 +280,7 @@ def seeds_headline(answer: list[dict[str, Any]]) -> dict[str, Any] | None:
         else "the published shape does not show on these runs"
     )
     return {
+        "facts": answer,
         "title": "The seeds' question",
         "text": f"Novita reports DSpark's speedup rising from n = 3 to 7 while Eagle3's stays "
         f"flat or falls; here {verdict} (a trend counts only when the intervals separate): "
@@ -216,7 +295,7 @@ def limits_headline(notes: list[str]) -> dict[str, Any] | None:
         return None
     shown = "; ".join(note.rstrip(".") for note in notes[:2])
     more = f" ({len(notes) - 2} more below)" if len(notes) > 2 else ""
-    return {"title": "What these runs cannot tell", "text": f"{shown}{more}."}
+    return {"title": "What these runs cannot tell", "text": f"{shown}{more}.", "facts": notes}
 
 
 def headlines(

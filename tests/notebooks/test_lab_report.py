@@ -76,6 +76,17 @@ def test_report_json(report: ReportResult):
     assert [nb["name"] for nb in meta["notebooks"]] == [nb.name for nb in report.notebooks]
     assert all(nb["ok"] for nb in meta["notebooks"])
     assert meta["provenance"]["packages"]["papermill"] != "not installed"
+    # the findings as records: every headline with the facts its sentences are written from
+    findings = meta["findings"]
+    assert findings["run_sets"] == ["tiny/reference"]
+    titles = [h["title"] for h in findings["headlines"]]
+    assert titles[:3] == [
+        "Did speculation pay, and where did the time go?",
+        "Which n?",
+        "Where does the drafter lose its tokens?",
+    ]
+    assert all(h["text"] and h["facts"] for h in findings["headlines"]), titles
+    assert findings["tables"]["windows"] and findings["tables"]["acceptance"]
 
 
 def test_pages_print_no_raw_records(report: ReportResult):
@@ -188,20 +199,36 @@ def test_index_opens_with_findings_read_back_from_the_analysis(report: ReportRes
         assert f"<td>{row['speedup']:.2f}x (" in index, row
     page = report.out / "figures" / "findings" / "survival_vs_published.html"
     assert "published: " in page.read_text(encoding="utf-8")
-    # where acceptance falls with depth and context: the loss headline's first-bin ALs are
-    # notebook 01's recorded ones (the counts: tests/unit/analysis/test_binned_acceptance.py)
-    text = _findings_text(index)
+    # report.json's facts are the analysis's numbers: the speedup at each best window is
+    # compute_window_scaling's, and the loss headline's first-bin ALs (where acceptance
+    # falls with depth and context) are notebook 01's recorded ones (the counts:
+    # tests/unit/analysis/test_binned_acceptance.py)
+    meta = json.loads((report.out / "report.json").read_text())
+    facts = {h["title"].split(",")[0]: h["facts"] for h in meta["findings"]["headlines"]}
+    paid = [f for f in facts["Did speculation pay"] if "best_n" in f]
+    assert paid
+    for fact in paid:
+        row = scaling[
+            (scaling["method"] == fact["method"])
+            & (scaling["dataset"] == fact["dataset"])
+            & (scaling["n"] == fact["best_n"])
+        ]
+        assert fact["speedup"] == pytest.approx(float(row["speedup"].iloc[0]), rel=1e-9), fact
     page_01 = next(nb.executed for nb in report.notebooks if nb.name == "01_acceptance_heatmaps")
-    for column, what in (("depth", "output depth"), ("context", "context length")):
-        sentence = text.split(f"With {what}: ")[1].split(" With ")[0]
+    for column in ("depth", "context"):
         recorded = pd.DataFrame(read_records(page_01)[f"accept_len_by_{column}"])
         top = recorded[recorded["n"] == recorded.groupby("method")["n"].transform("max")]
         told = [(k, part) for k, part in top.groupby(["method", "dataset"]) if len(part) > 1]
-        assert told, f"no run spans two {what} bins"
-        for (method, dataset), part in told:
+        assert told, f"no run spans two {column} bins"
+        said = {
+            (f["method"], f["dataset"]): f
+            for f in facts["Where does the drafter lose its tokens?"]
+            if f.get("bins") == f"{column}_bin"
+        }
+        for key, part in told:
             first = part.sort_values(f"{column}_bin").iloc[0]
-            said = rf"{method} on {dataset} \(n = {first['n']}\): AL [a-z ()]*?from "
-            assert re.search(said + rf"{first['accept_len']:.2f} \(", sentence), (said, sentence)
+            assert said[key]["n"] == first["n"], (key, said[key])
+            assert said[key]["first_accept_len"] == pytest.approx(first["accept_len"]), key
 
 
 def _import_fixture_runs(runs: Path) -> None:
@@ -214,12 +241,6 @@ def _import_fixture_runs(runs: Path) -> None:
     ):
         made = CliRunner().invoke(app, command)
         assert made.exit_code == 0, made.output
-
-
-def _findings_text(index: str) -> str:
-    """The findings section of an index as plain text."""
-    part = index[index.index('id="findings"') : index.index("<h2>Notebooks</h2>")]
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", part)))
 
 
 def test_report_on_imported_runs_only(tmp_path: Path):
@@ -239,10 +260,14 @@ def test_report_on_imported_runs_only(tmp_path: Path):
         assert "no token-level rows" in first["reason"] or "no runs under" in first["reason"]
     index = report.index.read_text(encoding="utf-8")
     assert "section(s) not computed" in index
-    findings = _findings_text(index)
-    assert "Findings (imported/deepspec, imported/vllm)" in findings
-    assert "imported/deepspec gsm8k unknown 7" in findings, "acceptance of the imported run"
-    assert "holds one window only" in findings and "seeds' question" in findings
+    findings = json.loads((tmp_path / "r" / "report.json").read_text())["findings"]
+    assert findings["run_sets"] == ["imported/deepspec", "imported/vllm"]
+    imported = [
+        (r["run set"], r["dataset"], r["method"], r["n"]) for r in findings["tables"]["acceptance"]
+    ]
+    assert ("imported/deepspec", "gsm8k", "unknown", 7) in imported, imported
+    assert any("holds one window only" in note for note in findings["notes"])
+    assert any("the seeds' question" in note for note in findings["notes"])
     # in a notebook cell a dsparklab error shows as its one line, not a traceback
     assert DSparkLabError("file x: field y: bad")._render_traceback_() == [
         "DSparkLabError: file x: field y: bad"
@@ -278,7 +303,13 @@ def test_report_on_a_mixed_store_without_baselines(runs_dir: Path, tmp_path: Pat
     assert "Flip rates" in skipped["04_markov_attribution"]
     # Eagle3 n=3 against n=7: every acceptance view; the speedup needs the baseline
     assert skipped["05_regression_diagnosis"] == ["Where the speedup went"]
-    findings = _findings_text((tmp_path / "r" / "index.html").read_text(encoding="utf-8"))
-    assert "tiny/reference: speedup not measured: no target-only baseline run" in findings
-    assert "AL(3)" in findings and "AL(7)" in findings, "window scaling: two windows"
-    assert "imported/vllm" in findings
+    findings = meta["findings"]
+    notes = findings["notes"]
+    assert any("tiny/reference: speedup not measured: no target-only baseline run" in n for n in notes)
+    eagle3 = [
+        r
+        for r in findings["tables"]["windows"]
+        if (r["run set"], r["method"]) == ("tiny/reference", "eagle3")
+    ]
+    assert eagle3 and all(r["AL(3)"] and r["AL(7)"] for r in eagle3), "two windows"
+    assert "imported/vllm" in findings["run_sets"]

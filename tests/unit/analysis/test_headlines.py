@@ -97,9 +97,15 @@ def test_acceptance_with_depth_or_context_says_whether_the_intervals_separate(
                  accept_len_hi=[2.1, 2.0, last_hi])
         )  # fmt: skip
 
-    falls = bin_sentence(lengths(1.2, 1.4, 1.6), column)
+    falls, (fact,) = bin_sentence(lengths(1.2, 1.4, 1.6), column)
     assert f"AL falls from 2.00 (1.90–2.10) {first} to 1.40 (1.20–1.60) {last}" in falls
-    assert "does not change measurably" in bin_sentence(lengths(1.8, 1.95, 2.1), column)
-    assert bin_sentence(lengths(1.8, 1.95, 2.1).iloc[:1], column) == ""
+    assert fact == {
+        "bins": column, "method": "dspark", "dataset": "humaneval", "n": 7, "change": "falls",
+        "first_bin": 0.0, "first_accept_len": 2.0, "first_lo": 1.9, "first_hi": 2.1,
+        "last_bin": 256.0, "last_accept_len": 1.4, "last_lo": 1.2, "last_hi": 1.6,
+    }  # fmt: skip
+    flat, (fact,) = bin_sentence(lengths(1.8, 1.95, 2.1), column)
+    assert "does not change measurably" in flat and fact["change"] == "does not change measurably"
+    assert bin_sentence(lengths(1.8, 1.95, 2.1).iloc[:1], column) == ("", [])
     lonely = lengths(1.2, 1.4, 1.6).assign(n_requests=[5, 5, 1])
-    assert f"to 1.40 (one request) {last}" in bin_sentence(lonely, column)
+    assert f"to 1.40 (one request) {last}" in bin_sentence(lonely, column)[0]
