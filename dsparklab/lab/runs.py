@@ -359,9 +359,9 @@ def _token_runs(
         token_tiers = table.loc[table["granularity"] == "token", "tier"].astype(str)
         if len(token_tiers):
             tiers = [min(token_tiers.unique(), key=lambda t: (TIER_ORDER.get(t, 99), t))]
-    keep = _matching(table, {"dataset": datasets, "tier": tiers})
+    keep = catalog.matching(_asked({"dataset": datasets, "tier": tiers}))
     is_base = table["method"] == BASELINE_METHOD
-    chosen = keep & ~is_base & _matching(table, {"method": methods, "n": n_values})
+    chosen = keep & ~is_base & catalog.matching(_asked({"method": methods, "n": n_values}))
     if selection:
         chosen &= catalog.matching(selection)
     if not chosen.any():
@@ -430,7 +430,7 @@ def load_any_runs(
     catalog = open_catalog(runs, shipped=shipped)
     table = catalog.runs
     selection = {"dataset": datasets, "method": methods, "n": n_values, "tier": tiers}
-    keep = (table["method"] != BASELINE_METHOD) & _matching(table, selection)
+    keep = (table["method"] != BASELINE_METHOD) & catalog.matching(_asked(selection))
     if not keep.any():
         raise _nothing_matches(catalog, datasets, methods, n_values, tiers)
     statuses = read_statuses() if statuses is None else statuses
@@ -468,13 +468,9 @@ def left_out_text(left_out: pd.DataFrame) -> str:
     )
 
 
-def _matching(table: pd.DataFrame, wanted: Mapping[str, Sequence[Any]]) -> pd.Series:
-    """Runs whose column values are among those wanted (an empty selection keeps all)."""
-    keep = pd.Series(True, index=table.index)
-    for column, values in wanted.items():
-        if values:
-            keep &= table[column].isin(list(values))
-    return keep
+def _asked(wanted: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
+    """The run columns a selection constrains: an empty list of values asks for any."""
+    return {column: values for column, values in wanted.items() if len(values)}
 
 
 def _nothing_matches(

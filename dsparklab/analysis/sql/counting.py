@@ -52,7 +52,7 @@ from dsparklab.analysis.sql.queries import (
     render,
 )
 from dsparklab.errors import DSparkLabError, TraceSchemaError, UnknownMethodError
-from dsparklab.store.catalog import Catalog, catalog_of, list_runs
+from dsparklab.store.catalog import Catalog, catalog_of
 from dsparklab.store.location import Location
 from dsparklab.store.schema import RUN_COLUMNS, STATUSES
 
@@ -60,12 +60,6 @@ METRICS = ("acceptance", "calibration", "step_times")
 SOURCES = ("steps", "positions")
 # Key columns of a calibration table after the group keys.
 CALIBRATION_KEYS = ("score", "position", "bin", "bin_lo", "bin_hi", "level", "accepted")
-
-
-def _matches(column: pd.Series, wanted: Any) -> pd.Series:
-    if isinstance(wanted, (list, tuple, set, frozenset)):
-        return column.isin(list(wanted))
-    return column == wanted
 
 
 def select_runs(
@@ -77,13 +71,12 @@ def select_runs(
     """The runs below ``root`` (or of a catalog) whose status is in ``statuses`` and whose
     run columns match ``filters`` (``{column: value or list}``), one row each (``list_runs``
     columns), and whether that is every run there."""
-    runs = list_runs(root)
-    if runs.empty:
-        return runs, True
-    keep = runs["status"].isin(list(statuses))
-    for name, wanted in (filters or {}).items():
-        keep &= _matches(runs[name], wanted)
-    return runs.loc[keep].reset_index(drop=True), bool(keep.all())
+    catalog = catalog_of(root)
+    if catalog.runs.empty:
+        return catalog.runs, True
+    runs = catalog.with_status(statuses)
+    runs = runs[catalog.matching(filters or {}, runs)]
+    return runs.reset_index(drop=True), len(runs) == len(catalog.runs)
 
 
 def _check(
