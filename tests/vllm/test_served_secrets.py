@@ -45,7 +45,7 @@ def test_an_api_key_reaches_no_file_and_no_output(tmp_path: Path) -> None:
         taps = server.taps
     done = subprocess.run(
         [DSPARKLAB, "report", "--runs", str(runs), "--out", str(report), "--no-png",
-         "--param", "N_BOOT=10"],
+         "--param", "N_BOOT=10", "--notebook", "00_explorer"],  # its run table, index, json
         capture_output=True, text=True, timeout=600, env=ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
