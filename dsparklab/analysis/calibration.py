@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from dsparklab.analysis._frames import (
-    NO_CONFIDENCE,
     as_columns,
     combined_codes,
     group_key_frame,
@@ -38,7 +37,7 @@ from dsparklab.analysis._frames import (
 from dsparklab.analysis._kernels import group_sums, score_bins
 from dsparklab.analysis.layouts import DEFAULT_LEVELS
 from dsparklab.analysis.sql.counting import count_frames
-from dsparklab.errors import MissingInputError, UnknownMethodError
+from dsparklab.errors import UnknownMethodError
 
 # The scores a calibration table can judge: the SQL counter's, and the head's score after
 # per-position temperatures (calibrate_confidence), judged on the rows ``confidence`` is.
@@ -111,12 +110,7 @@ def _counts_for(
     wanted = check_scores(scores)
     if _is_counts(data):
         require_columns(data, [*by, "score", "position", "accepted"], what="calibration")
-        counted = data[data["score"].isin(wanted)]
-        if counted.empty:  # counted from a store: no run held a confidence
-            raise MissingInputError(
-                f"calibration needs confidence, which the runs counted lack ({NO_CONFIDENCE})"
-            )
-        return counted
+        return data[data["score"].isin(wanted)]
     pieces = []
     for name in wanted:
         rows = data
@@ -388,6 +382,10 @@ def compute_calibration(
     """
     by = as_columns(by)
     counts = _counts_for(data, steps, by, scores, n_bins, levels)
+    if counts.empty:
+        return pd.DataFrame(
+            columns=[*calibration_keys(by, per_position), "n_rows", "ece", "brier", "auroc"]
+        )
     return _finish(counts, calibration_keys(by, per_position))[0]
 
 
@@ -415,6 +413,8 @@ def compute_reliability(
     """
     by = as_columns(by)
     counts = _counts_for(data, steps, by, scores, n_bins, levels)
+    if counts.empty:
+        return pd.DataFrame(columns=[*calibration_keys(by, per_position), "bin", "count", "gap"])
     return _finish(counts, calibration_keys(by, per_position))[1]
 
 

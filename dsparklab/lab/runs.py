@@ -188,7 +188,14 @@ class Runs:
         (:func:`count_runs`): what the calibration functions take in place of
         ``positions``. Summed over requests: calibration draws no interval over them."""
         method_runs = self.runs[self.runs["method"] != BASELINE_METHOD]
-        return count_runs(self.catalog, method_runs, "calibration", by=by, per_request=False)
+        counts = count_runs(self.catalog, method_runs, "calibration", by=by, per_request=False)
+        if counts.empty:  # no method run recorded a confidence: a section says so
+            methods = ", ".join(sorted(map(str, method_runs["method"].unique()))) or "no method"
+            raise MissingInputError(
+                f"calibration needs confidence, which the runs of {methods} lack "
+                "(only DSpark drafters with a confidence head record one)"
+            )
+        return counts
 
     def step_time_counts(self, *, by: Sequence[str] = ()) -> pd.DataFrame:
         """Per-request step-time counters of every run, baselines included
@@ -470,7 +477,9 @@ def left_out_text(left_out: pd.DataFrame) -> str:
 
 def _asked(wanted: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
     """The run columns a selection constrains: an empty list of values asks for any."""
-    return {column: values for column, values in wanted.items() if len(values)}
+    return {
+        column: values for column, values in wanted.items() if values is not None and len(values)
+    }
 
 
 def _nothing_matches(
@@ -625,7 +634,7 @@ def count_runs(
         counts = aggregate_store(
             catalog.only(str(root)),
             metric=metric,
-            by=by if per_request else ("run_id", *by),  # the run columns join on run_id
+            by=by if per_request else tuple(dict.fromkeys(("run_id", *by))),  # joins on run_id
             filters={"run_id": group["run_id"].tolist()},
             per_request=per_request,
         )
@@ -633,5 +642,6 @@ def count_runs(
         counts = counts.drop(columns=[c for c in run_columns if c in counts.columns])
         frames.append(counts.merge(group[["run_id", *run_columns]], on="run_id", how="left"))
     if not frames:
-        return empty_counts(metric, by if per_request else ("run_id", *by), per_request=per_request)
+        keys = by if per_request else tuple(dict.fromkeys(("run_id", *by)))
+        return empty_counts(metric, keys, per_request=per_request)
     return pd.concat(frames, ignore_index=True)

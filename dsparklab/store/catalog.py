@@ -139,11 +139,21 @@ class Catalog:
         (run columns, dotted run.json paths, hash prefixes, tags:
         :func:`~dsparklab.store.reader.matches_selection`), as a boolean Series."""
         table = self.runs if runs is None else runs
-        return pd.Series(
-            [matches_selection(self.metas[str(p)], selection) for p in table["path"]],
-            index=table.index,
-            dtype=bool,
-        )
+        keep = pd.Series(True, index=table.index, dtype=bool)
+        rest = {}
+        for key, wanted in selection.items():
+            if key in RUN_COLUMNS:  # a column of the listing: one hashed lookup per run
+                many = isinstance(wanted, (list, tuple, set, frozenset))
+                keep &= table[key].isin(list(wanted) if many else [wanted])
+            else:
+                rest[key] = wanted
+        if rest:
+            keep &= pd.Series(
+                [matches_selection(self.metas[str(p)], rest) for p in table["path"]],
+                index=table.index,
+                dtype=bool,
+            )
+        return keep
 
     def recorded_rows(self, runs: pd.DataFrame | None = None, table: str = "positions") -> int:
         """Rows of ``table`` the runs' writers recorded (run.json's ``rows``)."""

@@ -1,13 +1,14 @@
-"""The counting stage as SQL: the analysis layer's one I/O entry point.
+"""The counting stage as SQL: the library's one way to count.
 
 - :mod:`~dsparklab.analysis.sql.queries`: one query text per counter (acceptance from the
   steps or the position rows, calibration bins per score, step-time sums), the same text
   for DuckDB and Spark SQL;
-- :mod:`~dsparklab.analysis.sql.engines`: the engines that run them over a store, DuckDB
-  (embedded, the default) and Spark (pyspark, configured by Spark's own configuration);
-- :func:`aggregate_store`: a metric's counter table from a store, equal to the in-process
-  ``count_*`` function's on the same rows; the numpy finishing (bootstrap, formulas) is
-  the in-memory path's.
+- :mod:`~dsparklab.analysis.sql.engines`: the engines that run them, over a store (DuckDB,
+  embedded, the default; Spark, configured by Spark's own configuration) or over frames in
+  memory (DuckDB);
+- :func:`aggregate_store`: a metric's counter table from a store (the analysis layer's one
+  I/O entry point); :func:`count_frames`: the same table from frames in memory. The numpy
+  finishing (bootstrap, formulas) is the ``compute_*`` functions'.
 """
 
 from dsparklab.analysis.sql.counting import (

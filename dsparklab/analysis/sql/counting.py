@@ -31,7 +31,6 @@ from dsparklab.analysis._frames import (
     as_columns,
     require_columns,
     require_values,
-    with_default_run,
 )
 from dsparklab.analysis.layouts import (
     ACCEPTANCE_COUNTERS,
@@ -133,7 +132,7 @@ def metric_keys(
     match: Iterable[str] = MATCH_COLUMNS,
 ) -> list[str]:
     """The key columns of ``metric``'s table: ``by`` [+ method, n, ``match`` for step
-    times] [+ run_id, request_id with ``per_request``], as the ``count_*`` functions."""
+    times] [+ run_id, request_id with ``per_request``]."""
     keys = list(as_columns(by))
     if metric == "step_times":
         keys = list(dict.fromkeys([*keys, "method", "n", *as_columns(match)]))
@@ -197,7 +196,8 @@ def _layout(metric: str, keys: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _typed(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """The dtypes of the in-process tables (SQL results carry the engines' own)."""
+    """The counter tables' dtypes, whichever engine counted (SQL results carry the
+    engines' own)."""
     ints = {"position", "bin", *ACCEPTANCE_COUNTERS, "count", "n_steps", "n"}
     # NULL where context_len (the bins) or batch_size is
     bins = {name for name in (*BIN_EDGES, *STEP_MATCH_COLUMNS) if name in frame}
@@ -283,7 +283,8 @@ def aggregate_store(
     pandas.DataFrame
         The counter table, summed over runs that share the keys, sorted by them. Runs
         without the table's rows (target-only baselines for positions, runs imported as
-        counters or totals) contribute nothing, as in the in-process path.
+        counters or totals) contribute nothing here; the acceptance functions count those
+        from their counters.
 
     Notes
     -----
@@ -385,10 +386,63 @@ FRAME_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-def frame_runs(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
-    """The ``runs`` relation of frames in memory: one row per ``run_id`` with the first
-    value each run column takes in the frames (null where no frame has the column)."""
-    parts = [f[[c for c in RUN_COLUMNS if c in f.columns]].drop_duplicates() for f in frames]
+def with_run_ids(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame built by hand may lack ``run_id``: its rows are one run per combination of
+    the run columns they hold (one run, ``"run"``, when they hold one)."""
+    if "run_id" in frame.columns:
+        return frame
+    columns = [c for c in RUN_COLUMNS if c in frame.columns]
+    if len(frame[columns].drop_duplicates()) <= 1:
+        return frame.assign(run_id="run")
+    label = frame[columns[0]].astype(str)
+    for name in columns[1:]:
+        label = label + "|" + frame[name].astype(str)
+    return frame.assign(run_id=label)
+
+
+RUN_KEY_SEP = "\x1f"  # joins a run_id to the run columns that tell its parts apart
+
+
+def split_runs(
+    frames: Mapping[str, pd.DataFrame], names: Iterable[str]
+) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    """Rows of one ``run_id`` that disagree on a run column (runs of two roots sharing a
+    run_id, a frame edited by hand) are the separate runs they are: each combination gets
+    a run key of its own (``run_id`` + the disagreeing values), and the map back to the
+    run_id the counts are reported under. Frames whose runs agree come back unchanged."""
+    given = dict(frames)
+    columns = [c for c in names if c != "run_id" and any(c in f for f in given.values())]
+    seen = pd.concat(
+        [f[["run_id", *[c for c in columns if c in f]]].drop_duplicates() for f in given.values()],
+        ignore_index=True,
+    )
+    varying = [c for c in columns if (seen.groupby("run_id")[c].nunique() > 1).any()]
+    if not varying:
+        return given, {}
+    for table, frame in given.items():
+        missing = [c for c in varying if c not in frame]
+        if missing:
+            raise DSparkLabError(
+                f"the {table} rows lack {missing[0]}, which tells apart the runs that share a "
+                "run_id: give each run its own run_id"
+            )
+    split = dict(frames)
+    back: dict[str, str] = {}
+    for table, frame in given.items():
+        key = frame["run_id"].astype(str)
+        for name in varying:
+            key = key + RUN_KEY_SEP + frame[name].astype(str)
+        back.update(zip(key, frame["run_id"].astype(str), strict=True))
+        split[table] = frame.assign(run_id=key)
+    return split, back
+
+
+def frame_runs(frames: Iterable[pd.DataFrame], extra: Iterable[str] = ()) -> pd.DataFrame:
+    """The ``runs`` relation of frames in memory (their runs told apart by
+    :func:`split_runs`): one row per ``run_id`` with the value each run column (and each
+    ``extra`` grouping column) takes in the frames, null where no frame has the column."""
+    names = [*RUN_COLUMNS, *extra]
+    parts = [f[[c for c in names if c in f.columns]].drop_duplicates() for f in frames]
     runs = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run_id"])
     runs = runs.groupby("run_id", sort=True, dropna=False).first().reset_index()
     for name in RUN_COLUMNS:
@@ -402,7 +456,7 @@ def frame_runs(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
 def _widest(frames: Mapping[str, pd.DataFrame | None]) -> int:
     """P, the widest window the rows drafted: positions ``0..P-1`` are counted."""
     widths = [1]
-    positions, steps = frames["positions"], frames["steps"]
+    positions, steps = frames.get("positions"), frames.get("steps")
     if positions is not None and len(positions):
         widths.append(int(positions["position"].max()) + 1)
     if steps is not None and "num_drafted" in steps and steps["num_drafted"].notna().any():
@@ -450,15 +504,20 @@ def count_frames(
     scores = tuple(scores)
     source = "positions" if positions is not None else "steps"
     counter = "acceptance_steps" if metric == "acceptance" and source == "steps" else metric
-    _check(metric, source, by, {}, scores, "duckdb")
-    frames = {
-        "positions": None if positions is None else with_default_run(positions),
-        "steps": None if steps is None else with_default_run(steps),
-    }
+    # a grouping column the store does not know (a run set's label...) is one value per run
+    known = (*RUN_COLUMNS, *ROW_COLUMNS, *BIN_EDGES, *STEP_MATCH_COLUMNS)
+    extra = [name for name in by if name not in known]
+    _check(metric, source, tuple(k for k in by if k not in extra), {}, scores, "duckdb")
     tables = [t for t in counter_tables(metric, source) if t != "runs"]
-    given = [frames[t] for t in tables if frames[t] is not None]
-    if not given:
+    rows = {"positions": positions, "steps": steps}
+    frames = {t: with_run_ids(rows[t]) for t in tables if rows[t] is not None}
+    if not frames:
         raise DSparkLabError(f"counting {metric} needs the {' and '.join(tables)} rows")
+    frames, run_ids = split_runs(frames, [*RUN_COLUMNS, *extra])
+    given = list(frames.values())
+    for name in by:
+        if (name in RUN_COLUMNS or name in extra) and not any(name in f for f in given):
+            require_columns(given[0], [name], what=f"counting {metric} by {name}")
     if metric == "step_times":
         match = match_columns(given[0], match)
     if metric == "calibration":
@@ -466,32 +525,29 @@ def count_frames(
     keys = metric_keys(metric, by, per_request=per_request, match=match)
     from_steps = [k for k in keys if k in ("prompt_id", *STEP_MATCH_COLUMNS)]
     from_steps += ["context_len"] if any(k in BIN_EDGES for k in keys) else []
-    if from_steps and frames["steps"] is None:
+    if from_steps and "steps" not in frames:
         raise TraceSchemaError(
             f"counting {metric} by {from_steps} needs the steps table: pass steps= "
             "(read it with dsparklab.store.read_trace)"
         )
-    for name in tables:
-        frame = frames[name]
-        if frame is not None:
-            wanted = FRAME_COLUMNS[
-                counter if name == "steps" and counter in FRAME_COLUMNS else name
-            ]
-            extra = from_steps if name == "steps" else []
-            require_columns(frame, [*wanted, *extra], what=f"counting {metric}")
-    with FramesEngine(
-        frame_runs(given), {t: frames[t] for t in tables}, threads=threads
-    ) as session:
+    for name, frame in frames.items():
+        wanted = FRAME_COLUMNS[counter if name == "steps" and counter in FRAME_COLUMNS else name]
+        step_keys = from_steps if name == "steps" else []
+        require_columns(frame, [*wanted, *step_keys], what=f"counting {metric}")
+    relations = {t: frames.get(t) for t in tables}
+    with FramesEngine(frame_runs(given, extra), relations, extra=extra, threads=threads) as session:
         table = count_in(
             session,
             metric,
             keys,
-            n_positions=_widest(frames),
+            n_positions=_widest(relations),
             source=source,
             scores=scores,
             n_bins=n_bins,
             levels=levels,
         )
+    if table is not None and run_ids and "run_id" in table:
+        table["run_id"] = table["run_id"].map(run_ids)  # each run's parts under its run_id
     if table is None:
         return empty_counts(metric, by, per_request=per_request, match=match)
     return table

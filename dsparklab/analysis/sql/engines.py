@@ -71,11 +71,14 @@ def table_schema(table: str) -> pa.Schema:
     return pa.schema(fields)
 
 
-def runs_table(runs: pd.DataFrame) -> pa.Table:
-    """The ``runs`` relation: the run columns of ``runs``, typed."""
-    return pa.Table.from_pandas(
-        runs[list(RUN_COLUMNS)].reset_index(drop=True), schema=RUNS_SCHEMA, preserve_index=False
-    )
+def runs_table(runs: pd.DataFrame, extra: Iterable[str] = ()) -> pa.Table:
+    """The ``runs`` relation: the run columns of ``runs``, typed, then the ``extra``
+    columns of frames counted in memory (their types as pandas holds them)."""
+    runs = runs.reset_index(drop=True)
+    table = pa.Table.from_pandas(runs[list(RUN_COLUMNS)], schema=RUNS_SCHEMA, preserve_index=False)
+    for name in extra:
+        table = table.append_column(name, pa.Array.from_pandas(runs[name]))
+    return table
 
 
 def _quoted(text: str) -> str:
@@ -155,7 +158,13 @@ class DuckDBEngine(Engine):
         where = "" if every_run else _run_filter(list(runs["run_id"]))
         self.con.execute(f"CREATE VIEW {table} AS SELECT {columns} FROM {table}_parts{where}")
 
-    def _connect(self, runs: pd.DataFrame, threads: int | None, memory_limit: str | None) -> None:
+    def _connect(
+        self,
+        runs: pd.DataFrame,
+        threads: int | None,
+        memory_limit: str | None,
+        extra: Iterable[str] = (),
+    ) -> None:
         import duckdb
 
         self.con = duckdb.connect()
@@ -167,7 +176,7 @@ class DuckDBEngine(Engine):
         if memory_limit:
             self.con.execute(f"SET memory_limit = {_quoted(memory_limit)}")
         self.con.execute("SET preserve_insertion_order = false")
-        self.con.register("runs", runs_table(runs))
+        self.con.register("runs", runs_table(runs, extra))
 
     def query(self, sql: str) -> pd.DataFrame:
         return self.con.sql(sql).to_arrow_table().to_pandas()
@@ -179,16 +188,18 @@ class DuckDBEngine(Engine):
 
 class FramesEngine(DuckDBEngine):
     """DuckDB over frames in memory: the same relations, registered from the frames
-    rather than read from a store (``frames``: table name -> rows with ``run_id``)."""
+    rather than read from a store (``frames``: table name -> rows with ``run_id``;
+    ``extra``: grouping columns of ``runs`` besides the run columns)."""
 
     def __init__(
         self,
         runs: pd.DataFrame,
         frames: dict[str, pd.DataFrame | None],
         *,
+        extra: Iterable[str] = (),
         threads: int | None = None,
     ) -> None:
-        self._connect(runs, threads, None)
+        self._connect(runs, threads, None, extra)
         for table, frame in frames.items():
             self.con.register(table, frame_table(table, frame))
 

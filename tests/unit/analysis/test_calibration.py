@@ -166,16 +166,3 @@ def test_rows_without_confidence_are_skipped_and_unknown_scores_refused():
     assert set(table["method"]) == {"dspark"}
     with pytest.raises(UnknownMethodError, match="valid scores are"):
         compute_calibration(positions, scores=("entropy",))
-
-
-def test_counts_without_a_confidence_are_named_not_an_empty_table() -> None:
-    """A store whose runs hold no confidence counts no calibration row: the metrics say
-    which input is missing (a notebook section then reads "not computed")."""
-    from dsparklab.analysis import compute_reliability
-    from dsparklab.analysis.sql import empty_counts
-    from dsparklab.errors import MissingInputError
-
-    counts = empty_counts("calibration", ("run_id",), per_request=False)
-    for compute in (compute_calibration, compute_reliability):
-        with pytest.raises(MissingInputError, match="calibration needs confidence"):
-            compute(counts, by=("run_id",))

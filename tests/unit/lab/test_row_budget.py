@@ -141,3 +141,18 @@ def test_headline_counts_cover_every_request_past_the_budget(
     sampled = compute_findings(Catalog.of(store), tmp_path / "sampled", n_boot=0)
     assert sampled.acceptance == findings.acceptance and sampled.acceptance
     assert not any("hold a sample" in note for note in sampled.notes)
+
+
+def test_calibration_counts_name_the_runs_without_a_confidence(tmp_path: Path) -> None:
+    """Runs with no confidence head count no calibration row: the lab says which runs lack
+    the input (a notebook section then reads "not computed"), the library counts nothing."""
+    from dsparklab.analysis import aggregate_store
+    from dsparklab.errors import MissingInputError
+
+    for method, n in (("eagle3", 3), ("none", 0)):
+        write_synthetic_run(tmp_path, method=method, n=n, dataset="prose", n_requests=4)
+    runs = load_runs(tmp_path)
+    with pytest.raises(MissingInputError, match="runs of eagle3 lack"):
+        runs.calibration_counts()
+    counts = aggregate_store(tmp_path, metric="calibration", by=("method",), per_request=False)
+    assert counts.empty and compute_calibration(counts, by=("method",)).empty
