@@ -437,11 +437,12 @@ def split_runs(
     return split, back
 
 
-def frame_runs(frames: Iterable[pd.DataFrame], extra: Iterable[str] = ()) -> pd.DataFrame:
+def frame_runs(frames: Iterable[pd.DataFrame], columns: Iterable[str]) -> pd.DataFrame:
     """The ``runs`` relation of frames in memory (their runs told apart by
-    :func:`split_runs`): one row per ``run_id`` with the value each run column (and each
-    ``extra`` grouping column) takes in the frames, null where no frame has the column."""
-    names = [*RUN_COLUMNS, *extra]
+    :func:`split_runs`): one row per ``run_id`` with the value each of ``columns`` (the run
+    columns counted by, and grouping columns of the frames' own) takes in the frames; the
+    other run columns null."""
+    names = ["run_id", *columns]
     parts = [f[[c for c in names if c in f.columns]].drop_duplicates() for f in frames]
     runs = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run_id"])
     runs = runs.groupby("run_id", sort=True, dropna=False).first().reset_index()
@@ -513,16 +514,18 @@ def count_frames(
     frames = {t: with_run_ids(rows[t]) for t in tables if rows[t] is not None}
     if not frames:
         raise DSparkLabError(f"counting {metric} needs the {' and '.join(tables)} rows")
-    frames, run_ids = split_runs(frames, [*RUN_COLUMNS, *extra])
+    if metric == "step_times":
+        match = match_columns(next(iter(frames.values())), match)
+    keys = metric_keys(metric, by, per_request=per_request, match=match)
+    # only the run columns counted by matter: the runs relation holds those (others null)
+    run_keys = [k for k in keys if (k in RUN_COLUMNS and k != "run_id") or k in extra]
+    frames, run_ids = split_runs(frames, run_keys)
     given = list(frames.values())
     for name in by:
         if (name in RUN_COLUMNS or name in extra) and not any(name in f for f in given):
             require_columns(given[0], [name], what=f"counting {metric} by {name}")
-    if metric == "step_times":
-        match = match_columns(given[0], match)
     if metric == "calibration":
         require_values(given[0], "confidence", what="calibration", why=NO_CONFIDENCE)
-    keys = metric_keys(metric, by, per_request=per_request, match=match)
     from_steps = [k for k in keys if k in ("prompt_id", *STEP_MATCH_COLUMNS)]
     from_steps += ["context_len"] if any(k in BIN_EDGES for k in keys) else []
     if from_steps and "steps" not in frames:
@@ -535,7 +538,8 @@ def count_frames(
         step_keys = from_steps if name == "steps" else []
         require_columns(frame, [*wanted, *step_keys], what=f"counting {metric}")
     relations = {t: frames.get(t) for t in tables}
-    with FramesEngine(frame_runs(given, extra), relations, extra=extra, threads=threads) as session:
+    runs = frame_runs(given, run_keys)
+    with FramesEngine(runs, relations, extra=extra, threads=threads) as session:
         table = count_in(
             session,
             metric,
