@@ -4,17 +4,21 @@ The run set is real: ``dsparklab collect --engine reference`` output on the zoo'
 checkpoints (DSpark, Eagle3 and the target-only baseline, n = 3..7, the code and prose
 sets), with small limits. Both test directories import this module by name (their
 conftest.py files import the ``runs_dir`` and ``report`` fixtures from here), so the runs
-are collected and the report built once per session (cached on the session's base temp
-dir). The checks of an executed notebook's outputs are here too.
+are collected and the report built once per session, whichever xdist worker asks first
+(kept in the temp directory the workers share). The checks of an executed notebook's
+outputs are here too.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 from pathlib import Path
 
 import nbformat
 import pytest
+from filelock import FileLock
 
 from dsparklab.lab.notebook import PLOTLY_MIMETYPE
 from dsparklab.report import ReportError, ReportResult, build_report
@@ -51,46 +55,66 @@ def require_zoo() -> None:
         )
 
 
+def shared_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's temp directory every xdist worker shares (each worker's base temp
+    sits below it), so the run set and the report are made once per session."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @functools.cache
 def lab_runs(base: Path) -> Path:
-    """The reference engine's runs on the zoo (22 runs), collected once per session."""
+    """The reference engine's runs on the zoo (22 runs), collected once per session: the
+    first worker collects, the others wait for it (a file lock) and read them."""
     from dsparklab.engines.plan import CollectOptions
     from dsparklab.engines.reference.collect import collect
 
     require_zoo()
-    return collect(
-        CollectOptions(
-            methods=METHODS,
-            ns=NS,
-            datasets=DATASETS,
-            out=base / "runs",
-            limit=LIMIT,
-            max_new_tokens=MAX_NEW_TOKENS,
-            threads=1,
-            progress=False,
-        )
-    )
+    out, done = base / "runs", base / "runs.collected"
+    with FileLock(base / "runs.lock"):
+        if not done.is_file():
+            collect(
+                CollectOptions(
+                    methods=METHODS,
+                    ns=NS,
+                    datasets=DATASETS,
+                    out=out,
+                    limit=LIMIT,
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    threads=1,
+                    progress=False,
+                )
+            )
+            done.touch()
+    return out
 
 
 @functools.cache
 def built_report(base: Path) -> ReportResult:
-    """``dsparklab report`` on :func:`lab_runs`, into ``base/report`` (built once)."""
-    try:
-        return build_report(
-            lab_runs(base), base / "report", parameters=TEST_PARAMETERS, progress=False
-        )
-    except ReportError as err:  # every notebook must run: show which one did not
-        raise AssertionError(str(err)) from err
+    """``dsparklab report`` on :func:`lab_runs`, into ``base/report``, built once per
+    session: the first worker builds it, the others read its result back."""
+    runs = lab_runs(base)
+    result = base / "report.pickle"
+    with FileLock(base / "report.lock"):
+        if not result.is_file():
+            try:
+                report = build_report(
+                    runs, base / "report", parameters=TEST_PARAMETERS, progress=False
+                )
+            except ReportError as err:  # every notebook must run: show which one did not
+                raise AssertionError(str(err)) from err
+            result.write_bytes(pickle.dumps(report))
+    return pickle.loads(result.read_bytes())  # noqa: S301 (written above, this session)
 
 
 @pytest.fixture(scope="session")
 def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return lab_runs(tmp_path_factory.getbasetemp())
+    return lab_runs(shared_base(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
 def report(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
-    return built_report(tmp_path_factory.getbasetemp())
+    return built_report(shared_base(tmp_path_factory))
 
 
 def assert_ran_clean(nb: nbformat.NotebookNode) -> None:

@@ -305,7 +305,9 @@ def test_report_on_a_mixed_store_without_baselines(runs_dir: Path, tmp_path: Pat
     assert skipped["05_regression_diagnosis"] == ["Where the speedup went"]
     findings = meta["findings"]
     notes = findings["notes"]
-    assert any("tiny/reference: speedup not measured: no target-only baseline run" in n for n in notes)
+    assert any(
+        "tiny/reference: speedup not measured: no target-only baseline run" in n for n in notes
+    )
     eagle3 = [
         r
         for r in findings["tables"]["windows"]
