@@ -141,38 +141,6 @@ def metric_keys(
     return keys
 
 
-def metric_queries(
-    metric: str,
-    keys: list[str],
-    *,
-    n_positions: int,
-    source: str = "steps",
-    scores: Iterable[str] = ("confidence", "prefix_confidence"),
-    n_bins: int = 10,
-    levels: int | None = DEFAULT_LEVELS,
-    all_verified: bool = False,
-) -> list[str]:
-    """The query texts whose results, stacked, are ``metric``'s counter table
-    (``all_verified``: see :func:`~dsparklab.analysis.sql.queries.render`)."""
-    if metric == "acceptance":
-        counter = "acceptance_steps" if source == "steps" else "acceptance"
-        return [render(counter, keys=keys, n_positions=n_positions, all_verified=all_verified)]
-    if metric == "step_times":
-        return [render("step_times", keys=keys)]
-    return [
-        render(
-            "calibration",
-            keys=keys,
-            n_positions=n_positions,
-            score=name,
-            n_bins=n_bins,
-            levels=levels,
-            all_verified=all_verified,
-        )
-        for name in scores
-    ]
-
-
 def empty_counts(
     metric: str,
     by: str | Iterable[str] = ("run_id",),
@@ -356,16 +324,24 @@ def count_in(
     # rows from positions: without adaptive verification, reached needs no steps join
     from_positions = metric == "calibration" or source == "positions"
     all_verified = from_positions and int(session.query(UNVERIFIED_STEPS)["n"].iloc[0]) == 0
-    texts = metric_queries(
-        metric,
-        keys,
-        n_positions=n_positions,
-        source=source,
-        scores=scores,
-        n_bins=n_bins,
-        levels=levels,
-        all_verified=all_verified,
-    )
+    if metric == "acceptance":
+        counter = "acceptance_steps" if source == "steps" else "acceptance"
+        texts = [render(counter, keys=keys, n_positions=n_positions, all_verified=all_verified)]
+    elif metric == "step_times":
+        texts = [render("step_times", keys=keys)]
+    else:  # one query per calibration score, stacked
+        texts = [
+            render(
+                "calibration",
+                keys=keys,
+                n_positions=n_positions,
+                score=name,
+                n_bins=n_bins,
+                levels=levels,
+                all_verified=all_verified,
+            )
+            for name in scores
+        ]
     pieces = [p for p in (session.query(text) for text in texts) if len(p)]
     if not pieces:
         return None
