@@ -4,12 +4,12 @@
 
 Builds notebook 00's explorer on ``--runs`` (its widgets shown without a front end) and
 drives every control in the browser test's order (dataset, method, n, view, request,
-rows, then back), ``--rounds`` times. Each interaction is timed from the control's new
-value to the end of its handler: the figures rebuilt and their widget updates queued,
-the status line and the losses table rewritten. What a reader waits for in JupyterLab
-adds the message round trip and plotly's render, which the browser test records
-(``explorer_redraws.json`` beside its screenshots); the issue's goal is 300 ms for that
-whole redraw.
+heatmap click, rows, then back), ``--rounds`` times. Each interaction is timed from the
+control's new value to the end of its handler: the figures rebuilt and their widget
+updates queued, the status line and the losses table rewritten. What a reader waits for
+in JupyterLab adds the message round trip and plotly's render, which the browser test
+records per run set (``<run set>/explorer_redraws.json`` beside its screenshots); the
+issue's goal is 300 ms for that whole redraw.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+from plotly.callbacks import InputDeviceState, Points
 
 from dsparklab.analysis import annotate_positions, compute_acceptance_by_position
 from dsparklab.engines.reference.bench import markdown_table
@@ -59,6 +60,13 @@ def _other(options: list[str], current: str) -> str:
     return next((o for o in options if o != current), current)
 
 
+def click_cell(explorer: Explorer, position: int, n: int) -> None:
+    """A click on the heatmap cell (``position``, window ``n``), dispatched as plotly
+    dispatches the front end's click message to the trace's handlers."""
+    trace = explorer.figure_widgets["heatmap"].data[0]
+    trace._dispatch_on_click(Points([0], [position], [n], trace.name, 0), InputDeviceState())
+
+
 def interactions(explorer: Explorer, flip: bool) -> list[tuple[str, Callable[[], None]]]:
     """Every control once; ``flip`` picks the other end of each choice, so every round
     changes something."""
@@ -70,6 +78,7 @@ def interactions(explorer: Explorer, flip: bool) -> list[tuple[str, Callable[[],
         ("n", lambda: setattr(ex.n, "value", ex.windows()[1 if flip else -1])),
         ("view", lambda: setattr(ex.view, "value", "survival" if flip else "conditional")),
         ("request", lambda: setattr(ex.request, "value", _other(ex.requests(), ex.request.value))),
+        ("heatmap click", lambda: click_cell(ex, 1, ex.windows()[0 if flip else -2])),
         ("rows", lambda: setattr(ex.rows, "value", ex.row_choices()[1 if flip else 0])),
     ]
 

@@ -2,11 +2,13 @@
 
 1. The exported report, opened from file:// with every network request refused: each
    plotly figure renders (a ``.js-plotly-plot`` with its SVG), screenshots taken.
-2. JupyterLab on 127.0.0.1 with a token: open 00_explorer, run all cells; the three
+2. JupyterLab on 127.0.0.1 with a token, on the session's reference runs and on the
+   shipped smol traces: open 00_explorer, run all cells; the three
    figures are plotly FigureWidgets (anywidget views); change the dataset (the request
    list, the status line and the figures follow), move the n slider with the keyboard
    (the heatmap widget's outline and title, the curves and the strip follow), click a
-   heatmap cell.
+   heatmap cell. Each interaction's redraw time is recorded per run set
+   (``<run set>/explorer_redraws.json`` beside the screenshots).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import psutil
 import pytest
 
 from dsparklab.lab.resources import notebooks_dir
+from dsparklab.lab.runs import shipped_traces
 from dsparklab.lab.server import LOOPBACK, start_lab
 from dsparklab.report import ReportResult
 from dsparklab.widgets.explorer import FIGURE_CLASSES, FIGURES
@@ -118,21 +121,6 @@ def test_report_renders_offline(browser, report: ReportResult, screenshots: Path
     assert errors == [], errors[:3]
 
 
-def _wait_for_titles(page, figures: list[str], *parts: str, screenshots: Path) -> None:
-    """Wait until each figure's title contains its part (the kernel updates them in turn)."""
-    titles = [f"document.querySelector('{css}').layout.title.text" for css in figures]
-    condition = " && ".join(
-        f"{title}.includes({json.dumps(part)})" for title, part in zip(titles, parts, strict=True)
-    )
-    try:
-        page.wait_for_function(condition, timeout=60_000)
-    except Exception:
-        page.screenshot(path=str(screenshots / "lab_failure.png"), full_page=True)
-        raise AssertionError(
-            f"figure titles never showed {parts}: {[page.evaluate(t) for t in titles]}"
-        ) from None
-
-
 def _kernel_ids(server) -> list[str]:
     with urllib.request.urlopen(server.url("api/kernels"), timeout=10) as response:
         return [k["id"] for k in json.loads(response.read())]
@@ -148,9 +136,27 @@ def _isolate_lab_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "lab-workspaces"))
 
 
+@pytest.fixture(params=["reference runs", "shipped traces"])
+def explorer_runs(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    """The explorer's run sets: the session's reference runs on the zoo, and the smol
+    traces shipped with the repository (the issue's redraw goal is stated on them)."""
+    if request.param == "shipped traces":
+        shipped = shipped_traces()
+        assert shipped is not None, "the checkout ships data/traces/smol"
+        return "shipped", shipped
+    return "runs", request.getfixturevalue("runs_dir")
+
+
 def test_jupyterlab_explorer_follows_the_n_slider(
-    browser, runs_dir: Path, tmp_path: Path, screenshots: Path, monkeypatch: pytest.MonkeyPatch
+    browser,
+    explorer_runs: tuple[str, Path],
+    tmp_path: Path,
+    screenshots: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ):
+    label, runs_dir = explorer_runs
+    shots = screenshots / label
+    shots.mkdir(exist_ok=True)
     root = tmp_path / "notebooks"  # a copy: autosave never touches the repository's notebooks
     shutil.copytree(notebooks_dir(), root)
     _isolate_lab_settings(tmp_path, monkeypatch)
@@ -179,12 +185,12 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             )
             page.wait_for_function(f"({RENDERED})() >= 3", timeout=60_000)
         except Exception:
-            page.screenshot(path=str(screenshots / "lab_failure.png"), full_page=True)
+            page.screenshot(path=str(shots / "lab_failure.png"), full_page=True)
             raise
         kernels = _kernel_ids(server)
         heatmap = f"document.querySelector('{figures[0]}')"
         strip = f"document.querySelector('{figures[2]}')"
-        page.screenshot(path=str(screenshots / "lab_explorer_start.png"))
+        page.screenshot(path=str(shots / "lab_explorer_start.png"))
 
         status = "document.querySelector('.dsparklab-explorer .widget-html-content').innerText"
         request = "document.querySelectorAll('.dsparklab-explorer select')[2].value"
@@ -207,7 +213,7 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             try:
                 page.wait_for_function(shown, timeout=60_000, polling="raf")
             except Exception:
-                page.screenshot(path=str(screenshots / f"lab_failure_{name}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"lab_failure_{name}.png"), full_page=True)
                 raise AssertionError(f"{name}: {page.evaluate(status)!r}") from None
             driver_ms = (time.perf_counter() - started) * 1e3
             clock = page.evaluate("[window.__dsparklabInput, window.__dsparklabShown]")
@@ -221,22 +227,24 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         # every control in sequence, the dataset first (it used to leave every figure behind)
         selects = page.locator(".dsparklab-explorer select")
         requests_before = selects.nth(2).locator("option").all_inner_texts()
-        assert page.evaluate(f"{heatmap}.data[0].name") == "dspark · humaneval"
+        first = selects.first.input_value()
+        other = [d for d in selects.first.locator("option").all_inner_texts() if d != first][-1]
+        assert page.evaluate(f"{heatmap}.data[0].name") == f"dspark · {first}"
         act(
             "dataset",
-            lambda: selects.first.select_option("prose"),
-            f"{heatmap}.data[0].name === 'dspark · prose'",
+            lambda: selects.first.select_option(other),
+            f"{heatmap}.data[0].name === 'dspark · {other}'",
             f"{strip}.layout.title.text.includes({request})",
-            f"{status}.includes('prose') && {status}.includes({request})",
+            f"{status}.includes('{other}') && {status}.includes({request})",
         )
         requests_after = selects.nth(2).locator("option").all_inner_texts()
         assert requests_after and not set(requests_after) & set(requests_before)
         page.evaluate("document.querySelector('.dsparklab-explorer').scrollIntoView()")
-        page.screenshot(path=str(screenshots / "lab_explorer_dataset_prose.png"))
+        page.screenshot(path=str(shots / f"lab_explorer_dataset_{other}.png"))
         act(
             "method",
             lambda: selects.nth(1).select_option("eagle3"),
-            f"{heatmap}.data[0].name === 'eagle3 · prose'",
+            f"{heatmap}.data[0].name === 'eagle3 · {other}'",
             f"{strip}.layout.title.text.includes('eagle3')",
             f"{status}.includes('eagle3')",
         )
@@ -266,7 +274,7 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         assert after["y0"] == before["y0"] + 1, "the outline moved one row up (n = 4)"
         assert after["svg"] != before["svg"], "the drawn outline moved on screen"
         assert after["plots"] == 3
-        page.screenshot(path=str(screenshots / "lab_explorer_n4.png"))
+        page.screenshot(path=str(shots / "lab_explorer_n4.png"))
         toggle = page.locator(".dsparklab-explorer .widget-toggle-button", has_text="survival")
         act(
             "view",
@@ -275,12 +283,12 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             f"document.querySelector('{figures[1]}').layout.title.text.startsWith('survival')",
             f"{status}.includes('survival')",
         )
-        other = selects.nth(2).locator("option").all_inner_texts()[-1]
+        last = selects.nth(2).locator("option").all_inner_texts()[-1]
         act(
             "request",
-            lambda: selects.nth(2).select_option(other),
-            f"{strip}.layout.title.text.includes({json.dumps(other)})",
-            f"{status}.includes({json.dumps(other)})",
+            lambda: selects.nth(2).select_option(last),
+            f"{strip}.layout.title.text.includes({json.dumps(last)})",
+            f"{status}.includes({json.dumps(last)})",
         )
         # a click on the heatmap cell (position 1, n = 6) selects that window and position,
         # and lists the draft -> target pairs the drafter loses there
@@ -299,7 +307,7 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         assert [(s["y0"], s["y1"]) for s in strip_shapes] == [(0.5, 1.5)], strip_shapes
         stderr = page.locator("[data-mime-type='application/vnd.jupyter.stderr']")
         assert stderr.count() == 0, stderr.all_inner_texts()[:2]
-        page.screenshot(path=str(screenshots / "lab_explorer_click_n6.png"))
+        page.screenshot(path=str(shots / "lab_explorer_click_n6.png"))
         # the heatmap's rows: the steps' output depth at the slider's n
         depth = page.locator(".dsparklab-explorer .widget-toggle-button", has_text="output depth")
         act(
@@ -309,10 +317,10 @@ def test_jupyterlab_explorer_follows_the_n_slider(
             f"{heatmap}.data[0].y.length > 1",
             f"{status}.includes('rows by output depth')",
         )
-        page.screenshot(path=str(screenshots / "lab_explorer_rows_depth.png"))
+        page.screenshot(path=str(shots / "lab_explorer_rows_depth.png"))
         # each interaction's redraw time, for the record (timings are benchmarks' business):
         # benchmarks/explorer_redraw.py prints it beside the kernel's share
-        (screenshots / "explorer_redraws.json").write_text(json.dumps(redraws, indent=1))
+        (shots / "explorer_redraws.json").write_text(json.dumps(redraws, indent=1))
         assert set(redraws) == {
             "dataset", "method", "n", "view", "request", "heatmap click", "rows"
         }  # fmt: skip
