@@ -21,6 +21,9 @@ from dsparklab.store.schema import ALL_TABLES, RUN_JSON
 # Playwright sessions cannot share a thread)
 from tests.browser_fixtures import browser, chromium, screenshots  # noqa: F401
 
+# the session's reference runs, collected once whichever directory asks first
+from tests.reference_runs import runs_dir  # noqa: F401
+
 TESTS = Path(__file__).parent
 # The tiers (pyproject.toml's markers say what each means). Every test below one of these
 # directories carries its marker, whatever its module declares ...

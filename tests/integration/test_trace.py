@@ -1,4 +1,7 @@
-"""The reference engine's traces: valid, self-consistent, and free of side effects."""
+"""The reference engine's traces: valid, self-consistent, and free of side effects.
+
+Read from the session's reference runs (tests/reference_runs.py), which the notebook and
+browser tests read too."""
 
 from __future__ import annotations
 
@@ -10,50 +13,35 @@ import torch
 from typer.testing import CliRunner
 
 from dsparklab.cli.app import app
-from dsparklab.engines.plan import CollectOptions
 from dsparklab.engines.reference import ContextUpdate, DSparkDrafter, ReferenceEngine
-from dsparklab.engines.reference.collect import collect
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
 from tests.integration.conftest import GEN_LEN, Zoo
+from tests.reference_runs import DATASETS, LIMIT, MAX_NEW_TOKENS, METHODS, NS
 
 pytestmark = pytest.mark.integration
 
-MAX_NEW_TOKENS = 24
+
+def _files(store: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``store``: its size and modification time (ns)."""
+    return {
+        str(p.relative_to(store)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in store.rglob("*")
+        if p.is_file()
+    }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, zoo: Zoo) -> Path:
-    out = tmp_path_factory.mktemp("runs")
-    collect(
-        CollectOptions(
-            methods=["dspark", "eagle3", "none"],
-            ns=[3, 7],
-            datasets=["humaneval"],
-            out=out,
-            limit=3,
-            max_new_tokens=MAX_NEW_TOKENS,
-            target=zoo.target_path,
-            dspark=zoo.dspark_path,
-            eagle3=zoo.eagle3_path,
-            progress=False,
-        )
-    )
-    return out
-
-
-def test_collect_writes_valid_runs(runs: Path) -> None:
-    reports = validate_trace(runs)
+def test_collect_writes_valid_runs(runs_dir: Path) -> None:
+    reports = validate_trace(runs_dir)
     names = sorted(read_run_json(r.path)["run_id"] for r in reports)
-    assert names == [
-        "reference/humaneval/dspark-n3",
-        "reference/humaneval/dspark-n7",
-        "reference/humaneval/eagle3-n3",
-        "reference/humaneval/eagle3-n7",
-        "reference/humaneval/none",
-    ]
+    assert names == sorted(
+        f"reference/{dataset}/{method}" + (f"-n{n}" if method != "none" else "")
+        for dataset in DATASETS
+        for method in METHODS
+        for n in (NS if method != "none" else NS[:1])
+    )
     for report in reports:
         assert report.ok and report.complete, [str(v) for v in report.violations]
-        assert report.rows["requests"] == 3
+        assert report.rows["requests"] == LIMIT
         assert report.rows["steps"] > 0
         meta = read_run_json(report.path)
         assert meta["engine"]["name"] == "reference"
@@ -63,9 +51,9 @@ def test_collect_writes_valid_runs(runs: Path) -> None:
         assert (meta["drafter"] is None) == (meta["method"] == "none")
 
 
-def test_accepted_len_equals_recount(runs: Path) -> None:
-    positions = read_trace(runs, "positions")
-    steps = read_trace(runs, "steps")
+def test_accepted_len_equals_recount(runs_dir: Path) -> None:
+    positions = read_trace(runs_dir, "positions")
+    steps = read_trace(runs_dir, "steps")
     spec = steps[steps["method"] != "none"]
     assert len(positions) == int(spec["num_drafted"].sum())
     positions = positions.sort_values(["run_id", "request_id", "step", "position"])
@@ -84,8 +72,8 @@ def test_accepted_len_equals_recount(runs: Path) -> None:
     )
 
 
-def test_trace_fields_by_method(runs: Path) -> None:
-    positions = read_trace(runs, "positions")
+def test_trace_fields_by_method(runs_dir: Path) -> None:
+    positions = read_trace(runs_dir, "positions")
     dspark = positions[positions["method"] == "dspark"]
     eagle = positions[positions["method"] == "eagle3"]
     for column in ("draft_logprob", "base_logprob", "markov_bias", "markov_bias_norm"):
@@ -97,16 +85,16 @@ def test_trace_fields_by_method(runs: Path) -> None:
     assert eagle["draft_logprob"].notna().all()
     for column in ("base_logprob", "markov_bias", "markov_bias_norm", "markov_flip", "confidence"):
         assert eagle[column].isna().all(), column
-    steps = read_trace(runs, "steps")
+    steps = read_trace(runs_dir, "steps")
     timed = steps[steps["method"] != "none"]
     assert (timed["draft_time_s"] > 0).all()
     assert (timed["verify_time_s"] > 0).all()
     assert steps[steps["method"] == "none"]["num_drafted"].eq(0).all()
 
 
-def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
-    requests = read_trace(runs, "requests")
-    steps = read_trace(runs, "steps")
+def test_requests_hold_outputs(runs_dir: Path, zoo: Zoo) -> None:
+    requests = read_trace(runs_dir, "requests")
+    steps = read_trace(runs_dir, "steps")
     baseline = requests[requests["method"] == "none"].set_index("request_id")
     for _, row in requests.iterrows():
         output = list(row["output_token_ids"])
@@ -129,46 +117,53 @@ def test_requests_hold_outputs(runs: Path, zoo: Zoo) -> None:
             assert output == list(baseline.loc[row["request_id"], "output_token_ids"])
 
 
-def test_cli_resumes_and_prints_root(runs: Path, zoo: Zoo) -> None:
-    before = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
-    args = [
-        "collect", "--engine", "reference", "--method", "dspark,eagle3,none", "--n", "3,7",
-        "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "24", "--out", str(runs),
-        "--target", str(zoo.target_path), "--dspark", str(zoo.dspark_path),
-        "--eagle3", str(zoo.eagle3_path),
-    ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+def _collect_args(runs_dir: Path, **changed: str) -> list[str]:
+    """`dsparklab collect` of the session's reference runs into ``runs_dir`` (the zoo's
+    default checkpoints, as they were collected); ``changed`` replaces options
+    (``max_new_tokens="16"``)."""
+    options = {
+        "engine": "reference",
+        "method": ",".join(METHODS),
+        "n": ",".join(map(str, NS)),
+        "dataset": ",".join(DATASETS),
+        "limit": str(LIMIT),
+        "max_new_tokens": str(MAX_NEW_TOKENS),
+        "out": str(runs_dir),
+        **changed,
+    }
+    return ["collect"] + [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", v)]
+
+
+def test_cli_resumes_and_prints_root(runs_dir: Path) -> None:
+    """The same collect again: every run is complete, so nothing is redone and no file of
+    the store is written (other tests read it meanwhile)."""
+    before = _files(runs_dir)
+    result = CliRunner().invoke(app, _collect_args(runs_dir))
     assert result.exit_code == 0, result.output
     # the root, then one summary line per run (complete runs, skipped, are summed up too)
     lines = result.output.strip().splitlines()
-    leaves = ["none", "dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"]
-    assert lines[-6] == str(runs), result.output
-    assert [line.split(":")[0] for line in lines[-5:]] == [
-        f"reference/humaneval/{k}" for k in leaves
-    ]
-    after = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
-    assert after == before  # every run was complete: nothing redone
+    runs = sorted(read_run_json(p)["run_id"] for p in find_runs(runs_dir))
+    assert lines[-len(runs) - 1] == str(runs_dir), result.output
+    assert sorted(line.split(":")[0] for line in lines[-len(runs) :]) == runs
+    assert _files(runs_dir) == before
 
 
-def test_cli_refuses_a_complete_run_of_another_identity(runs: Path, zoo: Zoo) -> None:
+def test_cli_refuses_a_complete_run_of_another_identity(runs_dir: Path) -> None:
     """Issue 33: a collect whose run_id is a complete run made with other settings neither
     skips it nor overwrites it: one line naming the run.json and the field, exit 2."""
     import subprocess
     import sys
 
-    before = {p: read_run_json(p)["created_at"] for p in find_runs(runs)}
+    before = _files(runs_dir)
     cli = Path(sys.executable).with_name("dsparklab")
-    args = [
-        "collect", "--engine", "reference", "--method", "eagle3", "--n", "3",
-        "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "16", "--out", str(runs),
-        "--target", str(zoo.target_path), "--eagle3", str(zoo.eagle3_path),
-    ]  # fmt: skip
+    args = _collect_args(runs_dir, method="eagle3", n="3", dataset="humaneval", max_new_tokens="16")
     result = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = result.stderr.strip().splitlines()
-    assert "run.json: identity.max_new_tokens is 24, this collect's is 16" in line, line
+    expected = f"run.json: identity.max_new_tokens is {MAX_NEW_TOKENS}, this collect's is 16"
+    assert expected in line, line
     assert "--overwrite" in line and "reference/humaneval/eagle3-n3" in line, line
-    assert {p: read_run_json(p)["created_at"] for p in find_runs(runs)} == before
+    assert _files(runs_dir) == before
 
 
 def test_cli_rejects_unknown_engine_and_method(tmp_path: Path) -> None:
@@ -282,12 +277,12 @@ def test_engine_refuses_mismatched_drafter(zoo: Zoo) -> None:
         )
 
 
-def test_configurations_are_interleaved(runs: Path) -> None:
+def test_configurations_are_interleaved(runs_dir: Path) -> None:
     """Every run of a dataset opens before any of them finishes: prompts are decoded by
     all configurations in turn, so no run has the machine to itself."""
     from dsparklab.store import list_runs, read_run_json
 
-    for _, group in list_runs(runs).groupby("dataset"):
+    for _, group in list_runs(runs_dir).groupby("dataset"):
         metas = [read_run_json(p) for p in group["path"]]
         assert len(metas) > 1
         # to the second (run.json's resolution): the tiny runs here take about one

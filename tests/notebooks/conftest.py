@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_support import report, runs_dir  # noqa: F401  (fixtures, shared with tests/browser)
+from lab_support import report  # noqa: F401  (a fixture, shared with tests/browser)
 
 from dsparklab.report.build import discover_notebooks
 

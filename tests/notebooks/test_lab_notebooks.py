@@ -32,12 +32,11 @@ from dsparklab.lab.notebook import (
 from dsparklab.lab.published import DEFAULT_COST_PROFILES
 from dsparklab.lab.resources import PUBLISHED_SPEEDUPS, cost_profile_file, published_file
 from dsparklab.report import ReportResult
+from tests.reference_runs import DATASETS, METHODS, NS
 
 pytestmark = pytest.mark.notebooks
 
-METHODS = ["dspark", "eagle3"]
-DATASETS = ["humaneval", "prose"]
-NS = [3, 4, 5, 6, 7]
+SPECULATIVE = [m for m in METHODS if m != "none"]
 
 
 def executed(report: ReportResult, name: str) -> Path:
@@ -67,7 +66,7 @@ REPORTED_BINS_SECTION = "Reliability as reported"
 
 @pytest.fixture(scope="module")
 def tables(runs_dir: Path):
-    return load_runs(runs_dir, datasets=DATASETS, methods=METHODS, n_values=NS)
+    return load_runs(runs_dir, datasets=list(DATASETS), methods=SPECULATIVE, n_values=list(NS))
 
 
 def test_every_notebook_is_in_the_report(report: ReportResult, notebooks: dict[str, Path]):
