@@ -11,7 +11,9 @@ store ``<out>`` (in the table layout, :mod:`dsparklab.store.layout`) holds it. E
 A run's identity (:meth:`CollectOptions.identity`: engine, target, drafter, decoding settings
 and prompt limit) is recorded in its run.json. A collect skips a complete run only when the
 identity recorded is its own; a complete run of another identity under the same run_id is
-refused with one line naming the field (exit 2), never skipped nor overwritten unasked.
+refused with one line naming the field (exit 2), never skipped nor overwritten unasked. A
+model spelled another way (a zoo name, a path to the same directory) is the same model when
+its files hash to the checkpoint the run recorded.
 The engine is in the run_id, so runs of two engines coexist in one store.
 
 Load is a run dimension: ``--concurrency 1,2,4 --repeats 3`` makes every run at each
@@ -23,6 +25,7 @@ the concurrency it kept, its repeat, and the batch sizes its steps saw).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -30,13 +33,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsparklab.errors import ConfigError, UnknownMethodError
+from dsparklab.errors import ConfigError, DSparkLabError, UnknownMethodError
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import complete_run_json
 from dsparklab.store.schema import METHODS
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def same_checkpoint(spelled: Any, recorded_hash: str | None) -> bool:
+    """Whether a model named one way (a zoo name, a relative or absolute path) is the
+    checkpoint a run recorded under another spelling: its files hash to the run's
+    ``content_hash``. Anything that is not a local checkpoint never matches."""
+    from dsparklab.engines.checkpoints import resolve_model
+
+    if not isinstance(spelled, str) or not recorded_hash:
+        return False
+    try:
+        return resolve_model(spelled).content_hash == recorded_hash
+    except (DSparkLabError, OSError):
+        return False
+
 
 DEFAULT_TARGET = "tiny-target"
 DEFAULT_DRAFTERS = {"dspark": "tiny-dspark", "eagle3": "tiny-eagle3"}
@@ -292,7 +311,15 @@ class CollectOptions:
                 todo.append(spec)
                 continue
             wanted, recorded = self.identity(spec), meta.get("identity") or {}
-            differ = next((key for key in wanted if recorded.get(key) != wanted[key]), None)
+            differ = next(
+                (
+                    key
+                    for key in wanted
+                    if recorded.get(key) != wanted[key]
+                    and not same_checkpoint(wanted[key], (meta.get(key) or {}).get("content_hash"))
+                ),
+                None,
+            )
             if differ is not None:
                 raise ConfigError(
                     f"{where / 'run.json'}: identity.{differ} is {recorded.get(differ)!r}, "

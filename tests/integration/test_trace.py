@@ -134,11 +134,14 @@ def _collect_args(runs_dir: Path, **changed: str) -> list[str]:
     return ["collect"] + [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", v)]
 
 
-def test_cli_resumes_and_prints_root(runs_dir: Path) -> None:
-    """The same collect again: every run is complete, so nothing is redone and no file of
-    the store is written (other tests read it meanwhile)."""
+def test_cli_resumes_and_prints_root(runs_dir: Path, zoo: Zoo) -> None:
+    """The same collect again, its models named by path where the runs were collected with
+    zoo names: every run is complete and of this identity (the same checkpoints), so
+    nothing is redone and no file of the store is written (other tests read it meanwhile)."""
     before = _files(runs_dir)
-    result = CliRunner().invoke(app, _collect_args(runs_dir))
+    paths = {"target": zoo.target_path, "dspark": zoo.dspark_path, "eagle3": zoo.eagle3_path}
+    args = _collect_args(runs_dir, **{role: str(path) for role, path in paths.items()})
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     # the root, then one summary line per run (complete runs, skipped, are summed up too)
     lines = result.output.strip().splitlines()
@@ -148,7 +151,17 @@ def test_cli_resumes_and_prints_root(runs_dir: Path) -> None:
     assert _files(runs_dir) == before
 
 
-def test_cli_refuses_a_complete_run_of_another_identity(runs_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("changed", "expected"),
+    [
+        ({"max_new_tokens": "16"}, f"max_new_tokens is {MAX_NEW_TOKENS}, this collect's is 16"),
+        # another checkpoint as the target (its files hash otherwise)
+        ({"target": "tiny-dspark"}, "target is 'tiny-target', this collect's is 'tiny-dspark'"),
+    ],
+)
+def test_cli_refuses_a_complete_run_of_another_identity(
+    runs_dir: Path, changed: dict[str, str], expected: str
+) -> None:
     """Issue 33: a collect whose run_id is a complete run made with other settings neither
     skips it nor overwrites it: one line naming the run.json and the field, exit 2."""
     import subprocess
@@ -156,12 +169,11 @@ def test_cli_refuses_a_complete_run_of_another_identity(runs_dir: Path) -> None:
 
     before = _files(runs_dir)
     cli = Path(sys.executable).with_name("dsparklab")
-    args = _collect_args(runs_dir, method="eagle3", n="3", dataset="humaneval", max_new_tokens="16")
+    args = _collect_args(runs_dir, method="eagle3", n="3", dataset="humaneval", **changed)
     result = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = result.stderr.strip().splitlines()
-    expected = f"run.json: identity.max_new_tokens is {MAX_NEW_TOKENS}, this collect's is 16"
-    assert expected in line, line
+    assert f"run.json: identity.{expected}" in line, line
     assert "--overwrite" in line and "reference/humaneval/eagle3-n3" in line, line
     assert _files(runs_dir) == before
 
