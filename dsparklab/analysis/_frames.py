@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dsparklab import errors
+from dsparklab.store.schema import RUN_COLUMNS
 
 # A request is identified by its run and its id: request ids need not be unique across runs.
 UNIT_COLUMNS = ("run_id", "request_id")
@@ -42,11 +43,18 @@ def require_values(frame: pd.DataFrame, column: str, *, what: str, why: str) -> 
         raise errors.MissingInputError(f"{what} needs {column}, which the runs{of} lack ({why})")
 
 
-def with_default_run(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame built by hand may lack ``run_id``: treat it as one run."""
+def with_run_ids(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame built by hand may lack ``run_id``: its rows are one run per combination of
+    the run columns they hold (one run, ``"run"``, when they hold one)."""
     if "run_id" in frame.columns:
         return frame
-    return frame.assign(run_id="run")
+    columns = [c for c in RUN_COLUMNS if c in frame.columns]
+    if not columns or len(frame[columns].drop_duplicates()) <= 1:
+        return frame.assign(run_id="run")
+    label = frame[columns[0]].astype(str)
+    for name in columns[1:]:
+        label = label + "|" + frame[name].astype(str)
+    return frame.assign(run_id=label)
 
 
 def factorize(

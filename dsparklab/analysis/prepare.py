@@ -10,7 +10,7 @@ from dsparklab.analysis._frames import (
     UNIT_COLUMNS,
     combined_codes,
     require_columns,
-    with_default_run,
+    with_run_ids,
 )
 from dsparklab.analysis._kernels import prefix_product, reached_mask, step_codes
 
@@ -56,9 +56,9 @@ def annotate_positions(
     step (NaN if any of them is null).
     """
     require_columns(positions, POSITION_COLUMNS, what="annotate_positions")
-    frame = with_default_run(positions)
+    frame = with_run_ids(positions)
     if steps is not None:
-        frame = _merge_steps(frame, with_default_run(steps))
+        frame = _merge_steps(frame, with_run_ids(steps))
     request_code, _ = combined_codes(frame, UNIT_COLUMNS)
     position = frame["position"].to_numpy(dtype=np.int64)
     step_code, n_steps = step_codes(request_code, frame["step"].to_numpy(dtype=np.int64))

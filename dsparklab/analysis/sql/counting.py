@@ -31,6 +31,7 @@ from dsparklab.analysis._frames import (
     as_columns,
     require_columns,
     require_values,
+    with_run_ids,
 )
 from dsparklab.analysis.layouts import (
     ACCEPTANCE_COUNTERS,
@@ -360,20 +361,6 @@ FRAME_COLUMNS: dict[str, tuple[str, ...]] = {
     "acceptance_steps": ("request_id", "num_drafted", "num_verified", "accepted_len"),
     "step_times": ("request_id", "emitted", "verify_time_s"),
 }
-
-
-def with_run_ids(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame built by hand may lack ``run_id``: its rows are one run per combination of
-    the run columns they hold (one run, ``"run"``, when they hold one)."""
-    if "run_id" in frame.columns:
-        return frame
-    columns = [c for c in RUN_COLUMNS if c in frame.columns]
-    if len(frame[columns].drop_duplicates()) <= 1:
-        return frame.assign(run_id="run")
-    label = frame[columns[0]].astype(str)
-    for name in columns[1:]:
-        label = label + "|" + frame[name].astype(str)
-    return frame.assign(run_id=label)
 
 
 RUN_KEY_SEP = "\x1f"  # joins a run_id to the run columns that tell its parts apart

@@ -42,6 +42,12 @@ def test_rows_of_two_runs_without_run_ids_stay_two_runs() -> None:
         _same(got[got["method"] == method], want)
 
 
+def test_rows_without_run_ids_or_run_columns_are_one_run() -> None:
+    rows = _steps("dspark", [3, 2, 0]).drop(columns=["method", "n"])
+    got = count_frames(steps=rows, per_request=False)
+    _same(got, count_acceptance_from_steps(rows.assign(run_id="run"), per_request=False))
+
+
 def test_rows_of_one_run_id_that_disagree_are_the_runs_they_are() -> None:
     """Two roots' runs may share a run_id (the shipped traces and a demo): their rows are
     counted apart, each under that run_id, as the rows' own run columns say."""
