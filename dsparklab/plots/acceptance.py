@@ -257,6 +257,7 @@ def plot_survival_curves(
         the conditional rate) are drawn in grey, dotted, named "published: ...".
     """
     axis_label = choose("acceptance value", value, ACCEPTANCE_VALUES)
+    short = ACCEPTANCE_SHORT[value]
     require(by_position, ["position", value], what="plot_survival_curves")
     data = select(by_position, method=methods, dataset=datasets, n=n)
     title = title or (f"{axis_label}" + (f" at n = {n}" if n is not None else " for every window"))
@@ -294,7 +295,7 @@ def plot_survival_curves(
                 name=name,
                 legendgroup=group,
                 line=dict(color=color, dash=dash_for(dataset, all_datasets)),
-                hovertemplate=f"{group}<br>position=%{{x}}<br>{value}=%{{y:.3f}}<extra></extra>",
+                hovertemplate=f"{group}<br>position=%{{x}}<br>{short}=%{{y:.3f}}<extra></extra>",
             )
         )
     if published is not None and not published.empty:
@@ -311,11 +312,11 @@ def plot_survival_curves(
                     legendgroup="published",
                     line=dict(color=PUBLISHED_COLOR, dash=PUBLISHED_DASH, width=1.5),
                     hovertemplate=f"published ({kind}): {curve}<br>position=%{{x}}"
-                    f"<br>{value}=%{{y:.3f}}<br>{line['source'].iloc[0]}<extra></extra>",
+                    f"<br>{short}=%{{y:.3f}}<br>{line['source'].iloc[0]}<extra></extra>",
                 )
             )
     fig.update_xaxes(title_text="draft position", dtick=1)
-    fig.update_yaxes(title_text=value, range=[0, 1.02])
+    fig.update_yaxes(title_text=ACCEPTANCE_SHORT[value], range=[0, 1.02])
     return finish(fig, title=title, name="survival_curves")
 
 

@@ -23,7 +23,9 @@ from dsparklab.plots._common import (
     require,
     select,
 )
+from dsparklab.plots.acceptance import ACCEPTANCE_SHORT
 from dsparklab.plots.style import DIVERGING_SCALE, dash_for, method_color
+from dsparklab.plots.window import WINDOW_SHORT
 
 DELTA_COLUMNS = ("metric", "base", "new", "delta", "delta_lo", "delta_hi")
 POSITION_METRICS: dict[str, str] = {
@@ -106,7 +108,8 @@ def plot_prompt_deltas(
     fig.update_xaxes(
         title_text="prompt (sorted by Δ)", showticklabels=len(keys) <= 40, tickangle=-60
     )
-    fig.update_yaxes(title_text=f"Δ {metric}")
+    short = {**ACCEPTANCE_SHORT, **WINDOW_SHORT}.get(metric, metric)
+    fig.update_yaxes(title_text=f"Δ {short}")
     return finish(fig, title=title, name="prompt_deltas")
 
 

@@ -33,6 +33,12 @@ WINDOW_METRICS: dict[str, str] = {
     "tokens_per_step": "tokens per step (accepted + bonus)",
     "speedup": "speedup vs target-only decoding",
 }
+# what the y axis and the hover say for each metric (short)
+WINDOW_SHORT: dict[str, str] = {
+    "accept_len": "AL(n)",
+    "tokens_per_step": "tokens per step",
+    "speedup": "speedup",
+}
 
 
 def _error_bars(frame: pd.DataFrame, metric: str) -> dict | None:
@@ -66,6 +72,7 @@ def plot_window_scaling(
         Figure title.
     """
     axis_label = choose("window metric", metric, WINDOW_METRICS)
+    short = WINDOW_SHORT[metric]
     require(scaling, ["n", metric], what="plot_window_scaling")
     data = select(scaling, method=methods, dataset=datasets)
     title = title or f"{axis_label} as the window n grows"
@@ -89,7 +96,7 @@ def plot_window_scaling(
                 line=dict(color=color),
                 error_y=_error_bars(line, metric),
                 hovertemplate=f"{label({'method': method, 'dataset': dataset})}<br>"
-                f"n=%{{x}}<br>{metric}=%{{y:.3f}}<extra></extra>",
+                f"n=%{{x}}<br>{short}=%{{y:.3f}}<extra></extra>",
             ),
             row=1,
             col=c,
@@ -104,14 +111,13 @@ def plot_window_scaling(
                     legendgroup=group,
                     showlegend=c == 1,
                     line=dict(color=color, dash="dot"),
-                    hovertemplate=f"{group} model<br>n=%{{x}}<br>{metric}=%{{y:.3f}}"
-                    "<extra></extra>",
+                    hovertemplate=f"{group} model<br>n=%{{x}}<br>{short}=%{{y:.3f}}<extra></extra>",
                 ),
                 row=1,
                 col=c,
             )
     fig.update_xaxes(title_text="window n", dtick=1)
-    fig.update_yaxes(title_text=metric, col=1)
+    fig.update_yaxes(title_text=short, col=1)
     return finish(fig, title=title, name="window_scaling")
 
 

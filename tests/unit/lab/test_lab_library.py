@@ -140,6 +140,9 @@ def test_builders_draw_the_analysis_numbers(small):
     assert "no drafted positions" in empty.layout.annotations[0].text
 
 
+BARE_COLUMNS = {"accept_rate", "survival", "accept_len", "tokens_per_step", "draft_time_s"}
+
+
 def test_every_builder_returns_a_serialisable_figure(small):
     positions, steps = small
     by_position = A.compute_acceptance_by_position(
@@ -171,6 +174,13 @@ def test_every_builder_returns_a_serialisable_figure(small):
         json.dumps(plain, allow_nan=False)  # what the Jupyter protocol accepts
         assert plain["data"], fig.layout.title.text
         assert fig.layout.meta["dsparklab_figure"]
+        # axes are labelled for a reader, never with a bare column name
+        axis_titles = {
+            (axis.get("title") or {}).get("text")
+            for key, axis in plain["layout"].items()
+            if key.startswith(("xaxis", "yaxis"))
+        }
+        assert not axis_titles & BARE_COLUMNS, (fig.layout.title.text, axis_titles)
     # a run compared with itself: every delta is zero
     assert np.allclose(diff["delta"].dropna(), 0.0)
 
