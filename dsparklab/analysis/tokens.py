@@ -17,6 +17,7 @@ import pandas as pd
 
 logger = logging.getLogger(__name__)
 
+PAIR = ("draft_token", "target_token")  # a rejection: what was drafted, what the target chose
 TOKEN_CLASSES = ("whitespace", "punctuation", "identifier", "keyword", "number", "other")
 
 # Python's keywords and soft keywords, plus the common ones of C, C++, Java, JavaScript,
@@ -125,23 +126,30 @@ def rejected_pairs(
     """
     columns = ["draft_token", "target_token", "count", "share", "context"]
     keys = [c for c in ("run_id", "request_id", "step") if c in annotated]
+    # the columns used, before any row is selected (a wide frame's rows are costly to copy)
+    annotated = annotated[[*keys, "position", "reached", "accepted", *PAIR]]
     missed = annotated.loc[
         (annotated["position"] == position) & annotated["reached"] & ~annotated["accepted"]
     ]
     if missed.empty:
         return pd.DataFrame(columns=columns)
-    pairs = missed.assign(target_token=missed["target_token"].astype("Int64"))
+    pairs = missed.assign(
+        target_token=missed["target_token"].astype("Int64"), row=np.arange(len(missed))
+    )
     counted = (
-        pairs.groupby(["draft_token", "target_token"], dropna=False, sort=False)
-        .agg(count=("step", "size"), first=("step", lambda s: s.index[0]))
+        pairs.groupby(list(PAIR), dropna=False, sort=False)
+        .agg(count=("row", "size"), first=("row", "first"))
         .reset_index()
         .sort_values("count", ascending=False, kind="stable")
         .head(top)
     )
+    # the context of the shown pairs only: the steps of their first occurrences
+    shown = list(missed.iloc[counted["first"].to_numpy()][keys].itertuples(index=False))
     before = annotated.loc[
         (annotated["position"] < position) & (annotated["position"] >= position - context)
-    ].sort_values("position")
-    prefixes = before.groupby(keys)["draft_token"].agg(list)
-    counted["context"] = [prefixes.get(tuple(missed.loc[i, keys]), []) for i in counted["first"]]
+    ]
+    before = before.loc[pd.MultiIndex.from_frame(before[keys]).isin(shown)]
+    prefixes = before.sort_values("position").groupby(keys)["draft_token"].agg(list)
+    counted["context"] = [prefixes.get(tuple(key), []) for key in shown]
     counted["share"] = counted["count"] / len(missed)
     return counted[columns].reset_index(drop=True)

@@ -44,3 +44,17 @@ def test_rejected_pairs_count_the_first_mismatches_most_frequent_first() -> None
     assert rejected_pairs(annotate_positions(positions), position=2).empty
     top = rejected_pairs(annotate_positions(positions), position=1, top=1)
     assert len(top) == 1 and top["count"].iloc[0] == 2
+
+
+def test_rows_whose_index_repeats_keep_each_pair_with_its_own_context() -> None:
+    """Frames stacked without a new index (two runs' rows) repeat index labels: each pair's
+    context is still the prefix of its own first occurrence."""
+    first = annotate_positions(_positions([("a", 0, [1, 7, 3], [1, 8, None], 1)]))
+    second = annotate_positions(_positions([("b", 0, [4, 5, 3], [4, 9, None], 1)]))
+    stacked = pd.concat([first.assign(run_id="x"), second.assign(run_id="y")])
+    assert not stacked.index.is_unique
+    pairs = rejected_pairs(stacked, position=1)
+    assert pairs[["draft_token", "target_token", "context"]].values.tolist() == [
+        [7, 8, [1]],
+        [5, 9, [4]],
+    ]
