@@ -10,6 +10,7 @@ holds, and :func:`compute_coverage` says what each run cannot show; the conversi
 every tool's conventions are in :mod:`dsparklab.analysis.definitions`.
 """
 
+from dsparklab.analysis._frames import with_run_ids
 from dsparklab.analysis.acceptance import (
     acceptance_stats,
     compute_iid_accept_len,
@@ -132,4 +133,5 @@ __all__ = [
     "rejected_pairs",
     "require_step_costs",
     "schedule_config",
+    "with_run_ids",
 ]

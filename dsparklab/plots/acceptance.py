@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from dsparklab.analysis import with_run_ids
 from dsparklab.plots._common import (
     band,
     cell_grid,
@@ -494,7 +495,7 @@ def plot_request_strip(
         return empty_figure(
             "no drafted positions for this selection", title=title, name="request_strip"
         )
-    data = with_run(data)
+    data = with_run_ids(data)  # a frame built by hand may lack run_id
     pairs = data[["run_id", "request_id"]].drop_duplicates()
     if ids is None:
         pairs = pairs.sort_values(["run_id", "request_id"]).groupby("run_id").head(max_requests)
@@ -541,11 +542,6 @@ def plot_request_strip(
         name="request_strip",
     )
     return fig if width is None else fig.update_layout(width=width)
-
-
-def with_run(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame built by hand may lack ``run_id``: treat it as one run."""
-    return frame if "run_id" in frame.columns else frame.assign(run_id="")
 
 
 def plot_prompt_strips(
