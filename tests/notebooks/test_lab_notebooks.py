@@ -1,7 +1,7 @@
 """Every notebook under papermill: it runs clean, and its recorded values are the analysis'.
 
 The notebooks are executed once, by the real report builder (papermill, headless), on
-real reference-engine runs on the zoo's tiny checkpoints (tests/notebooks/lab_support.py);
+the session's reference-engine runs on the zoo's tiny checkpoints (tests/reference_runs.py);
 each test reads one executed notebook back and recomputes its numbers with
 dsparklab.analysis on the same runs.
 """
