@@ -133,7 +133,7 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
     prev = s.anchor
     embeds = []
     recorded = []
-    base_max = base.amax(dim=-1) if taps is not None else None
+    base_argmax = base.argmax(dim=-1) if taps is not None else None
     for i in range(n):
         embed = w.w1[prev]  # [R, r]
         bias = embed @ w.w2.t()  # [R, V]
@@ -141,9 +141,9 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         token = logits.argmax(dim=-1)
         s.draft_tokens[:, i].copy_(token)
         if taps is not None:
-            assert base_max is not None
+            assert base_argmax is not None
             values = dense_position_values(
-                bias, logits, draft_index(token, None), base[:, i], base_max[:, i], level=taps
+                bias, logits, draft_index(token, None), base_argmax[:, i], level=taps
             )
             recorded.append((i, values))
             embeds.append(embed)

@@ -48,7 +48,7 @@ def test_dense_position_matches_the_formulas() -> None:
     final = base + bias
     tokens = final.argmax(-1)
     bufs = TapBuffers.allocate(5, n, "cpu")
-    values = dense_position_values(bias, final, draft_index(tokens, None), base, base.amax(-1))
+    values = dense_position_values(bias, final, draft_index(tokens, None), base.argmax(-1))
     write_positions(bufs.tensors(), [(2, values)])  # one position alone: written in place
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
@@ -74,7 +74,7 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
         )
         final = base + bias
         idx = draft_index(final.argmax(-1), None)
-        recorded.append((i, dense_position_values(bias, final, idx, base, base.amax(-1))))
+        recorded.append((i, dense_position_values(bias, final, idx, base.argmax(-1))))
     stacked, single = TapBuffers.allocate(5, n, "cpu"), TapBuffers.allocate(5, n, "cpu")
     write_positions(stacked.tensors(), recorded)  # positions 0..n-1: one copy per field
     for position in recorded:
@@ -115,7 +115,7 @@ def test_logprobs_are_taken_at_the_request_temperature() -> None:
     idx = draft_index(final.argmax(-1), None)
     bufs = TapBuffers.allocate(2, 1, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5]))
-    values = dense_position_values(bias, final, idx, base, base.amax(-1), scale=scale)
+    values = dense_position_values(bias, final, idx, base.argmax(-1), scale=scale)
     write_positions(bufs.tensors(), [(0, values)])
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
@@ -129,7 +129,7 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     final = base + bias
     bufs = TapBuffers.allocate(2, 1, "cpu")
     idx = draft_index(final.argmax(-1), None)
-    values = dense_position_values(bias, final, idx, base, base.amax(-1), level="light")
+    values = dense_position_values(bias, final, idx, base.argmax(-1), level="light")
     write_positions(bufs.tensors(), [(0, values)])
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()

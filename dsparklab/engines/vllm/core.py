@@ -101,7 +101,7 @@ class DraftStash:
     num_reqs: int = 0
     hidden: torch.Tensor | None = None  # [R*n, H] sample hidden states
     base: torch.Tensor | None = None  # [R, n, V] base draft logits (dense mode)
-    base_max: torch.Tensor | None = None  # [R, n] each position's largest base logit (dense)
+    base_argmax: torch.Tensor | None = None  # [R, n] (dense mode)
     base_lse: torch.Tensor | None = None  # [R, n] float32 (top-k mode, before the fill)
     scale: torch.Tensor | None = None  # [R, 1] the rows' temperature_scale
     positions: int = 0  # positions recorded so far this step
@@ -116,7 +116,7 @@ class DraftStash:
     def clear(self) -> None:
         self.mode = "dense"
         self.num_reqs = 0
-        self.hidden = self.base = self.base_max = self.base_lse = self.bias = None
+        self.hidden = self.base = self.base_argmax = self.base_lse = self.bias = None
         self.scale = None
         self.positions = 0
         self.recorded = []
@@ -179,31 +179,25 @@ def dense_position_values(
     bias_i: torch.Tensor,  # [R, V] Markov bias of position i
     final_i: torch.Tensor,  # [R, V] base + bias, what the sampler saw
     idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
-    base_i: torch.Tensor,  # [R, V] base logits of position i
-    base_max_i: torch.Tensor,  # [R] the largest of them
+    base_argmax_i: torch.Tensor,  # [R] argmax of position i's base logits
     *,
     level: str = "full",
     scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
     greedy: bool = False,  # the drafts are the final logits' argmax (vLLM's greedy drafting)
 ) -> dict[str, torch.Tensor]:
-    r"""Position ``i``'s tap values of a dense (non-top-k) DSpark draft step, ``[R]`` each,
+    """Position ``i``'s tap values of a dense (non-top-k) DSpark draft step, ``[R]`` each,
     for :func:`write_positions`.
 
     The base logits' share is taken once per step (:func:`tap_base_logprob`, and the base
-    maximum over every position at once), and a greedy draft is the final argmax already,
+    argmax over every position at once), and a greedy draft is the final argmax already,
     so a position costs one vocabulary reduction (two at level ``full``: the log-softmax
     and the bias norm). Log-probabilities are taken at the request's sampling temperature
     (logits / T; unscaled for greedy rows), the reference engine's convention.
-
-    ``markov_flip`` is whether the bias changed the argmax: the base logits put another
-    token strictly above the final argmax, :math:`b_{f^*} < \max_v b_v`. A maximum and a
-    gather stand in for the base argmax, which on CPU costs about 14 times the maximum; the
-    two differ only where base logits tie exactly at their maximum.
     """
-    final_argmax = idx if greedy else final_i.argmax(dim=-1, keepdim=True)
+    final_argmax = idx.squeeze(1) if greedy else final_i.argmax(dim=-1)
     values = {
         "markov_bias": bias_i.gather(1, idx).squeeze(1).float(),
-        "markov_flip": (base_i.gather(1, final_argmax).squeeze(1) < base_max_i).to(torch.int8),
+        "markov_flip": (base_argmax_i != final_argmax).to(torch.int8),
     }
     if level == "full":
         values["draft_logprob"] = _logprob_at(final_i, idx, scale)

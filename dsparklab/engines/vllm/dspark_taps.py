@@ -119,9 +119,8 @@ class DSparkTap(SpecTap):
                 # the top-k path overwrites the base logits with -inf right after this
                 stash.base_lse = topk_base_lse(view, temperature)
         else:
-            # every position's base maximum at once (the flip compares the base logit of
-            # the final argmax with it; an output transform is monotonic)
-            stash.base_max = view.amax(dim=-1)
+            # every position's base argmax at once (an output transform is monotonic)
+            stash.base_argmax = view.argmax(dim=-1)
 
     def on_topk_bias(self, values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         self.stash.topk_values = values
@@ -158,7 +157,7 @@ class DSparkTap(SpecTap):
             )
             return
         bias, stash.bias = stash.bias, None
-        if stash.base is None or stash.base_max is None or bias is None:
+        if stash.base_argmax is None or bias is None:
             self._skipped("compute_draft_logits / markov_bias")
             return
         # ``logits`` already went through any output transform (vLLM applies it to base +
@@ -167,8 +166,7 @@ class DSparkTap(SpecTap):
             bias,
             logits,
             idx,
-            stash.base[:, step],
-            stash.base_max[:, step],
+            stash.base_argmax[:, step],
             level=self.level,
             scale=stash.scale,
             # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
