@@ -43,18 +43,36 @@ def require_values(frame: pd.DataFrame, column: str, *, what: str, why: str) -> 
         raise errors.MissingInputError(f"{what} needs {column}, which the runs{of} lack ({why})")
 
 
-def with_run_ids(frame: pd.DataFrame) -> pd.DataFrame:
-    """A frame built by hand may lack ``run_id``: its rows are one run per combination of
-    the run columns they hold (one run, ``"run"``, when they hold one)."""
-    if "run_id" in frame.columns:
-        return frame
-    columns = [c for c in RUN_COLUMNS if c in frame.columns]
-    if not columns or len(frame[columns].drop_duplicates()) <= 1:
-        return frame.assign(run_id="run")
-    label = frame[columns[0]].astype(str)
-    for name in columns[1:]:
-        label = label + "|" + frame[name].astype(str)
-    return frame.assign(run_id=label)
+def with_run_ids(*frames: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
+    """Frames built by hand may lack ``run_id``: their rows are one run per combination of
+    the run columns that every such frame holds (one run, ``"run"``, when they hold one).
+
+    The frames are labelled alike, so that rows of one run join across them (a positions
+    frame and its steps): only the run columns they share count, and numbers are compared as
+    numbers (``n`` = 3 in one frame is ``n`` = 3.0 in another). Frames with ``run_id`` come
+    back unchanged.
+    """
+    lacking = [i for i, frame in enumerate(frames) if "run_id" not in frame.columns]
+    if not lacking:
+        return frames
+    columns = [c for c in RUN_COLUMNS if all(c in frames[i].columns for i in lacking)]
+    keys = {i: _run_key_text(frames[i], columns) for i in lacking}
+    one_run = len(set().union(*(set(key) for key in keys.values()))) <= 1
+    return tuple(
+        frame.assign(run_id="run" if one_run else keys[i]) if i in keys else frame
+        for i, frame in enumerate(frames)
+    )
+
+
+def _run_key_text(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """Each row's run columns as one text (``""`` for every row when there are none)."""
+    label = pd.Series("", index=frame.index, dtype=object)
+    for number, name in enumerate(columns):
+        column = frame[name]
+        if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+            column = column.astype("float64")
+        label = label + ("|" if number else "") + column.astype(str)
+    return label
 
 
 def factorize(

@@ -56,9 +56,11 @@ def annotate_positions(
     step (NaN if any of them is null).
     """
     require_columns(positions, POSITION_COLUMNS, what="annotate_positions")
-    frame = with_run_ids(positions)
-    if steps is not None:
-        frame = _merge_steps(frame, with_run_ids(steps))
+    if steps is None:
+        (frame,) = with_run_ids(positions)
+    else:
+        frame, steps = with_run_ids(positions, steps)
+        frame = _merge_steps(frame, steps)
     request_code, _ = combined_codes(frame, UNIT_COLUMNS)
     position = frame["position"].to_numpy(dtype=np.int64)
     step_code, n_steps = step_codes(request_code, frame["step"].to_numpy(dtype=np.int64))

@@ -25,7 +25,6 @@ the concurrency it kept, its repeat, and the batch sizes its steps saw).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -42,19 +41,17 @@ from dsparklab.store.schema import METHODS
 logger = logging.getLogger(__name__)
 
 
-@functools.cache
-def same_checkpoint(spelled: Any, recorded_hash: str | None) -> bool:
-    """Whether a model named one way (a zoo name, a relative or absolute path) is the
-    checkpoint a run recorded under another spelling: its files hash to the run's
-    ``content_hash``. Anything that is not a local checkpoint never matches."""
+def checkpoint_hash_of(spelled: Any) -> str | None:
+    """The content hash of the local checkpoint a model's name or path spells (a zoo
+    name, a relative or absolute path); None when it spells none."""
     from dsparklab.engines.checkpoints import resolve_model
 
-    if not isinstance(spelled, str) or not recorded_hash:
-        return False
+    if not isinstance(spelled, str):
+        return None
     try:
-        return resolve_model(spelled).content_hash == recorded_hash
+        return resolve_model(spelled).content_hash
     except (DSparkLabError, OSError):
-        return False
+        return None
 
 
 DEFAULT_TARGET = "tiny-target"
@@ -293,6 +290,20 @@ class CollectOptions:
             identity["concurrency"] = int(spec.concurrency)
         return identity
 
+    @staticmethod
+    def _same_model(
+        key: str, spelled: Any, meta: dict[str, Any], hashes: dict[Any, str | None]
+    ) -> bool:
+        """Whether identity field ``key`` names, spelled another way (a zoo name, a path),
+        the checkpoint the run recorded: its files hash to the run's ``content_hash``."""
+        model = meta.get(key)
+        recorded = model.get("content_hash") if isinstance(model, dict) else None
+        if not recorded:
+            return False
+        if spelled not in hashes:
+            hashes[spelled] = checkpoint_hash_of(spelled)
+        return hashes[spelled] == recorded
+
     def todo(self) -> list[RunSpec]:
         """The runs to make: all with ``overwrite``, else those not complete in ``out``.
 
@@ -304,6 +315,7 @@ class CollectOptions:
         """
         Location.of(self.out).check_bucket()  # before any model loads
         todo = []
+        hashes: dict[Any, str | None] = {}  # this collect's models, hashed once each
         for spec in self.runs():
             where = spec.location(self.out)
             meta = None if self.overwrite else complete_run_json(where)
@@ -316,7 +328,7 @@ class CollectOptions:
                     key
                     for key in wanted
                     if recorded.get(key) != wanted[key]
-                    and not same_checkpoint(wanted[key], (meta.get(key) or {}).get("content_hash"))
+                    and not self._same_model(key, wanted[key], meta, hashes)
                 ),
                 None,
             )

@@ -495,7 +495,7 @@ def plot_request_strip(
         return empty_figure(
             "no drafted positions for this selection", title=title, name="request_strip"
         )
-    data = with_run_ids(data)  # a frame built by hand may lack run_id
+    (data,) = with_run_ids(data)  # a frame built by hand may lack run_id
     pairs = data[["run_id", "request_id"]].drop_duplicates()
     if ids is None:
         pairs = pairs.sort_values(["run_id", "request_id"]).groupby("run_id").head(max_requests)

@@ -474,7 +474,8 @@ def count_frames(
     _check(metric, source, tuple(k for k in by if k not in extra), {}, scores, "duckdb")
     tables = [t for t in counter_tables(metric, source) if t != "runs"]
     rows = {"positions": positions, "steps": steps}
-    frames = {t: with_run_ids(rows[t]) for t in tables if rows[t] is not None}
+    given = [t for t in tables if rows[t] is not None]
+    frames = dict(zip(given, with_run_ids(*(rows[t] for t in given)), strict=True))
     if not frames:
         raise DSparkLabError(f"counting {metric} needs the {' and '.join(tables)} rows")
     if metric == "step_times":

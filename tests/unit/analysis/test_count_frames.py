@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dsparklab.analysis import count_frames
+from dsparklab.analysis import annotate_positions, count_frames
 from dsparklab.errors import DSparkLabError, TraceSchemaError
 from tests.oracles import count_acceptance_from_steps
 
@@ -83,3 +83,34 @@ def test_a_label_per_run_groups_as_the_oracle_does() -> None:
     want = count_acceptance_from_steps(rows, by=("run_set",), per_request=False)
     assert got["run_set"].tolist() == want["run_set"].tolist()
     _same(got, want)
+
+
+def test_positions_and_steps_without_run_ids_join_on_the_run_columns_they_share() -> None:
+    """Hand-built positions and steps are labelled alike: by the run columns both hold
+    (positions' dataset is not in the steps), numbers as numbers (n 3 vs 3.0)."""
+    positions = pd.DataFrame(
+        {
+            "dataset": ["he", "he", "pr", "pr"],
+            "n": [2, 2, 2, 2],
+            "request_id": ["he/0", "he/0", "pr/0", "pr/0"],
+            "step": 0,
+            "position": [0, 1, 0, 1],
+            "accepted": [True, False, True, True],
+        }
+    )
+    steps = pd.DataFrame(
+        {
+            "n": [2.0, 2.0],
+            "request_id": ["he/0", "pr/0"],
+            "step": 0,
+            "prompt_id": ["p-he", "p-pr"],
+            "num_drafted": 2,
+            "num_verified": [2, 1],  # pr/0's second draft was never verified
+            "accepted_len": [1, 1],
+        }
+    )
+    annotated = annotate_positions(positions, steps=steps)
+    assert annotated["prompt_id"].tolist() == ["p-he", "p-he", "p-pr", "p-pr"]
+    assert annotated["reached"].tolist() == [True, True, True, False]
+    got = count_frames(positions=positions, steps=steps, per_request=False)
+    assert got[["position", "n_reached", "n_accepted"]].values.tolist() == [[0, 2, 2], [1, 1, 0]]
