@@ -75,3 +75,33 @@ def test_the_load_block_and_the_run_column():
     assert run_columns({**meta, "load": block})["concurrency"] == 4
     assert run_columns(meta)["concurrency"] == 0  # not recorded
     assert run_columns({**meta, "engine": {"name": "reference"}})["concurrency"] == 1
+
+
+def test_a_model_named_another_way_is_the_runs_own_until_its_files_change(tmp_path):
+    """Identity by the checkpoint's files: a complete run whose target was named another
+    way is skipped while the files hash as the run recorded, and refused once they change
+    (each collect hashes its models again)."""
+    from dsparklab.provenance import checkpoint_hash
+    from tests.conftest import make_run_json, write_run
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "weights.bin").write_bytes(b"first")
+    options = CollectOptions(
+        methods=["eagle3"], ns=[2], datasets=["humaneval"], out=tmp_path / "store",
+        target=str(checkpoint),
+    )  # fmt: skip
+    (spec,) = options.runs()
+    meta = make_run_json(
+        run_id=spec.name,
+        method="eagle3",
+        num_speculative_tokens=2,
+        identity={**options.identity(spec), "target": "the-same-model-by-name"},
+        target={"name": "ckpt", "path": "elsewhere", "content_hash": checkpoint_hash(checkpoint)},
+    )
+    write_run(tmp_path / "store", (2, 1, 0), meta=meta)
+    assert options.todo() == []  # the same files: the run's own, skipped
+    (checkpoint / "weights.bin").write_bytes(b"retrained")
+    with pytest.raises(ConfigError, match="identity.target is 'the-same-model-by-name'"):
+        options.todo()
