@@ -257,6 +257,8 @@ class Explorer(Dashboard):
             if annotated is None or annotated.empty
             else annotated.groupby(list(RUN_KEY), sort=False, observed=True).indices
         )
+        # the selected run's rows and request ids, kept until the selection moves
+        self._selected: tuple[tuple[Any, ...], pd.DataFrame, list[str]] | None = None
 
     def _set_options(self, by_position: pd.DataFrame) -> None:
         self.datasets = sorted(by_position["dataset"].unique().tolist())
@@ -284,16 +286,25 @@ class Explorer(Dashboard):
         return value
 
     # -- state -> figures -----------------------------------------------------------
-    def _run_rows(self) -> pd.DataFrame:
+    def _select_run(self) -> tuple[pd.DataFrame, list[str]]:
+        """The selected run's token rows and its sorted request ids."""
         a, s = self.annotated, self.state
-        if a is None or a.empty:
-            return pd.DataFrame({"request_id": pd.Series(dtype=str)})
-        where = self._run_index.get((s.dataset, s.method, s.n))
-        return a.iloc[where] if where is not None else a.iloc[:0]
+        key = (s.dataset, s.method, s.n)
+        if self._selected is None or self._selected[0] != key:
+            if a is None or a.empty:
+                rows = pd.DataFrame({"request_id": pd.Series(dtype=str)})
+            else:
+                where = self._run_index.get(key)
+                rows = a.iloc[where] if where is not None else a.iloc[:0]
+            self._selected = (key, rows, sorted(rows["request_id"].unique().tolist()))
+        return self._selected[1], self._selected[2]
+
+    def _run_rows(self) -> pd.DataFrame:
+        return self._select_run()[0]
 
     def requests(self) -> list[str]:
         """The request ids of the selected run."""
-        return sorted(self._run_rows()["request_id"].unique().tolist())
+        return list(self._select_run()[1])
 
     def _default_request(self) -> str | None:
         ids = self.requests()
