@@ -401,6 +401,7 @@ def _add_strip(
             textfont=dict(size=TEXT_PT),
             customdata=hover,
             hovertemplate="%{customdata}<extra></extra>",
+            hoverongaps=False,  # a cell no draft filled (rows past the window) says nothing
             showscale=False,  # the key is the line under the title
             name=name,
         ),
@@ -458,6 +459,7 @@ def plot_request_strip(
     token_labels: TokenLabels | None = None,
     width: int | None = None,
     highlight_position: int | None = None,
+    positions: int | None = None,
     title: str | None = None,
 ) -> go.Figure:
     """Token strips: step (x) x draft position (y), one panel per (run, request).
@@ -483,6 +485,10 @@ def plot_request_strip(
         where a cell is wide enough to read them, else the tokens are in the hover.
     highlight_position
         Outline this draft position's row in every panel (the explorer's heatmap click).
+    positions
+        Draw at least this many position rows (the rows past the drafts stay empty), so
+        that strips of every window have one height: a figure that changes height makes
+        the page around it lay out again.
     title
         Figure title.
     """
@@ -512,7 +518,7 @@ def plot_request_strip(
     titles = [" · ".join(x for x in (run_names[r], str(q)) if x) for r, q in pairs]
     # one strip under its own title: a panel title would say the same again
     fig = panel_column(["" for _ in titles] if len(pairs) == 1 and own_title else titles)
-    n_pos = int(data["position"].max()) + 1
+    n_pos = max(int(data["position"].max()) + 1, positions or 0)
     for r, (run, request_id) in enumerate(pairs, start=1):
         rows = data.loc[(data["run_id"] == run) & (data["request_id"] == request_id)]
         _add_strip(

@@ -204,6 +204,15 @@ def test_strip_marks_accepted_rejected_not_reached(small):
         if accepted < len(column):
             assert column[accepted] == 1
             assert (column[accepted + 1 :] == 0).all()
+    # padded to more position rows (the explorer's one height for every window): the rows
+    # past the drafts are empty, and the figure as tall as a strip of that many drafts
+    n = z.shape[0]
+    padded = P.plot_request_strip(annotated, request_ids="req000", run_id=run, positions=n + 3)
+    wide = np.array(padded.data[0].z, dtype=float)
+    assert wide.shape == (n + 3, z.shape[1]) and np.isnan(wide[n:]).all()
+    np.testing.assert_array_equal(wide[:n], z)
+    assert padded.data[0].hoverongaps is False
+    assert padded.layout.height > fig.layout.height
 
 
 def test_plain_values_and_read_records(tmp_path: Path):
