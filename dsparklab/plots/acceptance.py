@@ -487,8 +487,8 @@ def plot_request_strip(
         Outline this draft position's row in every panel (the explorer's heatmap click).
     positions
         Draw at least this many position rows (the rows past the drafts stay empty), so
-        that strips of every window have one height: a figure that changes height makes
-        the page around it lay out again.
+        that strips of every window have one height (what sits below a strip stays put
+        when the window changes).
     title
         Figure title.
     """

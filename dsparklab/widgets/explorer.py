@@ -361,7 +361,7 @@ class Explorer(Dashboard):
             token_labels=self.token_labels,
             width=WIDGET_WIDTHS["strip"],
             highlight_position=s.position,
-            positions=max(self.ns),  # one height for every window: no relayout on a new n
+            positions=max(self.ns),  # one height for every window: nothing below it jumps
             title=f"{s.method} · n={s.n} · {s.request}",
         )
 
