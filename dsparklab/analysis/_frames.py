@@ -56,7 +56,7 @@ def with_run_ids(*frames: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
     if not lacking:
         return frames
     columns = [c for c in RUN_COLUMNS if all(c in frames[i].columns for i in lacking)]
-    keys = {i: _run_key_text(frames[i], columns) for i in lacking}
+    keys = {i: run_key_text(frames[i], columns) for i in lacking}
     one_run = len(set().union(*(set(key) for key in keys.values()))) <= 1
     return tuple(
         frame.assign(run_id="run" if one_run else keys[i]) if i in keys else frame
@@ -64,14 +64,16 @@ def with_run_ids(*frames: pd.DataFrame) -> tuple[pd.DataFrame, ...]:
     )
 
 
-def _run_key_text(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
-    """Each row's run columns as one text (``""`` for every row when there are none)."""
+def run_key_text(frame: pd.DataFrame, columns: Sequence[str], *, sep: str = "|") -> pd.Series:
+    """Each row's values of ``columns`` as one text, joined by ``sep`` (``""`` for every row
+    when there are none), numbers as numbers: ``n`` = 3 and 3.0 give the same text, so the
+    keys of two frames of one run agree."""
     label = pd.Series("", index=frame.index, dtype=object)
     for number, name in enumerate(columns):
         column = frame[name]
         if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
             column = column.astype("float64")
-        label = label + ("|" if number else "") + column.astype(str)
+        label = label + (sep if number else "") + column.astype(str)
     return label
 
 

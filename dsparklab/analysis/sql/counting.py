@@ -31,6 +31,7 @@ from dsparklab.analysis._frames import (
     as_columns,
     require_columns,
     require_values,
+    run_key_text,
     with_run_ids,
 )
 from dsparklab.analysis.layouts import (
@@ -392,9 +393,11 @@ def split_runs(
     split = dict(frames)
     back: dict[str, str] = {}
     for table, frame in given.items():
-        key = frame["run_id"].astype(str)
-        for name in varying:
-            key = key + RUN_KEY_SEP + frame[name].astype(str)
+        key = (
+            frame["run_id"].astype(str)
+            + RUN_KEY_SEP
+            + run_key_text(frame, varying, sep=RUN_KEY_SEP)
+        )
         back.update(zip(key, frame["run_id"].astype(str), strict=True))
         split[table] = frame.assign(run_id=key)
     return split, back
@@ -474,8 +477,8 @@ def count_frames(
     _check(metric, source, tuple(k for k in by if k not in extra), {}, scores, "duckdb")
     tables = [t for t in counter_tables(metric, source) if t != "runs"]
     rows = {"positions": positions, "steps": steps}
-    given = [t for t in tables if rows[t] is not None]
-    frames = dict(zip(given, with_run_ids(*(rows[t] for t in given)), strict=True))
+    present = [t for t in tables if rows[t] is not None]
+    frames = dict(zip(present, with_run_ids(*(rows[t] for t in present)), strict=True))
     if not frames:
         raise DSparkLabError(f"counting {metric} needs the {' and '.join(tables)} rows")
     if metric == "step_times":

@@ -114,3 +114,33 @@ def test_positions_and_steps_without_run_ids_join_on_the_run_columns_they_share(
     assert annotated["reached"].tolist() == [True, True, True, False]
     got = count_frames(positions=positions, steps=steps, per_request=False)
     assert got[["position", "n_reached", "n_accepted"]].values.tolist() == [[0, 2, 2], [1, 1, 0]]
+
+
+def test_runs_sharing_a_run_id_join_whatever_the_number_type() -> None:
+    """Two runs under one run_id told apart by n, held as int in the positions and as float
+    in the steps: each run's positions still meet its own steps (the n = 3 step verified
+    one draft only, so its second position was never reached: the steps say so)."""
+    positions = pd.DataFrame(
+        {
+            "run_id": "r",
+            "n": [3, 3, 4, 4],
+            "request_id": "q",
+            "step": 0,
+            "position": [0, 1, 0, 1],
+            "accepted": [True, False, False, False],
+        }
+    )
+    steps = pd.DataFrame(
+        {
+            "run_id": "r",
+            "n": [3.0, 4.0],
+            "request_id": "q",
+            "step": 0,
+            "num_drafted": [3, 4],
+            "num_verified": [1, 4],
+            "accepted_len": [1, 0],
+        }
+    )
+    got = count_frames(positions=positions, steps=steps, by=("n",), per_request=False)
+    reached = got.set_index(["n", "position"])["n_reached"].to_dict()
+    assert reached == {(3, 0): 1, (3, 1): 0, (4, 0): 1, (4, 1): 0}
