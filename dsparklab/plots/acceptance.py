@@ -317,7 +317,7 @@ def plot_survival_curves(
                 )
             )
     fig.update_xaxes(title_text="draft position", dtick=1)
-    fig.update_yaxes(title_text=ACCEPTANCE_SHORT[value], range=[0, 1.02])
+    fig.update_yaxes(title_text=short, range=[0, 1.02])
     return finish(fig, title=title, name="survival_curves")
 
 

@@ -15,6 +15,7 @@ import torch
 
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine
 from dsparklab.prompts import Prompt, load_prompts
+from tests.reference_runs import require_zoo
 
 # Tokens generated per prompt in the lossless tests: long enough that most steps of a
 # good drafter run full blocks, short enough to keep the suite lean.
@@ -56,10 +57,8 @@ def zoo() -> Zoo:
         load_target,
     )
 
+    require_zoo()
     paths = {name: ZOO_DIR / f"tiny-{name}" for name in ("target", "dspark", "eagle3")}
-    missing = [str(p) for p in paths.values() if not (p / "config.json").is_file()]
-    if missing:
-        pytest.fail(f"zoo checkpoints missing: {', '.join(missing)}; run `dsparklab zoo train`")
     target, tokenizer = load_target(paths["target"])
     return Zoo(
         target=target,
