@@ -3,6 +3,7 @@ fallback that shows the same figures when there is no front end (papermill, repo
 
 from __future__ import annotations
 
+import gc
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,22 @@ class Dashboard(ABC):
         return self._widget
 
     def display(self, *, interactive: bool, out_dir: str | Path = "") -> None:
-        """Show the widget, or (``interactive=False``) its figures statically."""
+        """Show the widget, or (``interactive=False``) its figures statically.
+
+        Shown interactively, everything alive at that moment (the imported modules, the
+        loaded runs, the widgets) is moved out of the garbage collector's reach
+        (``gc.freeze``): a kernel holds some 450,000 such objects, and a full collection
+        over them, which Python starts on its own every few redraws, stalled the redraw it
+        landed in by 100-200 ms. Objects still free themselves when their last reference
+        goes; only cycles among the frozen ones are never reclaimed.
+        """
         from IPython.display import display
 
         if interactive:
             display(self.widget)
             self._on_displayed()
+            gc.collect()  # what is already garbage is not kept for good
+            gc.freeze()
             return
         from dsparklab.lab.display import show
 

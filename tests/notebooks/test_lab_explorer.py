@@ -4,6 +4,7 @@ the live figures in place, a heatmap click selects n and position, headless make
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -152,6 +153,21 @@ def test_static_display_saves_the_three_figures(explorer: Explorer, tmp_path: Pa
         "explorer_survival",
     ]
     assert explorer._widget is None
+
+
+def test_shown_interactively_the_kernel_heap_leaves_the_collector(explorer: Explorer):
+    """A full collection over the kernel's heap stalled a redraw by 100-200 ms: once shown,
+    the loaded frames and the widgets are frozen out of the collector."""
+    try:
+        explorer.display(interactive=True)
+        tracked = {id(o) for o in gc.get_objects()}
+        assert gc.get_freeze_count() > 0
+        assert id(explorer.figure_widgets) not in tracked
+        assert id(explorer.figure_widgets["heatmap"]._data) not in tracked
+        explorer.n.value = explorer.windows()[-1]
+        assert explorer.error is None
+    finally:
+        gc.unfreeze()  # the rest of the session collects as usual
 
 
 @pytest.fixture
