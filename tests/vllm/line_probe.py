@@ -11,7 +11,10 @@ wheels). Prints one JSON object:
   True or False; absent where the line has no such code);
 - ``fused`` (lines with a fused Markov bias): the DSpark taps driven through this vLLM's
   own ``_sample_markov_chain`` with real tensors, fused and unfused, against the expected
-  values computed here in plain torch.
+  values computed here in plain torch;
+- ``sharded`` (lines with batch-sharded sampling): this vLLM's own
+  ``_sample_sequential_sharded`` run as two tensor-parallel ranks in two threads, its
+  collectives exchanged in memory, the taps of each rank against the same expected values.
 """
 
 from __future__ import annotations
@@ -166,12 +169,22 @@ class TinyMarkovModel:
         return ids
 
 
+def argmax_sampler(speculator: type) -> Any:
+    """A stand-in for ``speculator._sample_logits``, with its signature, doing what the
+    Gumbel kernel does at temperature 0 with ``bias`` given (argmax of logits + bias), so
+    the drafts are deterministic."""
+
+    def sample_logits(self, logits, idx_map, sample_pos, step, bias=None):  # noqa: ANN001
+        return (logits if bias is None else logits + bias).argmax(dim=-1)
+
+    sample_logits.__signature__ = inspect.signature(speculator._sample_logits)  # type: ignore[attr-defined]
+    return sample_logits
+
+
 def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     """This vLLM's ``_sample_markov_chain`` with the taps' wrapper around ``_sample_logits``.
 
-    The stand-in sampler has the line's ``_sample_logits`` signature and does what the
-    Gumbel kernel does at temperature 0 with ``bias`` given (argmax of logits + bias), so
-    the drafts are deterministic. Run fused (``_fuse_markov_bias``: base logits and
+    The sampler is :func:`argmax_sampler`. Run fused (``_fuse_markov_bias``: base logits and
     ``bias=``) and unfused (base + bias already added): both must record the same values,
     and those must equal log_softmax(base + bias) at the drafted token.
     """
@@ -184,19 +197,13 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     rows, n, vocab, hidden = 3, 4, 50, 16
     gen = torch.Generator().manual_seed(5)
     model = TinyMarkovModel(vocab, hidden, 8, gen)
-    signature = inspect.signature(DSparkSpeculator._sample_logits)
-
-    def stand_in_sample_logits(self, logits, idx_map, sample_pos, step, bias=None):  # noqa: ANN001
-        return (logits if bias is None else logits + bias).argmax(dim=-1)
-
-    stand_in_sample_logits.__signature__ = signature  # type: ignore[attr-defined]
 
     class Spec:
         num_speculative_steps = n
         use_confidence_head = False
         _markov_step = DSparkSpeculator._markov_step
         _sample_markov_chain = DSparkSpeculator._sample_markov_chain
-        _sample_logits = dspark_taps.wrap_sample_logits(stand_in_sample_logits)
+        _sample_logits = dspark_taps.wrap_sample_logits(argmax_sampler(DSparkSpeculator))
 
     hidden_states = torch.randn(rows * n, hidden, generator=gen) * 2
     anchors = torch.randint(0, vocab, (rows,), generator=gen)
@@ -260,6 +267,227 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     return results
 
 
+class Ranks:
+    """Two tensor-parallel ranks as two threads: the collectives vLLM's sharded path makes
+    (``torch.distributed.all_to_all_single`` inside vLLM's own ``all_to_all_vocab_shards``,
+    PyNCCL's ``all_gather``) exchange tensors in memory, with torch's semantics."""
+
+    def __init__(self, size: int) -> None:
+        import threading
+
+        self.size = size
+        self.barrier = threading.Barrier(size)
+        self.local = threading.local()
+        self.posted: dict[int, torch.Tensor] = {}
+
+    def rank(self) -> int:
+        return int(self.local.rank)
+
+    def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.barrier.wait()  # the previous exchange is read by every rank
+        self.posted[self.rank()] = tensor
+        self.barrier.wait()
+        return [self.posted[r] for r in range(self.size)]
+
+    def group(self) -> Any:
+        from types import SimpleNamespace
+
+        # no device communicator: vLLM's get_tp_pynccl_comm() answers None, and
+        # all_to_all_vocab_shards takes torch.distributed's all_to_all_single
+        return SimpleNamespace(
+            world_size=self.size,
+            rank_in_group=self.rank(),
+            device_group=None,
+            device_communicator=None,
+        )
+
+    def all_to_all_single(
+        self,
+        output,
+        input,
+        output_split_sizes=None,
+        input_split_sizes=None,
+        group=None,
+    ) -> None:
+        sent = self._exchange(input)
+        me = self.rank()
+        chunks = []
+        for src in range(self.size):
+            start = sum(input_split_sizes[:me])
+            chunks.append(sent[src][start : start + input_split_sizes[me]])
+        output.copy_(torch.cat(chunks))
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        output.copy_(torch.cat(self._exchange(input)))
+
+
+def sharded_probe() -> dict[str, Any]:
+    """This vLLM's ``_sample_sequential_sharded`` on two ranks, each with its own DSpark
+    tap: every rank must record, at their batch rows, exactly the rows it samples (row r
+    on rank r mod 2), equal to the values computed here in plain torch for the whole
+    batch, and vLLM's gathered confidence for every row."""
+    import threading
+    from types import SimpleNamespace
+
+    import vllm.distributed.parallel_state as parallel_state
+    from vllm.v1.worker.gpu.sample import batch_shard
+    from vllm.v1.worker.gpu.spec_decode.dspark import speculator as module
+
+    from dsparklab.engines.vllm import dspark_taps
+    from dsparklab.engines.vllm.recorder import TraceRecorder
+    from dsparklab.engines.vllm.staging import TAP_ATTR
+
+    S = module.DSparkSpeculator
+    size, rows, n, vocab, hidden, max_reqs = 2, 5, 4, 50, 16, 8
+    gen = torch.Generator().manual_seed(7)
+    weights = TinyMarkovModel(vocab, hidden, 8, gen)
+    head = torch.randn(hidden, generator=gen) * 0.3
+    head_markov = torch.randn(8, generator=gen) * 0.3
+
+    class Model(TinyMarkovModel):
+        """The draft model one rank holds: its vocabulary shard of the LM head."""
+
+        def __init__(self, rank: int) -> None:
+            self.lm_head, self.w1, self.w2 = weights.lm_head, weights.w1, weights.w2
+            self.rank = rank
+            self.logits_processor = SimpleNamespace(org_vocab_size=vocab)
+
+        def compute_draft_logits_local(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            width = vocab // size
+            shard = self.lm_head[self.rank * width : (self.rank + 1) * width]
+            return hidden_states @ shard.t()
+
+        def compute_confidence(self, hidden_states: torch.Tensor, embeds: torch.Tensor) -> Any:
+            return torch.sigmoid(hidden_states @ head + embeds @ head_markov)
+
+    class Spec:
+        num_speculative_steps = n
+        use_confidence_head = True
+        _fuse_markov_bias = True
+        device = torch.device("cpu")
+        _markov_step = S._markov_step
+        _sample_markov_chain = dspark_taps.wrap_sample_markov_chain(S._sample_markov_chain)
+        _sample_sequential_sharded = dspark_taps.wrap_sample_sequential_sharded(
+            S._sample_sequential_sharded
+        )
+        _sample_logits = dspark_taps.wrap_sample_logits(argmax_sampler(S))
+
+    head_hidden = torch.randn(rows * n, hidden, generator=gen) * 2
+    input_ids = torch.randint(0, vocab, (rows * n,), generator=gen)
+    states = torch.tensor([3, 0, 6, 1, 5])  # each batch row's request state
+    temperature = torch.tensor([0.0, 0.7, 0.0, 1.3, 0.0, 0.0, 0.9, 0.0])
+    ranks = Ranks(size)
+
+    def build(rank: int) -> Any:
+        spec = Spec()
+        spec.model = Model(rank)
+        spec._sharded_sequential_comm = ranks
+        spec._step_cols = torch.arange(n)
+        spec.sample_indices = torch.arange(rows * n)
+        spec.sample_idx_mapping = states.repeat_interleave(n)
+        spec.sample_pos = torch.arange(rows * n) + 10
+        spec.input_buffers = SimpleNamespace(input_ids=input_ids)
+        spec._anchor_idx = torch.arange(max_reqs) * n
+        spec.draft_tokens = torch.zeros(max_reqs, n, dtype=torch.int64)
+        spec.draft_token_confidence_probs = torch.zeros(max_reqs, n)
+        spec.temperature = temperature
+        tap = dspark_taps.DSparkTap(
+            recorder=TraceRecorder(n),
+            n=n,
+            max_num_reqs=max_reqs,
+            device=torch.device("cpu"),
+            level="full",
+        )
+        tap.spec = spec
+        spec.__dict__[TAP_ATTR] = tap
+        dspark_taps.wrap_dspark_model(spec.model, tap)
+        return spec
+
+    specs = [build(rank) for rank in range(size)]
+    errors: list[str] = []
+
+    def run(rank: int) -> None:
+        ranks.local.rank = rank
+        try:
+            specs[rank]._sample_sequential_sharded(rows, head_hidden)
+        except Exception as err:  # reported; the other rank must not wait for ever
+            errors.append(f"rank {rank}: {type(err).__name__}: {err}")
+            ranks.barrier.abort()
+
+    # every module that asks for the TP group by name gets the thread's rank
+    holders = (module, batch_shard, parallel_state)
+    saved = [h.get_tp_group for h in holders]
+    saved_all_to_all = torch.distributed.all_to_all_single
+    for holder in holders:
+        holder.get_tp_group = ranks.group
+    torch.distributed.all_to_all_single = ranks.all_to_all_single
+    try:
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        for holder, original in zip(holders, saved, strict=True):
+            holder.get_tp_group = original
+        torch.distributed.all_to_all_single = saved_all_to_all
+    if errors:
+        return {"errors": errors}
+
+    # expected, in plain torch, for the whole batch
+    base = (head_hidden @ weights.lm_head.t()).view(rows, n, vocab)
+    scale = temperature[states].clamp(min=0)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    prev = input_ids[torch.arange(rows) * n]
+    want: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("tokens", "draft_logprob", "base_logprob", "markov_flip", "markov_bias")
+    }
+    embeds = []
+    for i in range(n):
+        embed = weights.markov_embed(prev)
+        embeds.append(embed)
+        bias = weights.markov_bias(embed)
+        final = base[:, i] + bias
+        token = final.argmax(-1)
+        at = token[:, None]
+        want["tokens"].append(token)
+        want["draft_logprob"].append((final / scale).log_softmax(-1).gather(1, at)[:, 0])
+        want["base_logprob"].append((base[:, i] / scale).log_softmax(-1).gather(1, at)[:, 0])
+        want["markov_flip"].append((base[:, i].argmax(-1) != token).to(torch.int8))
+        want["markov_bias"].append(bias.gather(1, at)[:, 0])
+        prev = token
+    expected = {k: torch.stack(v, dim=1) for k, v in want.items()}
+    hidden_rows = head_hidden.view(rows, n, hidden)
+    expected["confidence"] = torch.sigmoid(
+        hidden_rows @ head + torch.stack(embeds, dim=1) @ head_markov
+    )
+    report: dict[str, Any] = {"ranks": []}
+    for rank, spec in enumerate(specs):
+        buf = dspark_taps._dspark_tap(spec).buffers
+        mine = [r for r in range(rows) if r % size == rank]
+        others = [r for r in range(rows) if r % size != rank]
+        result: dict[str, Any] = {
+            "tokens_equal": bool(torch.equal(spec.draft_tokens[:rows], expected["tokens"])),
+            "rows": mine,
+        }
+        for name in ("draft_logprob", "base_logprob", "markov_bias"):
+            got = getattr(buf, name)
+            result[f"{name}_max_err"] = float((got[mine] - expected[name][mine]).abs().max())
+            result[f"{name}_null_elsewhere"] = bool(torch.isnan(got[others]).all())
+        result["markov_flip_equal"] = bool(
+            torch.equal(buf.markov_flip[mine], expected["markov_flip"][mine])
+        )
+        result["markov_flip_unset_elsewhere"] = bool((buf.markov_flip[others] == -1).all())
+        result["confidence_max_err"] = float(
+            (buf.confidence[:rows] - expected["confidence"]).abs().max()
+        )
+        norm = buf.markov_bias_norm
+        result["norm_recorded"] = bool(not torch.isnan(norm[mine]).any())
+        result["markov_bias_norm_null_elsewhere"] = bool(torch.isnan(norm[others]).all())
+        report["ranks"].append(result)
+    return report
+
+
 def main(out_dir: Path) -> None:
     import vllm
 
@@ -285,12 +513,14 @@ def main(out_dir: Path) -> None:
         "found": len(found),
         "missing": missing,
         "patched": sorted(f"{owner.__name__}.{name}" for owner, name in patching.STATE.originals),
-        "warnings": logged,
+        "warnings": list(logged),  # the install's, not the probes' below
         "facts": facts,
     }
     patching.uninstall()
     if "fused_call_shape" in facts:
         report["fused"] = fused_bias_probe(out_dir)
+    if facts.get("sharded_uses_local_logits"):
+        report["sharded"] = sharded_probe()
     sys.stdout.write(json.dumps(report) + "\n")
 
 

@@ -776,21 +776,25 @@ def test_killed_writer_is_closed_from_its_settled_state(
     assert runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}
 
 
-def test_the_sharded_path_says_in_run_json_why_its_fields_are_null(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_the_sharded_path_says_in_run_json_which_rows_it_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """vLLM 0.34's batch-sharded sampling bypasses the taps: every DSpark position field is
-    listed null in recorded_fields with the reason, logged once, and vLLM's call goes on."""
+    """vLLM 0.34's batch-sharded sampling: a rank records the rows it samples. run.json
+    marks the DSpark position fields partial with the rule, the log says it once, and
+    vLLM's call goes on (the values themselves: ``test_vllm_lines.py``, on 0.34's code)."""
     from dsparklab.engines.vllm import dspark_taps
     from dsparklab.engines.vllm.staging import TAP_ATTR
 
+    monkeypatch.setattr(dspark_taps, "tensor_parallel_rank_and_size", lambda: (0, 2))
     rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
     tap = dspark_taps.DSparkTap(
-        recorder=rec, n=N, max_num_reqs=2, device=torch.device("cpu"), level="full"
+        recorder=rec, n=N, max_num_reqs=4, device=torch.device("cpu"), level="full"
     )
     calls: list[int] = []
 
     class Speculator:
+        model = None
+
         def _sample_sequential_sharded(self, num_reqs: int, head_hidden: torch.Tensor) -> None:
             calls.append(num_reqs)
 
@@ -801,15 +805,34 @@ def test_the_sharded_path_says_in_run_json_why_its_fields_are_null(
     spec.__dict__[TAP_ATTR] = tap
     with caplog.at_level("WARNING"):
         for _ in range(3):
-            wrapped(spec, 2, torch.zeros(1))
-    assert calls == [2, 2, 2]
+            wrapped(spec, 3, torch.zeros(1))
+    assert calls == [3, 3, 3]
+    assert tap.active and not tap.in_step and tap.shard is None
     fields = rec.writer.meta["recorded_fields"]
     assert set(fields) == set(TAP_FIELDS)
-    assert all(v.startswith("null: batch-sharded sequential sampling") for v in fields.values())
+    assert all(v.startswith("partial: batch-sharded sequential sampling") for v in fields.values())
+    assert all("written by rank 0" in v for v in fields.values())
     warned = [r for r in caplog.records if "batch-sharded" in r.getMessage()]
     assert len(warned) == 1, "one line, once"
     rec.close()
     assert read_run_json(tmp_path / "run")["recorded_fields"] == fields
+
+
+def test_a_sharded_step_moves_each_slot_to_its_batch_row() -> None:
+    """Rank 1 of 2 samples rows 1, 3 of a 4-row batch as slots 0, 1: their values go to
+    rows 1 and 3, rows 0 and 2 become "not computed"."""
+    from dsparklab.engines.vllm.core import FLIP_UNSET, BatchShard, TapBuffers
+
+    buffers = TapBuffers.allocate(6, N, "cpu")
+    buffers.reset_()
+    buffers.draft_logprob[:2] = torch.tensor([[1.0] * N, [2.0] * N])
+    buffers.markov_flip[:2] = torch.tensor([[1] * N, [0] * N], dtype=torch.int8)
+    BatchShard(rank=1, size=2, num_reqs=4).to_batch_rows_(buffers)
+    assert buffers.draft_logprob[[1, 3], 0].tolist() == [1.0, 2.0]
+    assert torch.isnan(buffers.draft_logprob[[0, 2]]).all()
+    assert buffers.markov_flip[[1, 3], 0].tolist() == [1, 0]
+    assert (buffers.markov_flip[[0, 2]] == FLIP_UNSET).all()
+    assert BatchShard(rank=0, size=2, num_reqs=5).slots == 3
 
 
 def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:

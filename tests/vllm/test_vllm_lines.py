@@ -11,7 +11,8 @@ cannot build an engine here, but their pure-Python modules import with the CPU t
 For each line, in a subprocess with that line's ``vllm`` first on ``PYTHONPATH``
 (``line_probe.py``): the compatibility check and the install over every patch point of
 the line's table (no warning, nothing missing), the source facts the taps rely on, and on
-0.34 the fused Markov bias driven through vLLM's own ``_sample_markov_chain``. On 0.33 and
+0.34 the fused Markov bias driven through vLLM's own ``_sample_markov_chain`` and the
+batch-sharded sampling through its own ``_sample_sequential_sharded`` (two ranks). On 0.33 and
 0.34 the plugin tests run again, and on 0.34 the V2 harness tests too (``conftest.py``
 says what 0.34's sources need to build the speculator on CPU).
 """
@@ -173,3 +174,25 @@ def test_the_v2_harness_runs_on_0_34() -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout and " skipped" not in out.stdout
+
+
+def test_batch_sharded_sampling_is_recorded_by_the_rank_that_samples_each_row(
+    probe: Any,
+) -> None:
+    """0.34's batch-sharded path runs the Markov loop on each TP rank over its own rows
+    (row r on rank r mod TP size), from logits an all-to-all assembled: each rank's taps
+    hold exactly its rows' values, at their batch rows, and vLLM's gathered confidence for
+    every row; together the ranks cover the batch once."""
+    if "sharded" not in probe:
+        pytest.skip(f"vLLM {probe['wanted_line']} has no batch-sharded sampling")
+    sharded = probe["sharded"]
+    assert "errors" not in sharded, sharded.get("errors")
+    covered: list[int] = []
+    for rank in sharded["ranks"]:
+        assert rank["tokens_equal"] and rank["markov_flip_equal"] and rank["norm_recorded"]
+        for name in ("draft_logprob", "base_logprob", "markov_bias"):
+            assert rank[f"{name}_max_err"] < 1e-5, name
+        assert all(v for k, v in rank.items() if k.endswith("elsewhere")), rank
+        assert rank["confidence_max_err"] < 1e-6
+        covered += rank["rows"]
+    assert sorted(covered) == list(range(len(covered))) == [0, 1, 2, 3, 4]

@@ -89,6 +89,34 @@ class TapBuffers:
         self.markov_flip[:rows].fill_(FLIP_UNSET)
 
 
+@dataclass(frozen=True)
+class BatchShard:
+    """The batch rows one tensor-parallel rank samples under vLLM 0.34's batch-sharded
+    sequential sampling: row ``r`` belongs to rank ``r mod size``, and the rank runs the
+    Markov loop over its rows in order, as slots ``0 .. ceil(num_reqs / size) - 1`` (slot
+    ``k`` is row ``rank + k * size``; the last slots may be padding)."""
+
+    rank: int
+    size: int
+    num_reqs: int
+
+    @property
+    def slots(self) -> int:
+        return -(-self.num_reqs // self.size)
+
+    def to_batch_rows_(self, buffers: TapBuffers) -> None:
+        """Move the values the taps wrote by slot (rows ``[:slots]``) to their batch rows;
+        the rows other ranks sample become "not computed". In place, with fixed shapes
+        (a captured graph replays it)."""
+        rows = torch.arange(self.num_reqs, device=buffers.markov_flip.device)
+        slot_of_row = rows // self.size  # row r = rank + k * size sits in slot k
+        mine = (rows % self.size == self.rank).unsqueeze(1)
+        for name, tensor in buffers.tensors().items():
+            unset = FLIP_UNSET if name == "markov_flip" else float("nan")
+            moved = torch.where(mine, tensor[slot_of_row], torch.full_like(tensor[:1], unset))
+            tensor[: self.num_reqs].copy_(moved)
+
+
 @dataclass
 class DraftStash:
     """References to tensors of the draft step in progress (Python side, capture-time).

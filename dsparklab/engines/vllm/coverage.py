@@ -3,9 +3,10 @@
 run.json's ``recorded_fields`` maps every ``steps`` cost column and every ``positions``
 drafter column to ``"recorded"`` or ``"null: <why>"``, from what the run is (method, model
 runner, tap level) and which patches went in (:mod:`~dsparklab.engines.vllm.patching`).
-Taps that find out more while running (a draft top-k, a model's own sampling path, a
-sharded path) replace an entry with :func:`null`; the log says it once. So a null in the
-trace is never silent: run.json says why.
+Taps that find out more while running replace an entry with :func:`null` (a draft top-k,
+a model's own sampling path) or :func:`partial` (``"partial: <which rows>"``: the
+batch-sharded path, where a rank records the rows it samples); the log says it once. So a
+null in the trace is never silent: run.json says why.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ STEP_COST_FIELDS = ("draft_time_s", "verify_time_s", "other_time_s")
 
 def null(why: str) -> str:
     return f"null: {why}"
+
+
+def partial(which: str) -> str:
+    return f"partial: {which}"
 
 
 def _patched(installed: Collection[str], *names: str) -> bool:

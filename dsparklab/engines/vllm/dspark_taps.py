@@ -21,6 +21,12 @@ without watermark, acceptance estimator or output transform, ``_fuse_markov_bias
 and ``_sample_logits`` receives the *base* logits with ``bias=`` (the Gumbel kernel adds it);
 the tap records the distribution the sampler used, base + bias, either way.
 
+Batch-sharded sampling (vLLM 0.34, TP > 1): each rank runs ``_sample_markov_chain`` over
+its own batch rows (row r on rank r mod TP size) from logits an all-to-all assembled, so
+no ``compute_draft_logits`` call is seen; the chain's wrapper hands the tap those logits,
+the taps record by slot, and ``end`` moves each slot to its batch row (:class:`BatchShard`).
+A rank's run holds its own rows' fields; run.json marks them ``partial``.
+
 One footing for the log-probabilities: when the draft model has an output logit
 transform (``apply_output_logit_transform``, vLLM 0.33: multiplier and tanh soft-cap,
 applied to base + bias before sampling), ``draft_logprob``, ``base_logprob`` and
@@ -43,6 +49,7 @@ import torch
 
 from dsparklab.engines.vllm.core import (
     TAP_FIELDS,
+    BatchShard,
     DraftStash,
     TapBuffers,
     dense_position_values,
@@ -84,19 +91,31 @@ class DSparkTap(SpecTap):
         self.stash = DraftStash()
         self.in_step = False
         self.confidence_source: str | None = None
-        self.sharded_noted = False  # run.json says the sharded path records no field
+        # vLLM 0.34's batch-sharded sampling: the rows this rank samples in this step
+        self.shard: BatchShard | None = None
+        self.sharded_noted = False  # run.json says which rows the sharded path records
         self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._skipped_warned = False
 
     def on_fail(self) -> None:
         self.in_step = False
+        self.shard = None
         self.stash.clear()
 
     # -- one draft step ----------------------------------------------------------------
     def begin(self, spec: Any, num_reqs: int, mode: str) -> None:
+        """A draft step of ``num_reqs`` batch rows starts; ``mode``: ``"dense"``,
+        ``"topk"`` or ``"sharded"`` (vLLM 0.34's batch-sharded loop, dense over this
+        rank's rows: the taps write them by slot, and ``end`` moves them to their rows)."""
         self.stash.clear()
+        self.shard = None
+        if mode == "sharded":
+            rank, size = tensor_parallel_rank_and_size()
+            self.shard = BatchShard(rank=rank, size=size, num_reqs=num_reqs)
+            self._note_sharded(spec, rank)
+            mode = "dense"
         self.stash.mode = mode
-        self.stash.num_reqs = num_reqs
+        self.stash.num_reqs = num_reqs if self.shard is None else self.shard.slots
         self.in_step = self.active
         if self.in_step and mode == "topk" and self.level == "full":
             self.recorder.note_null(
@@ -106,13 +125,35 @@ class DSparkTap(SpecTap):
             self.buffers.reset_(num_reqs)
             self._transform = getattr(spec.model, "apply_output_logit_transform", None)
 
-    def on_draft_logits(self, spec: Any, hidden: torch.Tensor, base: torch.Tensor) -> None:
-        # hidden [R*n, H], base [R*n, V]
+    def _note_sharded(self, spec: Any, rank: int) -> None:
+        if self.sharded_noted:
+            return
+        self.sharded_noted = True
+        # vLLM gathers every row's confidence after the loop; the other fields stay on
+        # the rank that sampled the row
+        gathered = {"confidence"} if vllm_confidence_source(spec) is not None else set()
+        local = [name for name in TAP_FIELDS if name not in gathered]
+        self.recorder.note_partial(local, SHARDED_WHY.format(rank=rank))
+
+    def on_draft_logits(
+        self,
+        spec: Any,
+        hidden: torch.Tensor,
+        base: torch.Tensor,
+        states: torch.Tensor | None = None,
+    ) -> None:
+        """The step's base logits ``[R*n, V]`` and sample hidden states ``[R*n, H]``;
+        ``states``: each row's request state (``[R]``, -1 for a padding slot), where the
+        caller has them, else read from the speculator's ``sample_idx_mapping``."""
         rows, stash = self.stash.num_reqs, self.stash
         stash.hidden = hidden
         view = base.view(rows, self.n, -1)
         stash.base = view
-        temperature = row_temperature(spec, rows, self.n)
+        temperature = (
+            row_temperature(spec, rows, self.n)
+            if states is None
+            else state_temperature(spec, states)
+        )
         stash.scale = temperature_scale(temperature)
         if stash.mode == "topk":
             if self.level == "full":
@@ -190,11 +231,15 @@ class DSparkTap(SpecTap):
                 base = stash.base if self._transform is None else self._transform(stash.base)
                 tap_base_logprob(self.buffers, base, self.draft_ids[:rows], stash.scale)
             source = vllm_confidence_source(spec)
-            if source is not None:
+            if source is None:
+                source = self._evaluate_head(spec, rows)
+            if self.shard is not None:
+                self.shard.to_batch_rows_(self.buffers)
+                rows = self.shard.num_reqs
+            if source is not None and source != HEAD_BY_TAPS:
+                # vLLM's own, for every batch row (gathered across ranks when sharded)
                 probs = spec.draft_token_confidence_probs
                 self.buffers.confidence[:rows].copy_(probs[:rows, : self.n].float())
-            else:
-                source = self._evaluate_head(spec, rows)
             if source != self.confidence_source:
                 self.confidence_source = source
                 writer = self.recorder.writer
@@ -202,6 +247,7 @@ class DSparkTap(SpecTap):
                     writer.update_meta(confidence_source=source)
         finally:
             self.in_step = False
+            self.shard = None
             self.stash.clear()
 
     def _evaluate_head(self, spec: Any, rows: int) -> str | None:
@@ -228,13 +274,29 @@ def vllm_confidence_source(spec: Any) -> str | None:
 
 def row_temperature(spec: Any, rows: int, n: int) -> torch.Tensor | None:
     """``[R]`` sampling temperature of each row of the draft step (None if unknown)."""
-    temperature = getattr(spec, "temperature", None)
     mapping = getattr(spec, "sample_idx_mapping", None)
-    if not isinstance(temperature, torch.Tensor) or not isinstance(mapping, torch.Tensor):
+    if not isinstance(mapping, torch.Tensor):
         return None
     # row r's sample slots are [r*n, (r+1)*n); all map to the row's request state
-    index = mapping[: rows * n].view(rows, n)[:, 0].clamp(min=0)
-    return temperature[index]
+    return state_temperature(spec, mapping[: rows * n].view(rows, n)[:, 0])
+
+
+def state_temperature(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
+    """``[R]`` sampling temperature of the request states ``states`` (-1: a padding slot,
+    read as state 0 and never recorded); None if unknown."""
+    temperature = getattr(spec, "temperature", None)
+    if not isinstance(temperature, torch.Tensor):
+        return None
+    return temperature[states.clamp(min=0)]
+
+
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    """This process's rank in its tensor-parallel group and the group's size, as vLLM's
+    batch-sharded sampling reads them (``get_tp_group()``)."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    return int(group.rank_in_group), int(group.world_size)
 
 
 def _dspark_tap(obj: Any) -> DSparkTap | None:
@@ -399,23 +461,39 @@ def sampled_logits(logits: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
 # vLLM 0.34's batch-sharded sequential sampling (TP > 1, --enable-batch-sharded-sampling)
 SHARDED_WHY = (
     "batch-sharded sequential sampling (TP > 1 with --enable-batch-sharded-sampling): each "
-    "rank runs the Markov loop over its own requests from vocabulary-sharded logits, which "
-    "the taps do not read"
+    "tensor-parallel rank runs the Markov loop over its own batch rows (row r on rank "
+    "r mod TP size), so this run, written by rank {rank}, records these fields for that "
+    "rank's rows; the other rows are null (DSPARKLAB_WRITER_RANKS=all: every rank's run)"
 )
 
 
 def wrap_sample_sequential_sharded(original: Callable[..., Any]) -> Callable[..., Any]:
-    """The sharded path records no DSpark position field: run.json says so, once."""
+    return _wrap_sequential(original, "sharded")
+
+
+def wrap_sample_markov_chain(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM 0.34's Markov loop over a block of rows: on the sharded path, where the base
+    logits come from an all-to-all of vocabulary shards (no ``compute_draft_logits``
+    call), the tap takes them, the hidden states and the rows' request states here."""
+    reader = ArgumentReader(original)
 
     @functools.wraps(original)
-    def sample_sequential_sharded(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def sample_markov_chain(self: Any, *args: Any, **kwargs: Any) -> Any:
         tap = _dspark_tap(self)
-        if tap is not None and not tap.sharded_noted:
-            tap.sharded_noted = True
-            tap.recorder.note_null(TAP_FIELDS, SHARDED_WHY)
+        if tap is not None and tap.in_step and tap.stash.base is None:
+            call = (self, *args)
+
+            def record() -> None:
+                base = reader.get("base_logits", call, kwargs)
+                states = reader.get("idx_map", call, kwargs)[:, 0]
+                tap.on_draft_logits(
+                    self, reader.get("hidden", call, kwargs), base.flatten(0, 1), states
+                )
+
+            guarded(tap, "_sample_markov_chain", record)
         return original(self, *args, **kwargs)
 
-    return mark(sample_sequential_sharded, original)
+    return mark(sample_markov_chain, original)
 
 
 def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -65,6 +65,9 @@ DSPARK_LOGITS = PatchPoint(
 DSPARK_SHARDED = PatchPoint(
     _DSPARK, "DSparkSpeculator", "_sample_sequential_sharded", ("num_reqs",)
 )
+DSPARK_CHAIN = PatchPoint(
+    _DSPARK, "DSparkSpeculator", "_sample_markov_chain", ("base_logits", "hidden", "idx_map")
+)
 DFLASH_PROPOSE = PatchPoint(_DFLASH, "DFlashSpeculator", "propose", _PROPOSE_V2)
 TDAR_PROPOSE = PatchPoint(_TDAR, "TargetDependentARSpeculator", "propose", _PROPOSE_V2)
 V2_EXECUTE = PatchPoint(_RUNNER_V2, "GPUModelRunner", "execute_model", ("scheduler_output",))
@@ -102,8 +105,15 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         DSPARK_SHARDED,
         dspark_taps.wrap_sample_sequential_sharded,
-        _DSPARK_GROUP,
-        "the run.json note that batch-sharded sampling records no DSpark position field",
+        (*_DSPARK_GROUP, DSPARK_CHAIN),
+        "DSpark position fields under batch-sharded sampling (each rank's own rows)",
+        frozenset({"0.34"}),
+    ),
+    Patch(
+        DSPARK_CHAIN,
+        dspark_taps.wrap_sample_markov_chain,
+        (*_DSPARK_GROUP, DSPARK_SHARDED),
+        "the base logits of batch-sharded sampling (an all-to-all of vocabulary shards)",
         frozenset({"0.34"}),
     ),
     Patch(DFLASH_PROPOSE, v2.wrap_v2_propose, (), "DSpark drafts and acceptance (Model Runner V2)"),

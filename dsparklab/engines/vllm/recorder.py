@@ -76,7 +76,7 @@ from typing import Any
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
-from dsparklab.engines.vllm.coverage import null
+from dsparklab.engines.vllm.coverage import null, partial
 from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
 from dsparklab.store import TraceWriter
 from dsparklab.store.location import Location
@@ -270,7 +270,14 @@ class TraceRecorder:
     def note_null(self, names: Iterable[str], why: str) -> None:
         """run.json's ``recorded_fields``: fields ``names`` are null on this run's path,
         because ``why`` (said once in the log, never a silent null)."""
-        status = null(why)
+        self._note_fields(names, null(why), "not recorded", why)
+
+    def note_partial(self, names: Iterable[str], why: str) -> None:
+        """run.json's ``recorded_fields``: fields ``names`` are recorded for some rows only,
+        and ``why`` says which (said once in the log)."""
+        self._note_fields(names, partial(why), "recorded for some rows only", why)
+
+    def _note_fields(self, names: Iterable[str], status: str, what: str, why: str) -> None:
         fields = dict(self.writer.meta.get("recorded_fields") or {}) if self.writer else {}
         new = [name for name in names if fields.get(name) != status]
         if not new:
@@ -279,8 +286,8 @@ class TraceRecorder:
         if self.writer is not None:
             self.writer.update_meta(recorded_fields=fields)
         self._warn_once(
-            f"null:{','.join(new)}:{why}",
-            "dsparklab: not recorded (%s): %s; %s",
+            f"{status}:{','.join(new)}",
+            f"dsparklab: {what} (%s): %s; %s",
             ", ".join(new),
             why,
             self.run_dir,
