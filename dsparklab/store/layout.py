@@ -80,11 +80,12 @@ def is_partitioned(run: Location) -> bool:
 
 
 def _split(run: Location) -> tuple[Location, str]:
-    """(store, partition path) of a run in the table layout."""
-    store = run
-    for _ in range(len(PARTITION_KEYS) + 1):
-        store = store.parent
-    return store, run.relative_to(store / RUNS_DIR)
+    """(store, partition path) of a run in the table layout (string work: it runs for
+    every run of a listing)."""
+    parts = run.path.rstrip("/").split("/")
+    cut = len(parts) - len(PARTITION_KEYS) - 1  # parts[cut] is _runs
+    store = "/".join(parts[:cut]) or "/"
+    return Location(run.fs, store, run.scheme), "/".join(parts[cut + 1 :])
 
 
 def store_of(run: Location) -> Location:

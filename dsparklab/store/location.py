@@ -21,7 +21,7 @@ import fnmatch
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -234,12 +234,17 @@ class Location:
         ]
         return sorted(found, key=lambda loc: loc.name)
 
-    def find(self, name: str) -> Iterator[Location]:
+    def find(
+        self, name: str, skip: Callable[[list[str]], Collection[str]] | None = None
+    ) -> Iterator[Location]:
         """Every visible file called ``name`` below this directory, in path order; hidden
-        directories (``.<name>``) are not entered."""
+        directories (``.<name>``) are not entered, nor (on a local walk) the ones ``skip``
+        names among a directory's subdirectories. An object store lists every key below
+        in one call, ``skip`` or not."""
         if self.is_local:  # os.walk prunes hidden directories instead of listing them
             for top, dirs, files in os.walk(self.path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                skipped = skip(dirs) if skip is not None else ()
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skipped)
                 if name in files:
                     yield Location(self.fs, f"{top}/{name}", self.scheme)
             return

@@ -20,6 +20,7 @@ from dsparklab.store.layout import (
     COMPACTED_PREFIX,
     PARTITION_KEYS,
     RUNS_DIR,
+    RUNS_TABLE,
     current_parts,
     is_partitioned,
     partition_values,
@@ -259,6 +260,16 @@ def with_partition_columns(arrow: pa.Table, table: str, constants: Mapping[str, 
     return arrow
 
 
+# a table-layout store's table directories: parquet partitions only, never a run.json
+_TABLE_DIRECTORIES = frozenset({*ALL_TABLES, RUNS_TABLE})
+
+
+def _table_directories(subdirectories: list[str]) -> frozenset[str]:
+    """The subdirectories a walk for run.json need not enter: a store's tables, beside its
+    ``_runs`` (on a store of many runs, most of the directories below it)."""
+    return _TABLE_DIRECTORIES if RUNS_DIR in subdirectories else frozenset()
+
+
 def find_runs(root: Where) -> list[Location]:
     """``root`` itself when it is a run, else every run directory below it (sorted).
 
@@ -267,7 +278,7 @@ def find_runs(root: Where) -> list[Location]:
     root = Location.of(root)
     if (root / RUN_JSON).is_file():
         return [root]
-    runs = [p.parent for p in root.find(RUN_JSON)]
+    runs = [p.parent for p in root.find(RUN_JSON, skip=_table_directories)]
     if not runs:
         if not root.exists() and root.is_local:
             raise TraceSchemaError("no such file or directory", path=root)

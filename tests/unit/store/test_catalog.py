@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -42,9 +43,9 @@ def io_counts(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         counts["walk recursive" if recursive else "walk"] += 1
         return walk(self, recursive)
 
-    def counted_find(self: Location, name: str) -> Iterator[Location]:
+    def counted_find(self: Location, name: str, **kwargs: Any) -> Iterator[Location]:
         counts[f"find {name}"] += 1
-        return find(self, name)
+        return find(self, name, **kwargs)
 
     def counted_read_text(self: Location) -> str:
         counts[f"read {self.name}"] += 1
@@ -78,6 +79,27 @@ def test_one_listing_serves_the_runs_their_run_json_and_selections(store: Path) 
     )
     assert catalog.only(store).runs.equals(catalog.runs)
     assert list_runs(store).equals(catalog.runs)
+
+
+def test_the_walk_for_runs_does_not_enter_the_tables(store: Path, monkeypatch) -> None:
+    """A table-layout store's table directories hold parquet partitions only (on a store
+    of many runs, most of its directories): the walk for run.json skips them."""
+    import os
+
+    entered: list[str] = []
+    walk = os.walk
+
+    def counted_walk(top: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for found in walk(top, *args, **kwargs):
+            entered.append(found[0])
+            yield found
+
+    monkeypatch.setattr(os, "walk", counted_walk)
+    assert len(Catalog.of(store).runs) == 3
+    tables = [
+        p for p in entered if Path(p).relative_to(store).parts[:1] in (("steps",), ("positions",))
+    ]
+    assert entered and tables == []
 
 
 def test_a_notebooks_reads_list_the_store_once(store: Path, io_counts: Counter[str]) -> None:
