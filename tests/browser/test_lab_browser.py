@@ -58,6 +58,27 @@ INPUT_CLOCK = """() => {
 }"""
 RENDERED = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
     .filter(gd => gd.querySelector('svg.main-svg') && gd._fullLayout).length"""
+# every code cell has run and the kernel is idle
+RUN_ALL_DONE = f"""() => ({KERNEL_IDLE})() && window.jupyterapp.shell.currentWidget.content
+    .widgets.every(cell => cell.model.type !== 'code' || cell.model.executionCount !== null)"""
+# Scroll the notebook to the first cell showing a widget, as a reader scrolls back to the
+# explorer after Run All: JupyterLab skips rendering cells out of view (its default
+# windowing), and under load the widget's views were once made only after Run All had
+# scrolled past them, leaving the figures unrendered. True once the cell is there.
+SHOW_WIDGET_CELL = """() => {
+    const notebook = window.jupyterapp.shell.currentWidget.content;
+    const index = notebook.widgets.findIndex(cell => {
+        const outputs = cell.model.outputs;
+        if (!outputs) return false;
+        for (let i = 0; i < outputs.length; i++) {
+            if ('application/vnd.jupyter.widget-view+json' in outputs.get(i).data) return true;
+        }
+        return false;
+    });
+    if (index < 0) return false;
+    notebook.scrollToItem(index, 'start');
+    return true;
+}"""
 
 
 def _offline_page(browser, blocked: list[str], errors: list[str]):
@@ -179,6 +200,8 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         # on their plot div (a static figure could not carry them)
         figures = [f".{FIGURE_CLASSES[name]}.js-plotly-plot" for name in FIGURES]
         try:
+            page.wait_for_function(RUN_ALL_DONE, timeout=180_000)
+            page.wait_for_function(SHOW_WIDGET_CELL, timeout=10_000)
             page.wait_for_function(
                 " && ".join(f"document.querySelector('{css}')" for css in figures),
                 timeout=180_000,
