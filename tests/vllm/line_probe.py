@@ -181,6 +181,55 @@ def argmax_sampler(speculator: type) -> Any:
     return sample_logits
 
 
+def expected_markov_chain(
+    model: TinyMarkovModel,
+    base: torch.Tensor,
+    anchors: torch.Tensor,
+    scale: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """What the taps must record, in plain torch: the greedy Markov chain over ``base``
+    (``[R, n, V]``) from ``anchors``, its log-probabilities at the rows' ``scale``
+    (``[R, 1]`` temperatures, None: unscaled), and the Markov embeddings (``[R, n, r]``)."""
+    scale = torch.ones(base.shape[0], 1) if scale is None else scale
+    names = ("tokens", "draft_logprob", "base_logprob", "markov_flip", "markov_bias", "embeds")
+    steps: dict[str, list[torch.Tensor]] = {k: [] for k in names}
+    prev = anchors
+    for i in range(base.shape[1]):
+        embed = model.markov_embed(prev)
+        bias = model.markov_bias(embed)
+        final = base[:, i] + bias
+        token = final.argmax(-1)
+        at = token[:, None]
+        steps["tokens"].append(token)
+        steps["draft_logprob"].append((final / scale).log_softmax(-1).gather(1, at)[:, 0])
+        steps["base_logprob"].append((base[:, i] / scale).log_softmax(-1).gather(1, at)[:, 0])
+        steps["markov_flip"].append((base[:, i].argmax(-1) != token).to(torch.int8))
+        steps["markov_bias"].append(bias.gather(1, at)[:, 0])
+        steps["embeds"].append(embed)
+        prev = token
+    return {k: torch.stack(v, dim=1) for k, v in steps.items()}
+
+
+def tapped(spec: Any, model: Any, max_num_reqs: int, n: int) -> Any:
+    """A full-level DSpark tap on ``spec`` (a stand-in speculator) and its draft ``model``,
+    as the plugin attaches one at load."""
+    from dsparklab.engines.vllm import dspark_taps
+    from dsparklab.engines.vllm.recorder import TraceRecorder
+    from dsparklab.engines.vllm.staging import TAP_ATTR
+
+    tap = dspark_taps.DSparkTap(
+        recorder=TraceRecorder(n),
+        n=n,
+        max_num_reqs=max_num_reqs,
+        device=torch.device("cpu"),
+        level="full",
+    )
+    tap.spec = spec
+    spec.__dict__[TAP_ATTR] = tap
+    dspark_taps.wrap_dspark_model(model, tap)
+    return tap
+
+
 def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     """This vLLM's ``_sample_markov_chain`` with the taps' wrapper around ``_sample_logits``.
 
@@ -191,8 +240,6 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
     from dsparklab.engines.vllm import dspark_taps
-    from dsparklab.engines.vllm.recorder import TraceRecorder
-    from dsparklab.engines.vllm.staging import TAP_ATTR
 
     rows, n, vocab, hidden = 3, 4, 50, 16
     gen = torch.Generator().manual_seed(5)
@@ -208,39 +255,14 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     hidden_states = torch.randn(rows * n, hidden, generator=gen) * 2
     anchors = torch.randint(0, vocab, (rows,), generator=gen)
     base = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
-    # expected, in plain torch
-    prev = anchors
-    expected: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("tokens", "draft_logprob", "base_logprob", "flip", "bias_at")
-    }
-    for i in range(n):
-        bias = model.markov_bias(model.markov_embed(prev))
-        final = base[:, i] + bias
-        token = final.argmax(-1)
-        expected["tokens"].append(token)
-        expected["draft_logprob"].append(final.log_softmax(-1).gather(1, token[:, None])[:, 0])
-        base_i = base[:, i].log_softmax(-1)
-        expected["base_logprob"].append(base_i.gather(1, token[:, None])[:, 0])
-        expected["flip"].append(base[:, i].argmax(-1) != token)
-        expected["bias_at"].append(bias.gather(1, token[:, None])[:, 0])
-        prev = token
-    want = {k: torch.stack(v, dim=1) for k, v in expected.items()}
+    want = expected_markov_chain(model, base, anchors)
     results: dict[str, Any] = {}
     for fused in (True, False):
         spec = Spec()
         spec.model = model
         spec._fuse_markov_bias = fused
         spec.temperature = torch.zeros(rows)
-        tap = dspark_taps.DSparkTap(
-            recorder=TraceRecorder(n),
-            n=n,
-            max_num_reqs=rows,
-            device=torch.device("cpu"),
-            level="full",
-        )
-        tap.spec = spec
-        spec.__dict__[TAP_ATTR] = tap
-        dspark_taps.wrap_dspark_model(model, tap)
+        tap = tapped(spec, model, rows, n)
         tap.begin(spec, rows, "dense")
         base_logits = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
         tokens = torch.empty(rows, n, dtype=torch.int64)
@@ -257,8 +279,8 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
         results["fused" if fused else "unfused"] = {
             "tokens_equal": bool(torch.equal(tokens, want["tokens"])),
             "draft_logprob_max_err": float((buf.draft_logprob - want["draft_logprob"]).abs().max()),
-            "flip_equal": bool(torch.equal(buf.markov_flip.bool(), want["flip"])),
-            "bias_max_err": float((buf.markov_bias - want["bias_at"]).abs().max()),
+            "flip_equal": bool(torch.equal(buf.markov_flip.bool(), want["markov_flip"].bool())),
+            "bias_max_err": float((buf.markov_bias - want["markov_bias"]).abs().max()),
             "base_logprob_max_err": float((buf.base_logprob - want["base_logprob"]).abs().max()),
             "draft_logprob": buf.draft_logprob.tolist(),
         }
@@ -334,8 +356,6 @@ def sharded_probe() -> dict[str, Any]:
     from vllm.v1.worker.gpu.spec_decode.dspark import speculator as module
 
     from dsparklab.engines.vllm import dspark_taps
-    from dsparklab.engines.vllm.recorder import TraceRecorder
-    from dsparklab.engines.vllm.staging import TAP_ATTR
 
     S = module.DSparkSpeculator
     size, rows, n, vocab, hidden, max_reqs = 2, 5, 4, 50, 16, 8
@@ -391,16 +411,7 @@ def sharded_probe() -> dict[str, Any]:
         spec.draft_tokens = torch.zeros(max_reqs, n, dtype=torch.int64)
         spec.draft_token_confidence_probs = torch.zeros(max_reqs, n)
         spec.temperature = temperature
-        tap = dspark_taps.DSparkTap(
-            recorder=TraceRecorder(n),
-            n=n,
-            max_num_reqs=max_reqs,
-            device=torch.device("cpu"),
-            level="full",
-        )
-        tap.spec = spec
-        spec.__dict__[TAP_ATTR] = tap
-        dspark_taps.wrap_dspark_model(spec.model, tap)
+        tapped(spec, spec.model, max_reqs, n)
         return spec
 
     specs = [build(rank) for rank in range(size)]
@@ -436,31 +447,11 @@ def sharded_probe() -> dict[str, Any]:
 
     # expected, in plain torch, for the whole batch
     base = (head_hidden @ weights.lm_head.t()).view(rows, n, vocab)
-    scale = temperature[states].clamp(min=0)
+    scale = temperature[states]
     scale = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
-    prev = input_ids[torch.arange(rows) * n]
-    want: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("tokens", "draft_logprob", "base_logprob", "markov_flip", "markov_bias")
-    }
-    embeds = []
-    for i in range(n):
-        embed = weights.markov_embed(prev)
-        embeds.append(embed)
-        bias = weights.markov_bias(embed)
-        final = base[:, i] + bias
-        token = final.argmax(-1)
-        at = token[:, None]
-        want["tokens"].append(token)
-        want["draft_logprob"].append((final / scale).log_softmax(-1).gather(1, at)[:, 0])
-        want["base_logprob"].append((base[:, i] / scale).log_softmax(-1).gather(1, at)[:, 0])
-        want["markov_flip"].append((base[:, i].argmax(-1) != token).to(torch.int8))
-        want["markov_bias"].append(bias.gather(1, at)[:, 0])
-        prev = token
-    expected = {k: torch.stack(v, dim=1) for k, v in want.items()}
+    expected = expected_markov_chain(weights, base, input_ids[torch.arange(rows) * n], scale)
     hidden_rows = head_hidden.view(rows, n, hidden)
-    expected["confidence"] = torch.sigmoid(
-        hidden_rows @ head + torch.stack(embeds, dim=1) @ head_markov
-    )
+    expected["confidence"] = torch.sigmoid(hidden_rows @ head + expected["embeds"] @ head_markov)
     report: dict[str, Any] = {"ranks": []}
     for rank, spec in enumerate(specs):
         buf = dspark_taps._dspark_tap(spec).buffers

@@ -230,13 +230,12 @@ class DSparkTap(SpecTap):
                 assert stash.base is not None
                 base = stash.base if self._transform is None else self._transform(stash.base)
                 tap_base_logprob(self.buffers, base, self.draft_ids[:rows], stash.scale)
-            source = vllm_confidence_source(spec)
-            if source is None:
-                source = self._evaluate_head(spec, rows)
+            from_vllm = vllm_confidence_source(spec)
+            source = from_vllm or self._evaluate_head(spec, rows)  # the head: by slot
             if self.shard is not None:
                 self.shard.to_batch_rows_(self.buffers)
                 rows = self.shard.num_reqs
-            if source is not None and source != HEAD_BY_TAPS:
+            if from_vllm is not None:
                 # vLLM's own, for every batch row (gathered across ranks when sharded)
                 probs = spec.draft_token_confidence_probs
                 self.buffers.confidence[:rows].copy_(probs[:rows, : self.n].float())
