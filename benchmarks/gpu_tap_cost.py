@@ -43,6 +43,7 @@ from dsparklab.engines.vllm import (
     confidence_from_head,
     dense_position_values,
     draft_index,
+    first_argmax,
     tap_base_logprob,
     tap_confidence,
     write_positions,
@@ -133,7 +134,7 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
     prev = s.anchor
     embeds = []
     recorded = []
-    base_argmax = base.argmax(dim=-1) if taps is not None else None
+    base_argmax = first_argmax(base) if taps is not None else None
     for i in range(n):
         embed = w.w1[prev]  # [R, r]
         bias = embed @ w.w2.t()  # [R, V]
@@ -141,15 +142,14 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         token = logits.argmax(dim=-1)
         s.draft_tokens[:, i].copy_(token)
         if taps is not None:
-            assert base_argmax is not None
-            values = dense_position_values(
-                bias, logits, draft_index(token, None), base_argmax[:, i], level=taps
-            )
+            idx = draft_index(token, None)
+            values = dense_position_values(bias, logits, idx, level=taps, greedy=True)
             recorded.append((i, values))
             embeds.append(embed)
         prev = token
     if taps is not None:
-        write_positions(s.buffers.tensors(), recorded)  # as the DSpark tap's end does
+        assert base_argmax is not None
+        write_positions(s.buffers.tensors(), recorded, base_argmax)  # as the tap's end does
         if taps == "full":
             tap_base_logprob(s.buffers, base, s.draft_tokens)
         markov = torch.stack(embeds, dim=1).flatten(0, 1)

@@ -25,6 +25,7 @@ from dsparklab.engines.vllm import (
     dense_position_values,
     draft_index,
     external_request_id,
+    first_argmax,
     tap_base_logprob,
     tap_confidence,
     tap_topk_position,
@@ -48,8 +49,11 @@ def test_dense_position_matches_the_formulas() -> None:
     final = base + bias
     tokens = final.argmax(-1)
     bufs = TapBuffers.allocate(5, n, "cpu")
-    values = dense_position_values(bias, final, draft_index(tokens, None), base.argmax(-1))
-    write_positions(bufs.tensors(), [(2, values)])  # one position alone: written in place
+    values = dense_position_values(bias, final, draft_index(tokens, None))
+    base_argmax = torch.zeros(rows, n, dtype=torch.int64)
+    base_argmax[:, 2] = base.argmax(-1)
+    # one position alone: written in place
+    write_positions(bufs.tensors(), [(2, values)], base_argmax)
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
     torch.testing.assert_close(
@@ -67,25 +71,49 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
     gen = torch.Generator().manual_seed(3)
     rows, n, vocab = 3, 4, 40
     recorded = []
+    base_argmax = torch.empty(rows, n, dtype=torch.int64)
+    final_argmax = torch.empty(rows, n, dtype=torch.int64)
     for i in range(n):
         base, bias = (
             torch.randn(rows, vocab, generator=gen),
             torch.randn(rows, vocab, generator=gen),
         )
         final = base + bias
-        idx = draft_index(final.argmax(-1), None)
-        recorded.append((i, dense_position_values(bias, final, idx, base.argmax(-1))))
+        base_argmax[:, i] = base.argmax(-1)
+        final_argmax[:, i] = final.argmax(-1)
+        base_argmax[0, i] = final_argmax[0, i]  # row 0 never flips, the others may
+        # probabilistic drafts: row 1 drafts a token other than the final argmax
+        tokens = final.argmax(-1)
+        tokens[1] = (tokens[1] + 1) % vocab
+        recorded.append((i, dense_position_values(bias, final, draft_index(tokens, None))))
     stacked, single = TapBuffers.allocate(5, n, "cpu"), TapBuffers.allocate(5, n, "cpu")
-    write_positions(stacked.tensors(), recorded)  # positions 0..n-1: one copy per field
+    # positions 0..n-1: one copy per field
+    write_positions(stacked.tensors(), recorded, base_argmax)
     for position in recorded:
-        write_positions(single.tensors(), [position])
+        write_positions(single.tensors(), [position], base_argmax)
     for name, tensor in stacked.tensors().items():
         torch.testing.assert_close(tensor, single.tensors()[name], equal_nan=True)
+    assert stacked.markov_flip[0, :n].tolist() == [0] * n
+    # the flip compares the final argmax, not the drafted token
+    assert stacked.markov_flip[1, :n].tolist() == (base_argmax[1] != final_argmax[1]).tolist()
     # a step whose hook was skipped at position 1: the others land in their own columns
     gap = TapBuffers.allocate(5, n, "cpu")
-    write_positions(gap.tensors(), [recorded[0], *recorded[2:]])
+    write_positions(gap.tensors(), [recorded[0], *recorded[2:]], base_argmax)
     assert torch.isnan(gap.markov_bias[:rows, 1]).all()
+    assert (gap.markov_flip[:rows, 1] == -1).all()
     torch.testing.assert_close(gap.markov_bias[:rows, 3], stacked.markov_bias[:rows, 3])
+    torch.testing.assert_close(gap.markov_flip[:rows, 3], stacked.markov_flip[:rows, 3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_argmax_is_torchs_first_maximum(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    # coarse values: many ties at the maximum, as bf16 logits have
+    x = torch.randint(0, 6, (3, 4, 40), generator=gen).to(dtype)
+    x[1, 2, 7] = float("nan")  # a NaN counts as the largest, as in torch
+    got = first_argmax(x)
+    assert got.dtype == torch.int64
+    assert got.tolist() == x.argmax(dim=-1).tolist()
 
 
 def test_an_all_greedy_cpu_batch_is_not_divided() -> None:
@@ -115,8 +143,8 @@ def test_logprobs_are_taken_at_the_request_temperature() -> None:
     idx = draft_index(final.argmax(-1), None)
     bufs = TapBuffers.allocate(2, 1, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5]))
-    values = dense_position_values(bias, final, idx, base.argmax(-1), scale=scale)
-    write_positions(bufs.tensors(), [(0, values)])
+    values = dense_position_values(bias, final, idx, scale=scale)
+    write_positions(bufs.tensors(), [(0, values)], base.argmax(-1, keepdim=True))
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
         torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
@@ -129,8 +157,8 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     final = base + bias
     bufs = TapBuffers.allocate(2, 1, "cpu")
     idx = draft_index(final.argmax(-1), None)
-    values = dense_position_values(bias, final, idx, base.argmax(-1), level="light")
-    write_positions(bufs.tensors(), [(0, values)])
+    values = dense_position_values(bias, final, idx, level="light")
+    write_positions(bufs.tensors(), [(0, values)], base.argmax(-1, keepdim=True))
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):

@@ -21,6 +21,7 @@ _NAMES = {
     "TapBuffers": "core",
     "confidence_from_head": "core",
     "draft_index": "core",
+    "first_argmax": "core",
     "tap_base_logprob": "core",
     "tap_confidence": "core",
     "dense_position_values": "core",

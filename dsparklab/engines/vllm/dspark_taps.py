@@ -54,6 +54,7 @@ from dsparklab.engines.vllm.core import (
     TapBuffers,
     dense_position_values,
     draft_index,
+    first_argmax,
     tap_base_logprob,
     tap_confidence,
     tap_topk_position,
@@ -124,6 +125,8 @@ class DSparkTap(SpecTap):
         if self.in_step:
             self.buffers.reset_(num_reqs)
             self._transform = getattr(spec.model, "apply_output_logit_transform", None)
+            # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
+            self.stash.greedy = getattr(spec, "draft_logits", None) is None
 
     def _note_sharded(self, spec: Any, rank: int) -> None:
         if self.sharded_noted:
@@ -161,7 +164,7 @@ class DSparkTap(SpecTap):
                 stash.base_lse = topk_base_lse(view, temperature)
         else:
             # every position's base argmax at once (an output transform is monotonic)
-            stash.base_argmax = view.argmax(dim=-1)
+            stash.base_argmax = first_argmax(view)
 
     def on_topk_bias(self, values: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         self.stash.topk_values = values
@@ -201,20 +204,14 @@ class DSparkTap(SpecTap):
         if stash.base_argmax is None or bias is None:
             self._skipped("compute_draft_logits / markov_bias")
             return
+        # a copy: ``idx`` may view the sampler's output until the step's end
+        idx = idx.clone()
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
         position = dense_position_values(
-            bias,
-            logits,
-            idx,
-            stash.base_argmax[:, step],
-            level=self.level,
-            scale=stash.scale,
-            # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
-            greedy=getattr(self.spec, "draft_logits", None) is None,
+            bias, logits, idx, level=self.level, scale=stash.scale, greedy=stash.greedy
         )
-        # a copy: ``idx`` may view the sampler's output until the step's end
-        stash.recorded.append((step, {**position, DRAFT_IDS: idx.squeeze(1).clone()}))
+        stash.recorded.append((step, {**position, DRAFT_IDS: idx}))
         stash.positions += 1
 
     def end(self, spec: Any) -> None:
@@ -225,7 +222,9 @@ class DSparkTap(SpecTap):
                 return
             rows, stash = self.stash.num_reqs, self.stash
             # the dense positions' values, one copy per field for the whole step
-            write_positions({**self.buffers.tensors(), DRAFT_IDS: self.draft_ids}, stash.recorded)
+            if stash.base_argmax is not None:
+                targets = {**self.buffers.tensors(), DRAFT_IDS: self.draft_ids}
+                write_positions(targets, stash.recorded, stash.base_argmax)
             if stash.mode == "dense" and self.level == "full" and stash.positions == self.n:
                 assert stash.base is not None
                 base = stash.base if self._transform is None else self._transform(stash.base)
