@@ -31,6 +31,8 @@ from dsparklab.store.schema import (
     ALL_TABLES,
     DEFAULT_GRANULARITY,
     GRANULARITIES,
+    JOINED_DIR,
+    JOINED_WRITERS,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
@@ -45,18 +47,13 @@ Filters = Mapping[str, Any]
 _MIGRATE_HINT = {1: "; run `dsparklab migrate <runs>` to add the steps' emitted tokens"}
 
 
-def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, Any]:
-    """Load and check ``run.json``; raise TraceSchemaError naming the file and field.
-
-    A ``running`` run whose writer's lease (``lease_expires_at``) has passed reads as
-    ``incomplete``, with ``status_reason`` saying so (its writer stopped renewing it: killed,
-    or its host lost); ``derive_status=False`` returns the status as written.
-    """
-    path = resolve_run(run_dir) / RUN_JSON
+def _json_object(path: Location, missing: str) -> dict[str, Any]:
+    """The JSON object in ``path``; TraceSchemaError naming the file, ``missing`` saying
+    what a missing file means."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise TraceSchemaError("run.json is missing; not a run directory", path=path) from None
+        raise TraceSchemaError(missing, path=path) from None
     except UnicodeDecodeError as err:
         raise TraceSchemaError(f"invalid JSON ({err})", path=path) from err
     try:
@@ -65,6 +62,21 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
         raise TraceSchemaError(f"invalid JSON ({err})", path=path) from err
     if not isinstance(meta, dict):
         raise TraceSchemaError("expected a JSON object at the top level", path=path)
+    return meta
+
+
+def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, Any]:
+    """Load and check ``run.json``; raise TraceSchemaError naming the file and field.
+
+    A ``running`` run whose writer's lease (``lease_expires_at``) has passed reads as
+    ``incomplete``, with ``status_reason`` saying so (its writer stopped renewing it: killed,
+    or its host lost); ``derive_status=False`` returns the status as written. A run other
+    writers join (``joined_writers``) reads with their rows and parts counted in and the
+    worst of their statuses (:func:`with_joined_writers`).
+    """
+    run = resolve_run(run_dir)
+    path = run / RUN_JSON
+    meta = _json_object(path, "run.json is missing; not a run directory")
     for field, expected in RUN_REQUIRED_FIELDS.items():
         if field not in meta:
             raise TraceSchemaError("required field missing", path=path, field=field)
@@ -100,7 +112,66 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
             f"its writer's lease ended at {meta['lease_expires_at']} without the run being "
             "closed (the writer was killed or lost its store)"
         )
+    if meta.get(JOINED_WRITERS):
+        meta = with_joined_writers(run, meta, derive_status=derive_status)
     return meta
+
+
+# a run's status is the worst of its writers'
+_STATUS_RANK = {"complete": 0, "running": 1, "incomplete": 2, "failed": 3}
+
+
+def with_joined_writers(
+    run: Location, meta: dict[str, Any], *, derive_status: bool = True
+) -> dict[str, Any]:
+    """run.json ``meta`` with the writers that joined the run counted in: each tag of
+    ``joined_writers`` has ``<run>/writers/<tag>.json`` (status, rows, parts, lease), written
+    by that writer alone. Rows and parts add up; the status is the worst of all writers'
+    (failed > incomplete > running > complete), and ``status_reason`` / ``error`` name the
+    writer that set it. A joined writer with no file yet is running while the run is; once
+    the run's owner has closed, its missing file makes the run ``incomplete``: its rows are
+    not all there."""
+    meta = {**meta, "rows": dict(meta.get("rows") or {}), "parts": dict(meta.get("parts") or {})}
+    tags = meta[JOINED_WRITERS]
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise TraceSchemaError(
+            "expected a list of writer tags", path=run / RUN_JSON, field=JOINED_WRITERS
+        )
+    for tag in tags:
+        path = run / JOINED_DIR / f"{tag}.json"
+        if not path.is_file():
+            if meta["status"] != "running":
+                why = f"left no {JOINED_DIR}/{tag}.json: it never started, or its store lost it"
+                _worse(meta, tag, "incomplete", why)
+            continue
+        written = _json_object(path, "a joined writer's file is missing")
+        status = written.get("status")
+        if status not in STATUSES:
+            raise TraceSchemaError(
+                f"status {status!r} is not one of {list(STATUSES)}", path=path, field="status"
+            )
+        for key in ("rows", "parts"):
+            counts = written.get(key) or {}
+            if not isinstance(counts, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in counts.values()
+            ):
+                raise TraceSchemaError("expected counts by table", path=path, field=key)
+            for table, count in counts.items():
+                meta[key][table] = int(meta[key].get(table, 0)) + count
+        reason = written.get("status_reason") or written.get("error")
+        if derive_status and status == "running" and _lease_expired(written):
+            status = "incomplete"
+            reason = f"its lease ended at {written['lease_expires_at']} without it closing"
+        _worse(meta, tag, status, reason)
+    return meta
+
+
+def _worse(meta: dict[str, Any], tag: str, status: str, reason: str | None) -> None:
+    """Make ``status`` (of joined writer ``tag``) the run's when it is worse."""
+    if _STATUS_RANK[status] <= _STATUS_RANK[meta["status"]]:
+        return
+    meta["status"] = status
+    meta["status_reason"] = f"joined writer {tag}: {reason or status}"
 
 
 def complete_run_json(run_dir: Where) -> dict[str, Any] | None:

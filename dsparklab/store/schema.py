@@ -41,6 +41,11 @@ PART_SUFFIX = ".parquet"
 TEMP_SUFFIX = ".tmp"
 
 STATUSES = ("running", "complete", "incomplete", "failed")
+# run.json of a run several processes write (vLLM's batch-sharded DSpark sampling: one per
+# tensor-parallel rank): the tags of the writers that join its owner's run; each keeps its
+# own status and counts in ``<run>/writers/<tag>.json`` (JOINED_DIR), never in run.json
+JOINED_WRITERS = "joined_writers"
+JOINED_DIR = "writers"
 METHODS = ("dspark", "eagle3", "none")
 
 STEPS_SCHEMA = pa.schema(

@@ -45,6 +45,7 @@ from dsparklab.store.reader import run_columns, run_granularity
 from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
     ALL_TABLES,
+    JOINED_DIR,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
@@ -140,6 +141,12 @@ class TraceWriter:
     ``publish="last"`` writes it only when the run closes, so the run appears whole or not at
     all (an import): parts without a run.json are no run. ``tag`` goes into part names (a
     rank, when several processes write one run).
+
+    ``joins`` (a tag, e.g. ``tp1``): this writer joins the run another writer owns (the one
+    whose run.json lists the tag in ``joined_writers``). It writes parts into the run and its
+    own status and counts into ``<run>/writers/<tag>.json``; never run.json, the runs
+    table's row, or anything of the owner's. A reader counts them in
+    (:func:`~dsparklab.store.reader.with_joined_writers`).
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class TraceWriter:
         lease_seconds: float | None = None,
         outbox: Outbox | None = None,
         close_timeout_s: float = 30.0,
+        joins: str | None = None,
     ) -> None:
         self.store = Location.of(store)
         missing = [k for k in RUN_REQUIRED_FIELDS if k not in run_json]
@@ -174,6 +182,7 @@ class TraceWriter:
         self.lease_seconds = lease_seconds or max(120.0, 4 * flush_seconds)
         self._overwrite = overwrite
         self._publish = publish
+        self._joins = joins
         self._writer_id = writer_id(tag)
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s
@@ -190,13 +199,15 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         if self._outbox is None:
             self.run_dir.check_bucket()
-        exists = self._outbox is None and (self.run_dir / RUN_JSON).is_file()
+        # the owner's run.json may be there already: a joining writer adds to the run
+        owner = self._joins is None
+        exists = owner and self._outbox is None and (self.run_dir / RUN_JSON).is_file()
         if exists and not self._overwrite:
             raise FileExistsError(
                 f"{self.run_dir / RUN_JSON}: run already exists; pass overwrite=True or "
                 "choose another directory"
             )
-        if exists or (self._publish == "last" and self._outbox is None):
+        if exists or (self._publish == "last" and self._outbox is None and owner):
             # the old run, or the parts of a batch writer killed before its run.json
             for home in run_tables(self.run_dir, tuple(ALL_TABLES)):
                 home.delete()
@@ -369,10 +380,12 @@ class TraceWriter:
         if self._open:
             expires = datetime.now(timezone.utc) + timedelta(seconds=self.lease_seconds)
             self.meta["lease_expires_at"] = expires.isoformat(timespec="seconds")
-        path = self.run_dir / RUN_JSON
         self._last_meta = time.monotonic()
-        files = [(path, json_bytes(self.meta))]
-        if self.meta["status"] != self._runs_row_status:  # the runs table's row: its status
+        if self._joins is not None:
+            files = [(self.run_dir / JOINED_DIR / f"{self._joins}.json", self._joined_json())]
+        else:
+            files = [(self.run_dir / RUN_JSON, json_bytes(self.meta))]
+        if self._joins is None and self.meta["status"] != self._runs_row_status:
             row = table_location(self.run_dir, RUNS_TABLE) / RUNS_ROW
             files.insert(0, (row, part_bytes(runs_row(self.meta), RUNS_TABLE)))
             self._runs_row_status = self.meta["status"]
@@ -381,6 +394,14 @@ class TraceWriter:
                 target.write_bytes(data)
             else:
                 self._outbox.put(target, data, table=None, final=not self._open)
+
+    def _joined_json(self) -> bytes:
+        """A joining writer's own record: what :func:`with_joined_writers` reads."""
+        keys = ("status", "rows", "parts", "created_at", "lease_expires_at", "finished_at")
+        extra = ("error", "status_reason", "dropped")
+        record = {key: self.meta.get(key) for key in keys}
+        record.update({key: self.meta[key] for key in extra if key in self.meta})
+        return json_bytes({"writer": self._joins, "writer_id": self._writer_id, **record})
 
 
 def write_run_json(run: Where, meta: Mapping[str, Any]) -> None:

@@ -863,6 +863,107 @@ def test_a_sharded_step_moves_each_slot_to_its_batch_row() -> None:
     assert BatchShard(rank=0, size=2, num_reqs=5).slots == 3
 
 
+def test_the_tp_ranks_of_a_batch_sharded_engine_write_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34's batch-sharded DSpark sampling: each TP rank writes the position rows of
+    the batch rows it sampled (row r on rank r mod 2) into one run, which both ranks name
+    alike from vLLM's instance id; rank 0 owns it (run.json, steps, requests). A step vLLM
+    sampled whole on every rank (no ``sharded_over``) is the owner's to write."""
+    from dsparklab.engines.vllm import runs
+    from dsparklab.store.location import Location
+    from dsparklab.store.schema import JOINED_WRITERS
+
+    monkeypatch.setattr(runs, "STATE", runs.RunState())
+    runs.STATE.config = TapConfig(trace_dir=Location.of(tmp_path), dataset="d", flush_seconds=0)
+    vllm_config = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=2, enable_batch_sharded_sampling=True, data_parallel_rank=0
+        ),
+        speculative_config=SimpleNamespace(method="dspark", num_speculative_tokens=N, model="d"),
+        model_config=SimpleNamespace(model="t"),
+        instance_id="1764950000000000000",
+    )
+    recorders = {}
+    for tp in (0, 1):
+        monkeypatch.setattr(runs, "_parallel_ranks", lambda _config, tp=tp: runs.Ranks(tp=tp))
+        engine = SimpleNamespace(vllm_config=vllm_config, max_num_reqs=4, device="cpu")
+        tap = runs.make_tap(engine, model_runner="v2")
+        assert tap is not None, f"TP rank {tp} records"
+        recorders[tp] = tap.recorder
+    run_dir = recorders[0].run_dir
+    assert run_dir is not None and recorders[1].run_dir == run_dir
+    assert run_dir.name.endswith("-dp0-1764950000000000000")
+    nan = float("nan")
+    ring = _ring()
+    for tp, rec in recorders.items():
+        # step A: x (row 0) and y (row 1) draft, sharded: each rank has its own row's values
+        mine = [[0.5] * N, [nan] * N] if tp == 0 else [[nan] * N, [1.5] * N]
+        a = _slot(
+            ring,
+            ["x", "y"],
+            [[1, 2, 3], [4, 5, 6]],
+            sampled=[1, 1],
+            rejected=[0, 0],
+            seq=[5, 8],
+            last=[0, 0],
+            bias=mine,
+        )
+        a.meta["sharded_over"] = 2
+        rec.stage(a, ring.release)
+        # step B: A's drafts verified; new drafts sampled whole on every rank
+        rec.stage(
+            _slot(
+                ring,
+                ["x", "y"],
+                [[7, 7, 7], [8, 8, 8]],
+                sampled=[4, 2],
+                rejected=[0, 2],
+                seq=[9, 12],
+                last=[11, 9],
+                bias=[[2.5] * N] * 2,
+            ),
+            ring.release,
+        )
+        # step C: B's drafts verified
+        rec.stage(
+            _slot(
+                ring,
+                ["x", "y"],
+                [[9, 9, 9], [9, 9, 9]],
+                sampled=[1, 1],
+                rejected=[2, 2],
+                seq=[10, 13],
+                last=[3, 4],
+            ),
+            ring.release,
+        )
+        rec.process_ready()
+    for rec in recorders.values():
+        rec.close()
+    meta = read_run_json(run_dir)
+    assert meta[JOINED_WRITERS] == ["tp1"]
+    assert meta["status"] == "complete"
+    assert meta["rows"]["positions"] == 2 * 2 * N
+    (report,) = validate_trace(run_dir)
+    assert report.ok, [str(v) for v in report.violations]
+    positions = read_trace(run_dir, "positions").set_index(["request_id", "step", "position"])
+    positions = positions.sort_index()
+    assert not positions.index.duplicated().any()
+    # step 0: x's rows from rank 0, y's from rank 1, each with the values its rank computed
+    assert positions.loc[("x", 0), "markov_bias"].tolist() == [0.5] * N
+    assert positions.loc[("y", 0), "markov_bias"].tolist() == [1.5] * N
+    # step 1, sampled whole: the owner's rows
+    assert positions.loc[("y", 1), "markov_bias"].tolist() == [2.5] * N
+    steps = read_trace(run_dir, "steps")
+    assert sorted(zip(steps["request_id"], steps["step"], strict=True)) == [
+        ("x", 0),
+        ("x", 1),
+        ("y", 0),
+        ("y", 1),
+    ]
+
+
 def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:
     """Drafts are replicated across TP ranks; PCP rank 0's are broadcast to the other PCP
     ranks after propose (vLLM 0.34's PCPManager.sync_drafts): theirs are never verified."""
@@ -874,3 +975,6 @@ def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:
         assert not records_here(Ranks(pcp=1), writer_ranks)
         assert not records_here(Ranks(tp=1, pcp=2), writer_ranks)
     assert records_here(Ranks(dp=3), "tp0")
+    # batch-sharded sampling: every TP rank writes the rows it samples into one run
+    assert records_here(Ranks(tp=1), "tp0", joined=True)
+    assert not records_here(Ranks(tp=1, pcp=1), "tp0", joined=True)

@@ -25,7 +25,9 @@ Batch-sharded sampling (vLLM 0.34, TP > 1): each rank runs ``_sample_markov_chai
 its own batch rows (row r on rank r mod TP size) from logits an all-to-all assembled, so
 no ``compute_draft_logits`` call is seen; the chain's wrapper hands the tap those logits,
 the taps record by slot, and ``end`` moves each slot to its batch row (:class:`BatchShard`).
-A rank's run holds its own rows' fields; run.json marks them ``partial``.
+Every TP rank writes the position rows of the rows it samples into one run, which TP rank 0
+owns (run.json, steps); with ``DSPARKLAB_WRITER_RANKS=all`` each rank writes a run of its
+own instead, whose run.json marks the DSpark fields ``partial``.
 
 One footing for the log-probabilities: when the draft model has an output logit
 transform (``apply_output_logit_transform``, vLLM 0.33: multiplier and tanh soft-cap,
@@ -51,6 +53,7 @@ from dsparklab.engines.vllm.core import (
     TAP_FIELDS,
     BatchShard,
     DraftStash,
+    HostSlot,
     TapBuffers,
     dense_position_values,
     draft_index,
@@ -64,7 +67,13 @@ from dsparklab.engines.vllm.core import (
     write_positions,
 )
 from dsparklab.engines.vllm.runs import make_tap
-from dsparklab.engines.vllm.staging import TAP_ATTR, ArgumentReader, SpecTap, mark, tap_of
+from dsparklab.engines.vllm.staging import (
+    TAP_ATTR,
+    ArgumentReader,
+    SpecTap,
+    mark,
+    tap_of,
+)
 from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
@@ -92,8 +101,10 @@ class DSparkTap(SpecTap):
         self.stash = DraftStash()
         self.in_step = False
         self.confidence_source: str | None = None
-        # vLLM 0.34's batch-sharded sampling: the rows this rank samples in this step
+        # vLLM 0.34's batch-sharded sampling: the rows this rank samples in this step, and
+        # the TP size the last draft step was sharded over (for its staged slot)
         self.shard: BatchShard | None = None
+        self.sharded_over: int | None = None
         self.sharded_noted = False  # run.json says which rows the sharded path records
         self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._skipped_warned = False
@@ -103,6 +114,14 @@ class DSparkTap(SpecTap):
         self.shard = None
         self.stash.clear()
 
+    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        """Stage the step as :class:`SpecTap` does, saying whether its draft was sampled
+        batch-sharded (the recorder then writes the rows this rank sampled)."""
+        if self.sharded_over is not None:
+            slot.meta["sharded_over"] = self.sharded_over
+        self.sharded_over = None
+        super().after(slot, drafts)
+
     # -- one draft step ----------------------------------------------------------------
     def begin(self, spec: Any, num_reqs: int, mode: str) -> None:
         """A draft step of ``num_reqs`` batch rows starts; ``mode``: ``"dense"``,
@@ -110,6 +129,7 @@ class DSparkTap(SpecTap):
         rank's rows: the taps write them by slot, and ``end`` moves them to their rows)."""
         self.stash.clear()
         self.shard = None
+        self.sharded_over = None
         if mode == "sharded":
             rank, size = tensor_parallel_rank_and_size()
             self.shard = BatchShard(rank=rank, size=size, num_reqs=num_reqs)
@@ -132,6 +152,9 @@ class DSparkTap(SpecTap):
         if self.sharded_noted:
             return
         self.sharded_noted = True
+        if self.recorder.joined_rank is not None:  # every rank writes its rows into one run
+            logger.info(SHARDED_JOINED, rank, self.recorder.run_dir)
+            return
         # vLLM gathers every row's confidence after the loop; the other fields stay on
         # the rank that sampled the row
         gathered = {"confidence"} if vllm_confidence_source(spec) is not None else set()
@@ -234,6 +257,7 @@ class DSparkTap(SpecTap):
             if self.shard is not None:
                 self.shard.to_batch_rows_(self.buffers)
                 rows = self.shard.num_reqs
+                self.sharded_over = self.shard.size
             if from_vllm is not None:
                 # vLLM's own, for every batch row (gathered across ranks when sharded)
                 probs = spec.draft_token_confidence_probs
@@ -462,6 +486,12 @@ SHARDED_WHY = (
     "tensor-parallel rank runs the Markov loop over its own batch rows (row r on rank "
     "r mod TP size), so this run, written by rank {rank}, records these fields for that "
     "rank's rows; the other rows are null (DSPARKLAB_WRITER_RANKS=all: every rank's run)"
+)
+
+
+SHARDED_JOINED = (
+    "dsparklab: batch-sharded sequential sampling: TP rank %d writes the position rows of "
+    "the batch rows it samples into the run %s, which every TP rank writes"
 )
 
 

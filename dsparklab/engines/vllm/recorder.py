@@ -104,6 +104,9 @@ class PendingDraft:
     tokens: list[int]  # [num_drafted] target-vocabulary ids
     taps: dict[str, list[Any]]  # field -> [num_drafted] (None where not computed)
     context_len: int | None
+    # this writer writes the draft's position rows (in a run several ranks write, the rank
+    # that sampled the row does)
+    owned: bool = True
 
 
 @dataclass
@@ -146,9 +149,15 @@ class TraceRecorder:
         writer: TraceWriter | None = None,
         flush_seconds: float | None = None,
         sample: float = 1.0,
+        joined_rank: int | None = None,
     ) -> None:
         self.n = num_speculative_tokens
         self.sample = sample
+        # in a run every tensor-parallel rank writes (vLLM 0.34's batch-sharded DSpark
+        # sampling), this writer's rank: it writes the position rows of the rows it sampled,
+        # and rank 0, the run's owner, every steps and requests row; None: the run is this
+        # writer's alone
+        self.joined_rank = joined_rank
         self.dataset = dataset
         self.writer = writer
         self.rows = StepRows()
@@ -246,8 +255,15 @@ class TraceRecorder:
     def _unsettle(self) -> None:
         """Remove the settled marker (called under ``_qlock``, before recording more)."""
         self._settled = False
-        if self.run_dir is not None and self.run_dir.is_local:
-            Path(self.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
+        if (marker := self._settled_marker()) is not None:
+            marker.unlink(missing_ok=True)
+
+    def _settled_marker(self) -> Path | None:
+        """The settled marker of a local run this writer owns (a joining rank's run.json,
+        which the marker vouches for, is the owner's)."""
+        if self.run_dir is None or not self.run_dir.is_local or not self.writes_steps:
+            return None
+        return Path(self.run_dir / SETTLED_MARKER)
 
     def in_flight(self) -> set[str]:
         """Requests scheduled or recorded and not yet reported finished."""
@@ -341,6 +357,8 @@ class TraceRecorder:
         }
         # the tokens each row scheduled this step (V1 and V2 stage them from the host)
         scheduled = meta.get("num_scheduled")
+        # batch-sharded sampling: row r was sampled by TP rank r mod this size
+        sharded_over = meta.get("sharded_over")
         resolved = 0
         for row, req_id in enumerate(req_ids):
             if not self.keeps(req_id):
@@ -383,8 +401,22 @@ class TraceRecorder:
                         for name, values in taps.items()
                     },
                     context_len=int(context_len[row]) if sampled > 0 else None,
+                    owned=self._samples_row(row, sharded_over),
                 )
         self.costs.observe(cost, resolved)
+
+    def _samples_row(self, row: int, sharded_over: int | None) -> bool:
+        """Whether this writer writes the position rows of batch row ``row``'s draft."""
+        if self.joined_rank is None:
+            return True
+        if sharded_over is None:  # a step every rank sampled whole: the owner writes it
+            return self.joined_rank == 0
+        return row % sharded_over == self.joined_rank
+
+    @property
+    def writes_steps(self) -> bool:
+        """Whether this writer writes steps and requests rows (not a joining rank)."""
+        return self.joined_rank in (None, 0)
 
     def _process_target_only(
         self,
@@ -419,9 +451,12 @@ class TraceRecorder:
         accepted: int,
         cost: StepCost,
     ) -> int:
-        """Write one steps row (its request row first, once); returns the step number."""
+        """Write one steps row (its request row first, once); returns the step number
+        (a joining rank counts the steps and writes neither)."""
         step = self._step_count.get(req_id, 0)
         self._step_count[req_id] = step + 1
+        if not self.writes_steps:
+            return step
         prompt_id = external_request_id(req_id)
         if req_id not in self._seen:
             self._seen.add(req_id)
@@ -463,6 +498,10 @@ class TraceRecorder:
             )
         context = pending.context_len if pending.context_len is not None else -1
         step = self._add_step(req_id, context, len(pending.tokens), verified, accepted, cost)
+        if self.writes_steps:
+            self.stats.observe_draft(min(verified, self.n), min(accepted, self.n))
+        if not pending.owned:
+            return
         positions = []
         for pos, token in enumerate(pending.tokens):
             if pos < accepted:
@@ -484,7 +523,6 @@ class TraceRecorder:
                 row[name] = values[pos] if values is not None else None
             positions.append(row)
         self._add("positions", positions)
-        self.stats.observe_draft(min(verified, self.n), min(accepted, self.n))
 
     def _add(self, table: str, rows: list[dict[str, Any]]) -> None:
         if self.writer is None:
@@ -561,8 +599,9 @@ class TraceRecorder:
         with self._qlock:
             # nothing staged or scheduled meanwhile: start_requests/stage wait for this
             if seq == self._seq_staged and not self._active and not self._queue:
-                if self.writer.run_dir.is_local:  # the local dead-writer check reads it
-                    Path(self.writer.run_dir / SETTLED_MARKER).touch()
+                # the local dead-writer check reads it
+                if (marker := self._settled_marker()) is not None:
+                    marker.touch()
                 self._settled = True
 
     def drain(self) -> None:
@@ -622,8 +661,8 @@ class TraceRecorder:
             except Exception:
                 logger.exception("dsparklab: writing the last rows of %s failed", self.run_dir)
         self.writer.close(status=status)
-        if self.writer.run_dir.is_local:
-            Path(self.writer.run_dir / SETTLED_MARKER).unlink(missing_ok=True)
+        if (marker := self._settled_marker()) is not None:
+            marker.unlink(missing_ok=True)
 
     def fail(self, reason: str) -> None:
         """Stop recording and mark the run failed (rows already written are kept)."""

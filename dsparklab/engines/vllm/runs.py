@@ -52,7 +52,7 @@ from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
 from dsparklab.store.reader import part_files, store_runs
 from dsparklab.store.sampling import SAMPLE_KEY, sample_block
-from dsparklab.store.schema import TABLES
+from dsparklab.store.schema import JOINED_WRITERS, TABLES
 from dsparklab.store.writer import utc_now, write_run_json, writer_id
 
 logger = logging.getLogger(__name__)
@@ -324,11 +324,35 @@ def _parallel_ranks(vllm_config: Any) -> Ranks:
     return Ranks(tp=tp, dp=int(getattr(parallel, "data_parallel_rank", 0) or 0), pcp=pcp)
 
 
-def records_here(ranks: Ranks, writer_ranks: str) -> bool:
+def records_here(ranks: Ranks, writer_ranks: str, *, joined: bool = False) -> bool:
     """Whether this rank writes: TP rank 0 of each DP replica (every TP rank with
-    ``DSPARKLAB_WRITER_RANKS=all``), and only PCP rank 0, whose drafts vLLM broadcasts to the
-    other PCP ranks after ``propose`` (``PCPManager.sync_drafts``): theirs are never verified."""
-    return ranks.pcp == 0 and (writer_ranks == "all" or ranks.tp == 0)
+    ``DSPARKLAB_WRITER_RANKS=all``, or when the ranks write one run together: ``joined``),
+    and only PCP rank 0, whose drafts vLLM broadcasts to the other PCP ranks after
+    ``propose`` (``PCPManager.sync_drafts``): theirs are never verified."""
+    return ranks.pcp == 0 and (writer_ranks == "all" or joined or ranks.tp == 0)
+
+
+def batch_sharded_sampling(vllm_config: Any) -> bool:
+    """Whether vLLM (0.34+) is asked to shard DSpark's sequential sampling over the TP ranks
+    (``--enable-batch-sharded-sampling`` with TP > 1). vLLM may still decline at load; it
+    then samples every row on every rank, and the steps say so (``sharded_over``)."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    asked = bool(getattr(parallel, "enable_batch_sharded_sampling", False))
+    return asked and int(getattr(parallel, "tensor_parallel_size", 1) or 1) > 1
+
+
+def joins_one_run(vllm_config: Any, method: str, writer_ranks: str) -> bool:
+    """Whether every TP rank of this engine writes into one run: DSpark under batch-sharded
+    sampling, where each rank samples, and so records, its own batch rows (unless
+    ``DSPARKLAB_WRITER_RANKS=all`` asks for a run per rank). The ranks agree on the run's
+    name through vLLM's ``instance_id``, which the engine's process sets once and its workers
+    receive with the config."""
+    return (
+        method == "dspark"
+        and writer_ranks == "tp0"
+        and batch_sharded_sampling(vllm_config)
+        and bool(getattr(vllm_config, "instance_id", ""))
+    )
 
 
 def _model_name(path: str | None) -> dict[str, Any]:
@@ -364,9 +388,16 @@ def method_of(vllm_config: Any) -> tuple[str | None, int]:
 
 
 def new_recorder(
-    vllm_config: Any, method: str, n: int, *, model_runner: str, ranks: Ranks
+    vllm_config: Any,
+    method: str,
+    n: int,
+    *,
+    model_runner: str,
+    ranks: Ranks,
+    joined: bool = False,
 ) -> TraceRecorder:
-    """A recorder writing one run directory below ``DSPARKLAB_TRACE_DIR``."""
+    """A recorder writing one run directory below ``DSPARKLAB_TRACE_DIR``; ``joined``
+    (:func:`joins_one_run`): one the engine's TP ranks write together, TP rank 0 owning it."""
     import vllm
 
     config = STATE.config
@@ -376,26 +407,31 @@ def new_recorder(
         STATE.run_counter += 1
         counter = STATE.run_counter
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
     tp, dp = ranks.tp, ranks.dp
-    name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
+    parallel = getattr(vllm_config, "parallel_config", None)
+    tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
 
     def where(run_id: str) -> Location:
         partition = {"dataset": config.dataset, "method": method, "num_speculative_tokens": n}
         return run_location(config.trace_dir, {**partition, "run_id": run_id})
 
-    if config.trace_dir.is_local:
-        run_dir = where(name)
-        if holds_runs(run_dir) or counter > 1 and run_dir.exists():
-            name = f"{name}-{os.getpid()}-{counter}"
+    if joined:
+        # the same on every TP rank, and no other engine's: the instance id (a start time)
+        base = config.run_name or f"vllm-{method}-n{n}"
+        name = f"{base}-dp{dp}-{vllm_config.instance_id}"
     else:
-        # many servers share a bucket, and an object store must not be asked (it may be
-        # down): a name no other process can take
-        name = f"{name}-{writer_id()}-{counter}"
+        base = config.run_name or f"vllm-{method}-n{n}-{stamp}-{os.getpid()}"
+        name = f"{base}-dp{dp}" + (f"-tp{tp}" if config.writer_ranks == "all" else "")
+        if config.trace_dir.is_local:
+            if holds_runs(where(name)) or counter > 1 and where(name).exists():
+                name = f"{name}-{os.getpid()}-{counter}"
+        else:
+            # many servers share a bucket, and an object store must not be asked (it may be
+            # down): a name no other process can take
+            name = f"{name}-{writer_id()}-{counter}"
     run_dir = where(name)
     spec_cfg = getattr(vllm_config, "speculative_config", None)
     model_cfg = getattr(vllm_config, "model_config", None)
-    parallel = getattr(vllm_config, "parallel_config", None)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     run_json = new_run_json(
         run_id=name,
@@ -427,6 +463,8 @@ def new_recorder(
         recorded_fields=recorded_fields(method, model_runner, config.level, STATE.installed),
         config={"taps": config.as_dict(), "pid": os.getpid(), "ancestor_pids": ancestor_pids()},
     )
+    if joined and tp == 0:  # the run's owner names the ranks that join it
+        run_json[JOINED_WRITERS] = [f"tp{rank}" for rank in range(1, tp_size)]
     if config.sample < 1.0:
         run_json[SAMPLE_KEY] = sample_block(config.sample)
     # an object store may be down or slow: its writes go through a bounded outbox
@@ -440,8 +478,9 @@ def new_recorder(
         run_json,
         flush_seconds=config.flush_seconds,
         outbox=outbox,
-        tag=f"dp{dp}",
+        tag=f"dp{dp}" + (f"-tp{tp}" if joined else ""),
         lease_seconds=config.lease_seconds,
+        joins=f"tp{tp}" if joined and tp > 0 else None,
     )
     rec = TraceRecorder(
         n,
@@ -449,6 +488,7 @@ def new_recorder(
         writer=writer,
         flush_seconds=config.flush_seconds,
         sample=config.sample,
+        joined_rank=tp if joined else None,
     )
     with STATE.lock:
         STATE.recorders.append(rec)
@@ -458,6 +498,16 @@ def new_recorder(
             STATE.atexit_registered = True
     if method == "none":
         logger.info("dsparklab: recording target-only steps into %s", run_dir)
+    elif joined:
+        logger.info(
+            "dsparklab: recording %s n=%d drafts into %s, which all %d TP ranks write (this "
+            "is rank %d)",
+            method,
+            n,
+            run_dir,
+            tp_size,
+            tp,
+        )
     else:
         logger.info("dsparklab: recording %s n=%d drafts into %s", method, n, run_dir)
     return rec
@@ -481,9 +531,12 @@ def make_tap(
     if config is None or method not in RECORDED_METHODS or n <= 0:
         return None
     ranks = _parallel_ranks(vllm_config)
-    if not records_here(ranks, config.writer_ranks):
+    joined = joins_one_run(vllm_config, method, config.writer_ranks)
+    if not records_here(ranks, config.writer_ranks, joined=joined):
         return None
-    recorder = new_recorder(vllm_config, method, n, model_runner=model_runner, ranks=ranks)
+    recorder = new_recorder(
+        vllm_config, method, n, model_runner=model_runner, ranks=ranks, joined=joined
+    )
     return factory(
         recorder=recorder,
         n=n,
