@@ -842,8 +842,26 @@ def test_the_sharded_path_says_in_run_json_which_rows_it_records(
     assert all("written by rank 0" in v for v in fields.values())
     warned = [r for r in caplog.records if "batch-sharded" in r.getMessage()]
     assert len(warned) == 1, "one line, once"
+    # the staged step says it was sampled sharded, so the recorder knows whose rows are whose
+    staged: list[dict] = []
+    monkeypatch.setattr(tap, "hand_on", lambda slot: staged.append(dict(slot.meta)))
+    slot = tap.acquire()
+    slot.meta["req_ids"] = ["a", "b", "c"]
+    tap.after(slot, torch.zeros(3, N, dtype=torch.int64))
+    assert staged[0]["sharded_over"] == 2 and tap.sharded_over is None
     rec.close()
     assert read_run_json(tmp_path / "run")["recorded_fields"] == fields
+    # in a run every TP rank writes, no field is partial
+    joined = TraceRecorder(
+        N, dataset="d", writer=_writer(tmp_path / "joined", "dspark"), joined_rank=1
+    )
+    tap = dspark_taps.DSparkTap(
+        recorder=joined, n=N, max_num_reqs=4, device=torch.device("cpu"), level="full"
+    )
+    spec.__dict__[TAP_ATTR] = tap
+    wrapped(spec, 3, torch.zeros(1))
+    assert tap.sharded_over == 2 and tap.active
+    assert "recorded_fields" not in joined.writer.meta
 
 
 def test_a_sharded_step_moves_each_slot_to_its_batch_row() -> None:
