@@ -50,7 +50,7 @@ from dsparklab.store.reader import (
     read_parts,
     read_run_json,
 )
-from dsparklab.store.schema import ALL_TABLES, RUN_JSON
+from dsparklab.store.schema import ALL_TABLES, JOINED_DIR, JOINED_WRITERS, RUN_JSON
 from dsparklab.store.writer import part_bytes, utc_now, write_run_json
 
 logger = logging.getLogger(__name__)
@@ -147,8 +147,11 @@ def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: 
             (directory / compacted_part_name(generation, seq)).write_bytes(chunk)
         files[table] = len(starts)
         rows[table] = data.num_rows
+    # the compacted parts hold every writer's rows: the run has one writer from here on,
+    # and its joined writers' own counts (already in ``rows``) must not be added again
+    joined = written.get(JOINED_WRITERS)
     committed = {
-        **written,
+        **{key: value for key, value in written.items() if key != JOINED_WRITERS},
         "rows": rows,
         "parts": files,
         "compaction": {
@@ -157,10 +160,13 @@ def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: 
             "file_rows": file_rows,
             "sorted_by": list(SORT_KEYS),
             **({} if in_place else {"moved_from": str(run)}),
+            **({JOINED_WRITERS: joined} if joined else {}),
         },
     }
     write_run_json(target, committed)  # the commit: run.json, its runs row first
     _delete_old(target, generation)
+    if joined and in_place:
+        (target / JOINED_DIR).delete()
     logger.info("compacted %s -> %s (generation %d)", run, target, generation)
     return Compacted(run, target, generation, files, rows)
 

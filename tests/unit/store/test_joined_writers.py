@@ -119,3 +119,23 @@ def test_a_bad_joined_writer_file_names_itself_and_its_field(
         read_run_json(owner.run_dir)
     assert err.value.field == field
     assert err.value.path == str(path)
+
+
+def test_compacting_a_joined_run_folds_its_writers_into_one(tmp_path: Path) -> None:
+    from dsparklab.store.compact import compact_store
+
+    owner, joiner = _writers(tmp_path)
+    with owner, joiner:
+        _fill(owner, joiner)
+    before = read_trace(owner.run_dir, "positions")
+    (result,) = compact_store(tmp_path)
+    assert result.rows["positions"] == len(before) == 2 * 2 * N
+    meta = read_run_json(owner.run_dir)
+    assert JOINED_WRITERS not in meta and meta["compaction"][JOINED_WRITERS] == ["tp1"]
+    assert meta["rows"]["positions"] == len(before), "the joined writer's rows, counted once"
+    assert not (owner.run_dir / JOINED_DIR).is_dir()
+    after = read_trace(owner.run_dir, "positions")
+    keys = ["request_id", "step", "position"]
+    assert after.sort_values(keys)["draft_token"].tolist() == (
+        before.sort_values(keys)["draft_token"].tolist()
+    )
