@@ -18,7 +18,7 @@ from seaweed_store import SeaweedS3, free_ports
 from dsparklab.store import find_runs, read_run_json, read_trace, validate_trace
 from dsparklab.store.layout import partition_values
 from dsparklab.store.reader import store_runs
-from tests.conftest import numbered_requests
+from tests.conftest import numbered_request, numbered_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4
@@ -118,6 +118,42 @@ def test_four_writers_and_a_killed_one(
     everything = read_trace(root, "steps", statuses=["complete", "incomplete"])
     assert not everything.duplicated(["run_id", "request_id", "step"]).any()
     assert len(everything) == 2 * ((WRITERS - 1) * finishing + requests)
+
+
+def test_tensor_parallel_ranks_write_one_run_into_a_bucket(
+    seaweed: SeaweedS3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's batch-sharded DSpark sampling on an object store: the owner (TP rank 0) and
+    a joined writer (rank 1) send one run's files through their outboxes, as the plugin's
+    writers do; read back it is one complete run holding both writers' rows."""
+    from dsparklab.store import TraceWriter
+    from dsparklab.store.outbox import Outbox
+    from dsparklab.store.schema import JOINED_WRITERS
+    from tests.conftest import make_run_json, request_row
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    root = f"s3://{s3_bucket}/joined"
+    meta = make_run_json(num_speculative_tokens=N, run_id="tp-run")
+    owner = TraceWriter(root, {**meta, JOINED_WRITERS: ["tp1"]}, tag="tp0", outbox=Outbox())
+    joiner = TraceWriter(root, meta, tag="tp1", outbox=Outbox(), joins="tp1")
+    want_steps, want_positions = numbered_requests(6, n=N)
+    with owner, joiner:
+        for i in range(6):  # request r<i>'s drafts were sampled by rank i mod 2
+            steps, positions = numbered_request(i, n=N)
+            owner.add_many("steps", steps)
+            owner.add(
+                "requests", request_row(f"r{i}", n_output=1 + sum(s["emitted"] for s in steps))
+            )
+            (owner if i % 2 == 0 else joiner).add_many("positions", positions)
+    (run,) = find_runs(root)
+    meta = read_run_json(run)
+    assert meta["status"] == "complete"
+    assert meta["rows"]["positions"] == len(want_positions)
+    (report,) = validate_trace(root)
+    assert report.ok, [str(v) for v in report.violations]
+    _same_rows(read_trace(run, "positions"), want_positions, ["request_id", "step", "position"])
+    _same_rows(read_trace(run, "steps"), want_steps, ["request_id", "step"])
 
 
 def _dsparklab(
