@@ -65,14 +65,17 @@ def _json_object(path: Location, missing: str) -> dict[str, Any]:
     return meta
 
 
-def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, Any]:
+def read_run_json(
+    run_dir: Where, *, derive_status: bool = True, joined: bool = True
+) -> dict[str, Any]:
     """Load and check ``run.json``; raise TraceSchemaError naming the file and field.
 
     A ``running`` run whose writer's lease (``lease_expires_at``) has passed reads as
     ``incomplete``, with ``status_reason`` saying so (its writer stopped renewing it: killed,
     or its host lost); ``derive_status=False`` returns the status as written. A run other
     writers join (``joined_writers``) reads with their rows and parts counted in and the
-    worst of their statuses (:func:`with_joined_writers`).
+    worst of their statuses (:func:`with_joined_writers`); ``joined=False`` returns its
+    owner's run.json alone (what the owner's closer writes back).
     """
     run = resolve_run(run_dir)
     path = run / RUN_JSON
@@ -112,7 +115,7 @@ def read_run_json(run_dir: Where, *, derive_status: bool = True) -> dict[str, An
             f"its writer's lease ended at {meta['lease_expires_at']} without the run being "
             "closed (the writer was killed or lost its store)"
         )
-    if meta.get(JOINED_WRITERS):
+    if joined and meta.get(JOINED_WRITERS):
         meta = with_joined_writers(run, meta, derive_status=derive_status)
     return meta
 
@@ -137,18 +140,42 @@ def with_joined_writers(
         raise TraceSchemaError(
             "expected a list of writer tags", path=run / RUN_JSON, field=JOINED_WRITERS
         )
-    for tag in tags:
-        path = run / JOINED_DIR / f"{tag}.json"
-        if not path.is_file():
+    for tag, written in _joined_records(run, tags).items():
+        if written is None:
             if meta["status"] != "running":
                 why = f"left no {JOINED_DIR}/{tag}.json: it never started, or its store lost it"
                 _worse(meta, tag, "incomplete", why)
             continue
+        for key in ("rows", "parts"):
+            for table, count in written[key].items():
+                meta[key][table] = int(meta[key].get(table, 0)) + count
+        status = written["status"]
+        reason = written.get("status_reason") or written.get("error")
+        if status == "running" and written.get("lease_expires_at"):
+            # the run is open while any writer is: its lease is the last one to end
+            leases = [meta.get("lease_expires_at"), written["lease_expires_at"]]
+            meta["lease_expires_at"] = max(lease for lease in leases if lease)
+            if derive_status and _lease_expired(written):
+                status = "incomplete"
+                reason = f"its lease ended at {written['lease_expires_at']} without it closing"
+        _worse(meta, tag, status, reason)
+    return meta
+
+
+def _joined_records(run: Location, tags: list[str]) -> dict[str, dict[str, Any] | None]:
+    """Each joined writer's ``writers/<tag>.json``, checked (None where it is missing)."""
+    records: dict[str, dict[str, Any] | None] = {}
+    for tag in tags:
+        path = run / JOINED_DIR / f"{tag}.json"
+        if not path.is_file():
+            records[tag] = None
+            continue
         written = _json_object(path, "a joined writer's file is missing")
-        status = written.get("status")
-        if status not in STATUSES:
+        if written.get("status") not in STATUSES:
             raise TraceSchemaError(
-                f"status {status!r} is not one of {list(STATUSES)}", path=path, field="status"
+                f"status {written.get('status')!r} is not one of {list(STATUSES)}",
+                path=path,
+                field="status",
             )
         for key in ("rows", "parts"):
             counts = written.get(key) or {}
@@ -156,14 +183,26 @@ def with_joined_writers(
                 isinstance(v, int) and not isinstance(v, bool) for v in counts.values()
             ):
                 raise TraceSchemaError("expected counts by table", path=path, field=key)
-            for table, count in counts.items():
-                meta[key][table] = int(meta[key].get(table, 0)) + count
-        reason = written.get("status_reason") or written.get("error")
-        if derive_status and status == "running" and _lease_expired(written):
-            status = "incomplete"
-            reason = f"its lease ended at {written['lease_expires_at']} without it closing"
-        _worse(meta, tag, status, reason)
-    return meta
+            written[key] = counts
+        records[tag] = written
+    return records
+
+
+def joined_counts(run_dir: Where, meta: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """``{table: (parts, rows)}`` the writers that joined the run (run.json ``meta``, as
+    written) say they wrote: what is not its owner's."""
+    tags = meta.get(JOINED_WRITERS) or []
+    totals: dict[str, tuple[int, int]] = {}
+    for written in _joined_records(resolve_run(run_dir), list(tags)).values():
+        if written is None:
+            continue
+        for table in {*written["parts"], *written["rows"]}:
+            parts, rows = totals.get(table, (0, 0))
+            totals[table] = (
+                parts + written["parts"].get(table, 0),
+                rows + written["rows"].get(table, 0),
+            )
+    return totals
 
 
 def _worse(meta: dict[str, Any], tag: str, status: str, reason: str | None) -> None:

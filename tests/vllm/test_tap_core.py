@@ -842,13 +842,18 @@ def test_the_sharded_path_says_in_run_json_which_rows_it_records(
     assert all("written by rank 0" in v for v in fields.values())
     warned = [r for r in caplog.records if "batch-sharded" in r.getMessage()]
     assert len(warned) == 1, "one line, once"
-    # the staged step says it was sampled sharded, so the recorder knows whose rows are whose
+    # each staged step says whether vLLM shards the sampling (a load-time fact, asked on the
+    # host at every step: a replayed graph runs none of the taps' Python), so the recorder
+    # knows whose rows are whose
     staged: list[dict] = []
     monkeypatch.setattr(tap, "hand_on", lambda slot: staged.append(dict(slot.meta)))
-    slot = tap.acquire()
-    slot.meta["req_ids"] = ["a", "b", "c"]
-    tap.after(slot, torch.zeros(3, N, dtype=torch.int64))
-    assert staged[0]["sharded_over"] == 2 and tap.sharded_over is None
+    tap.spec = spec
+    for comm in (None, object()):
+        spec._sharded_sequential_comm = comm
+        slot = tap.acquire()
+        slot.meta["req_ids"] = ["a", "b", "c"]
+        tap.after(slot, torch.zeros(3, N, dtype=torch.int64))
+    assert "sharded_over" not in staged[0] and staged[1]["sharded_over"] == 2
     rec.close()
     assert read_run_json(tmp_path / "run")["recorded_fields"] == fields
     # in a run every TP rank writes, no field is partial
@@ -860,8 +865,7 @@ def test_the_sharded_path_says_in_run_json_which_rows_it_records(
     )
     spec.__dict__[TAP_ATTR] = tap
     wrapped(spec, 3, torch.zeros(1))
-    assert tap.sharded_over == 2 and tap.active
-    assert "recorded_fields" not in joined.writer.meta
+    assert tap.active and "recorded_fields" not in joined.writer.meta
 
 
 def test_a_sharded_step_moves_each_slot_to_its_batch_row() -> None:
@@ -980,6 +984,58 @@ def test_the_tp_ranks_of_a_batch_sharded_engine_write_one_run(
         ("y", 0),
         ("y", 1),
     ]
+
+
+def test_ranks_join_one_run_only_where_they_share_vllms_config() -> None:
+    """The ranks name the run from vLLM's instance id, which agrees across ranks only where
+    the engine's process pickles its config to them (multiprocessing on one node, Ray)."""
+    from dsparklab.engines.vllm.runs import joins_one_run
+
+    def config(backend: str, nnodes: int = 1, sharded: bool = True) -> SimpleNamespace:
+        parallel = SimpleNamespace(
+            tensor_parallel_size=2,
+            enable_batch_sharded_sampling=sharded,
+            distributed_executor_backend=backend,
+            nnodes=nnodes,
+        )
+        return SimpleNamespace(parallel_config=parallel, instance_id="1")
+
+    assert joins_one_run(config("mp"), "dspark", "tp0")
+    assert joins_one_run(config("ray", nnodes=2), "dspark", "tp0")
+    assert not joins_one_run(config("mp", nnodes=2), "dspark", "tp0")
+    assert not joins_one_run(config("external_launcher"), "dspark", "tp0")
+    assert not joins_one_run(config("mp", sharded=False), "dspark", "tp0")
+    assert not joins_one_run(config("mp"), "dspark", "all")
+    assert not joins_one_run(config("mp"), "eagle3", "tp0")
+
+
+def test_closing_a_dead_owner_of_a_joined_run_counts_its_own_rows(tmp_path: Path) -> None:
+    """The closer writes back the owner's run.json as written, with the owner's own counts:
+    the joined writers' rows are theirs to report (a reader adds them once)."""
+    import subprocess
+
+    from dsparklab.engines.vllm import runs
+    from dsparklab.store.schema import JOINED_WRITERS
+    from tests.conftest import make_run_json, step_rows
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    meta = make_run_json(num_speculative_tokens=N, config={"pid": dead.pid})
+    owner = TraceWriter(tmp_path, {**meta, JOINED_WRITERS: ["tp1"]}, tag="tp0")
+    joiner = TraceWriter(tmp_path, meta, tag="tp1", joins="tp1")
+    owner.__enter__()  # the owner's process dies without closing
+    with joiner:
+        for rid, writer in (("r0", owner), ("r1", joiner)):
+            steps, positions = step_rows([2, 1], n=N, request_id=rid)
+            owner.add_many("steps", steps)
+            writer.add_many("positions", positions)
+    owner.flush()
+    run_dir = Path(owner.run_dir.path)
+    assert runs.close_run_of_dead_writer(run_dir, closed_by="test") == "incomplete"
+    assert read_run_json(run_dir, joined=False)["rows"]["positions"] == 2 * N
+    merged = read_run_json(run_dir)
+    assert merged["rows"]["positions"] == 2 * 2 * N
+    assert merged["status"] == "incomplete"
 
 
 def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:

@@ -101,10 +101,8 @@ class DSparkTap(SpecTap):
         self.stash = DraftStash()
         self.in_step = False
         self.confidence_source: str | None = None
-        # vLLM 0.34's batch-sharded sampling: the rows this rank samples in this step, and
-        # the TP size the last draft step was sharded over (for its staged slot)
+        # vLLM 0.34's batch-sharded sampling: the rows this rank samples in this step
         self.shard: BatchShard | None = None
-        self.sharded_over: int | None = None
         self.sharded_noted = False  # run.json says which rows the sharded path records
         self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._skipped_warned = False
@@ -116,10 +114,11 @@ class DSparkTap(SpecTap):
 
     def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
         """Stage the step as :class:`SpecTap` does, saying whether its draft was sampled
-        batch-sharded (the recorder then writes the rows this rank sampled)."""
-        if self.sharded_over is not None:
-            slot.meta["sharded_over"] = self.sharded_over
-        self.sharded_over = None
+        batch-sharded (the recorder then writes the rows this rank sampled). Asked of the
+        speculator at every step, on the host: a replayed graph runs no tap Python."""
+        size = sharded_sampling_size(self.spec)
+        if size is not None:
+            slot.meta["sharded_over"] = size
         super().after(slot, drafts)
 
     # -- one draft step ----------------------------------------------------------------
@@ -129,7 +128,6 @@ class DSparkTap(SpecTap):
         rank's rows: the taps write them by slot, and ``end`` moves them to their rows)."""
         self.stash.clear()
         self.shard = None
-        self.sharded_over = None
         if mode == "sharded":
             rank, size = tensor_parallel_rank_and_size()
             self.shard = BatchShard(rank=rank, size=size, num_reqs=num_reqs)
@@ -257,7 +255,6 @@ class DSparkTap(SpecTap):
             if self.shard is not None:
                 self.shard.to_batch_rows_(self.buffers)
                 rows = self.shard.num_reqs
-                self.sharded_over = self.shard.size
             if from_vllm is not None:
                 # vLLM's own, for every batch row (gathered across ranks when sharded)
                 probs = spec.draft_token_confidence_probs
@@ -319,6 +316,15 @@ def tensor_parallel_rank_and_size() -> tuple[int, int]:
 
     group = parallel_state.get_tp_group()
     return int(group.rank_in_group), int(group.world_size)
+
+
+def sharded_sampling_size(spec: Any) -> int | None:
+    """The TP size vLLM shards the speculator's sequential sampling over (vLLM 0.34 sets
+    ``_sharded_sequential_comm`` at load when it shards, and then shards every draft step),
+    else None."""
+    if getattr(spec, "_sharded_sequential_comm", None) is None:
+        return None
+    return tensor_parallel_rank_and_size()[1]
 
 
 def _dspark_tap(obj: Any) -> DSparkTap | None:

@@ -50,7 +50,7 @@ from dsparklab.store.catalog import holds_runs
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
-from dsparklab.store.reader import part_files, store_runs
+from dsparklab.store.reader import joined_counts, part_files, store_runs
 from dsparklab.store.sampling import SAMPLE_KEY, sample_block
 from dsparklab.store.schema import JOINED_WRITERS, TABLES
 from dsparklab.store.writer import utc_now, write_run_json, writer_id
@@ -181,7 +181,8 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
     """
     import pyarrow.parquet as pq
 
-    meta = read_run_json(run_dir, derive_status=False)
+    # the owner's run.json as written: what this writes back (joined writers keep their own)
+    meta = read_run_json(run_dir, derive_status=False, joined=False)
     pid = (meta.get("config") or {}).get("pid")
     if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
         return None
@@ -189,15 +190,20 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
     settled = marker.is_file()
     status = "complete" if settled else "incomplete"
     files = {table: part_files(run_dir, table) for table in TABLES}
+    parts = {table: len(found) for table, found in files.items()}
+    rows = {
+        table: sum(pq.read_metadata(p).num_rows for p in found) for table, found in files.items()
+    }
+    # the parts of the writers that joined the run are theirs to count (a reader adds them)
+    for table, (their_parts, their_rows) in joined_counts(run_dir, meta).items():
+        parts[table] = parts.get(table, 0) - their_parts
+        rows[table] = rows.get(table, 0) - their_rows
     meta.update(
         status=status,
         finished_at=utc_now(),
         lease_expires_at=None,
-        parts={table: len(parts) for table, parts in files.items()},
-        rows={
-            table: sum(pq.read_metadata(p).num_rows for p in parts)
-            for table, parts in files.items()
-        },
+        parts=parts,
+        rows=rows,
         ended={
             "closed_by": closed_by,
             "writer_pid": pid,
@@ -226,7 +232,7 @@ def close_runs_of_dead_descendants(
         return {}
     for run_dir in store_runs(trace_dir):  # the taps' runs, listed below _runs only
         try:
-            meta = read_run_json(run_dir, derive_status=False)
+            meta = read_run_json(run_dir, derive_status=False, joined=False)
         except DSparkLabError:
             continue
         config = meta.get("config") or {}
@@ -239,7 +245,7 @@ def close_runs_of_dead_descendants(
             status = close_run_of_dead_writer(run_dir, closed_by=f"dsparklab in pid {ancestor}")
             if (
                 status is not None
-                or read_run_json(run_dir, derive_status=False)["status"] != "running"
+                or read_run_json(run_dir, derive_status=False, joined=False)["status"] != "running"
             ):
                 mine.remove(run_dir)
             if status is not None:
@@ -344,13 +350,23 @@ def batch_sharded_sampling(vllm_config: Any) -> bool:
 def joins_one_run(vllm_config: Any, method: str, writer_ranks: str) -> bool:
     """Whether every TP rank of this engine writes into one run: DSpark under batch-sharded
     sampling, where each rank samples, and so records, its own batch rows (unless
-    ``DSPARKLAB_WRITER_RANKS=all`` asks for a run per rank). The ranks agree on the run's
-    name through vLLM's ``instance_id``, which the engine's process sets once and its workers
-    receive with the config."""
+    ``DSPARKLAB_WRITER_RANKS=all`` asks for a run per rank).
+
+    The ranks agree on the run's name through vLLM's ``instance_id``, which the engine's
+    process sets once (``VllmConfig.__post_init__``) and its workers receive pickled with the
+    config: true of the multiprocessing executor on one node and of Ray. Where each rank
+    builds its own config (``external_launcher``, or a multiprocessing engine over several
+    nodes, whose headless nodes start alone) the ids differ, so there TP rank 0 writes alone
+    and run.json marks the fields it holds for its own rows only ``partial``."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    nodes = int(getattr(parallel, "nnodes", 1) or 1)
+    one_config = backend == "ray" or (backend != "external_launcher" and nodes == 1)
     return (
         method == "dspark"
         and writer_ranks == "tp0"
         and batch_sharded_sampling(vllm_config)
+        and one_config
         and bool(getattr(vllm_config, "instance_id", ""))
     )
 

@@ -139,3 +139,37 @@ def test_compacting_a_joined_run_folds_its_writers_into_one(tmp_path: Path) -> N
     assert after.sort_values(keys)["draft_token"].tolist() == (
         before.sort_values(keys)["draft_token"].tolist()
     )
+
+
+def test_a_running_joined_writers_lease_is_the_runs(tmp_path: Path) -> None:
+    """Compaction leaves a run alone while any writer's lease runs; once the last one
+    lapsed, ``stale_after_s`` takes that writer for dead (the owner closed without one)."""
+    from dsparklab.store.compact import compact_store
+
+    owner, joiner = _writers(tmp_path)
+    with owner:
+        joiner.__enter__()
+        _fill(owner, joiner)
+        joiner.flush()
+    path = Path((owner.run_dir / JOINED_DIR / "tp1.json").path)
+    written = read_run_json(owner.run_dir, derive_status=False)
+    assert written["status"] == "running"
+    assert written["lease_expires_at"] == json.loads(path.read_text())["lease_expires_at"]
+    (skipped,) = compact_store(tmp_path)
+    assert skipped.skipped == "still being written"
+    record = json.loads(path.read_text())
+    record["lease_expires_at"] = "2000-01-01T00:00:00+00:00"
+    path.write_text(json.dumps(record))
+    (lapsed,) = compact_store(tmp_path)
+    assert "lease lapsed" in lapsed.skipped
+    (compacted,) = compact_store(tmp_path, stale_after_s=60)
+    assert not compacted.skipped and compacted.rows["positions"] == 2 * 2 * N
+
+
+def test_the_owners_run_json_reads_alone_when_asked(tmp_path: Path) -> None:
+    owner, joiner = _writers(tmp_path)
+    with owner, joiner:
+        _fill(owner, joiner)
+    alone = read_run_json(owner.run_dir, joined=False)
+    assert alone["rows"]["positions"] == 2 * N  # r0's, the owner's own
+    assert read_run_json(owner.run_dir)["rows"]["positions"] == 2 * 2 * N
