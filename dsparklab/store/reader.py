@@ -188,6 +188,12 @@ def _joined_records(run: Location, tags: list[str]) -> dict[str, dict[str, Any] 
     return records
 
 
+def joined_record(run_dir: Where, tag: str) -> dict[str, Any] | None:
+    """The joined writer ``tag``'s ``writers/<tag>.json`` in run ``run_dir``, checked; None
+    where it has none."""
+    return _joined_records(resolve_run(run_dir), [tag])[tag]
+
+
 def joined_counts(run_dir: Where, meta: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """``{table: (parts, rows)}`` the writers that joined the run (run.json ``meta``, as
     written) say they wrote: what is not its owner's."""

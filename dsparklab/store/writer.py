@@ -398,7 +398,8 @@ class TraceWriter:
     def _joined_json(self) -> bytes:
         """A joining writer's own record: what :func:`with_joined_writers` reads."""
         keys = ("status", "rows", "parts", "created_at", "lease_expires_at", "finished_at")
-        extra = ("error", "status_reason", "dropped")
+        # ``config``: the writing process's pid and ancestors, where an engine gives them
+        extra = ("error", "status_reason", "dropped", "config")
         record = {key: self.meta.get(key) for key in keys}
         record.update({key: self.meta[key] for key in extra if key in self.meta})
         return json_bytes({"writer": self._joins, "writer_id": self._writer_id, **record})

@@ -1009,33 +1009,47 @@ def test_ranks_join_one_run_only_where_they_share_vllms_config() -> None:
     assert not joins_one_run(config("mp"), "eagle3", "tp0")
 
 
-def test_closing_a_dead_owner_of_a_joined_run_counts_its_own_rows(tmp_path: Path) -> None:
-    """The closer writes back the owner's run.json as written, with the owner's own counts:
-    the joined writers' rows are theirs to report (a reader adds them once)."""
+def test_the_dead_writers_of_a_joined_run_are_closed_each_with_its_own_rows(
+    tmp_path: Path,
+) -> None:
+    """vLLM killed its workers at shutdown: the closer closes rank 0's run.json and each
+    joined rank's own file, each from its own settled marker and with its own rows (a reader
+    adds them up once)."""
+    import os
     import subprocess
 
     from dsparklab.engines.vllm import runs
+    from dsparklab.engines.vllm.recorder import settled_marker
+    from dsparklab.store.reader import joined_record
     from dsparklab.store.schema import JOINED_WRITERS
     from tests.conftest import make_run_json, step_rows
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    meta = make_run_json(num_speculative_tokens=N, config={"pid": dead.pid})
+    config = {"pid": dead.pid, "ancestor_pids": [os.getpid()]}
+    meta = make_run_json(num_speculative_tokens=N, config=config)
     owner = TraceWriter(tmp_path, {**meta, JOINED_WRITERS: ["tp1"]}, tag="tp0")
     joiner = TraceWriter(tmp_path, meta, tag="tp1", joins="tp1")
-    owner.__enter__()  # the owner's process dies without closing
-    with joiner:
-        for rid, writer in (("r0", owner), ("r1", joiner)):
-            steps, positions = step_rows([2, 1], n=N, request_id=rid)
-            owner.add_many("steps", steps)
-            writer.add_many("positions", positions)
+    for writer in (owner, joiner):  # both processes die without closing
+        writer.__enter__()
+    for rid, writer in (("r0", owner), ("r1", joiner)):
+        steps, positions = step_rows([2, 1], n=N, request_id=rid)
+        owner.add_many("steps", steps)
+        writer.add_many("positions", positions)
     owner.flush()
+    joiner.flush()
     run_dir = Path(owner.run_dir.path)
-    assert runs.close_run_of_dead_writer(run_dir, closed_by="test") == "incomplete"
+    settled_marker(run_dir, "tp1").touch()  # rank 1 had settled, rank 0 had not
+    closed = runs.close_runs_of_dead_descendants(tmp_path, wait_s=0)
+    assert closed == {str(owner.run_dir): "incomplete", f"{owner.run_dir}#tp1": "complete"}
     assert read_run_json(run_dir, joined=False)["rows"]["positions"] == 2 * N
+    record = joined_record(run_dir, "tp1")
+    assert record is not None and record["rows"]["positions"] == 2 * N
+    assert not settled_marker(run_dir, "tp1").exists()
     merged = read_run_json(run_dir)
     assert merged["rows"]["positions"] == 2 * 2 * N
     assert merged["status"] == "incomplete"
+    assert runs.close_runs_of_dead_descendants(tmp_path, wait_s=0) == {}
 
 
 def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:

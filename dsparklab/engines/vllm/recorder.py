@@ -87,6 +87,13 @@ logger = logging.getLogger(__name__)
 # In a run directory while its recorder is settled: every request finished, every row
 # and run.json written.
 SETTLED_MARKER = ".settled"
+
+
+def settled_marker(run_dir: Path, joined_tag: str | None = None) -> Path:
+    """The settled marker of a run's owner, or of the writer ``joined_tag`` that joins it."""
+    return run_dir / (SETTLED_MARKER if joined_tag is None else f"{SETTLED_MARKER}-{joined_tag}")
+
+
 # vLLM appends "-" + 8 random hex characters to the caller's request id.
 _INTERNAL_SUFFIX = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 
@@ -259,11 +266,12 @@ class TraceRecorder:
             marker.unlink(missing_ok=True)
 
     def _settled_marker(self) -> Path | None:
-        """The settled marker of a local run this writer owns (a joining rank's run.json,
-        which the marker vouches for, is the owner's)."""
-        if self.run_dir is None or not self.run_dir.is_local or not self.writes_steps:
+        """This writer's settled marker in a local run: ``.settled``, or a joining rank's
+        ``.settled-tp<k>`` (:func:`settled_marker`)."""
+        if self.run_dir is None or not self.run_dir.is_local:
             return None
-        return Path(self.run_dir / SETTLED_MARKER)
+        tag = None if self.writes_steps else f"tp{self.joined_rank}"
+        return settled_marker(Path(self.run_dir.path), tag)
 
     def in_flight(self) -> set[str]:
         """Requests scheduled or recorded and not yet reported finished."""

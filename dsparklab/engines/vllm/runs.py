@@ -42,7 +42,7 @@ import torch
 
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.coverage import recorded_fields
-from dsparklab.engines.vllm.recorder import SETTLED_MARKER, TraceRecorder
+from dsparklab.engines.vllm.recorder import TraceRecorder, settled_marker
 from dsparklab.engines.vllm.staging import TAP_ATTR, SpecTap, mark, tap_of
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json
@@ -50,10 +50,10 @@ from dsparklab.store.catalog import holds_runs
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
-from dsparklab.store.reader import joined_counts, part_files, store_runs
+from dsparklab.store.reader import joined_counts, joined_record, part_files, store_runs
 from dsparklab.store.sampling import SAMPLE_KEY, sample_block
-from dsparklab.store.schema import JOINED_WRITERS, TABLES
-from dsparklab.store.writer import utc_now, write_run_json, writer_id
+from dsparklab.store.schema import JOINED_DIR, JOINED_WRITERS, PART_SUFFIX, TABLES
+from dsparklab.store.writer import utc_now, write_json_atomic, write_run_json, writer_id
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
     pid = (meta.get("config") or {}).get("pid")
     if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
         return None
-    marker = Path(run_dir) / SETTLED_MARKER  # a local run: its writer's pid is ours to see
+    marker = settled_marker(Path(run_dir))  # a local run: its writer's pid is ours to see
     settled = marker.is_file()
     status = "complete" if settled else "incomplete"
     files = {table: part_files(run_dir, table) for table in TABLES}
@@ -217,44 +217,102 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
     return status
 
 
+def close_joined_writer_of_dead_process(
+    run_dir: Location | Path, tag: str, *, closed_by: str
+) -> str | None:
+    """Close the writer ``tag`` that joined run ``run_dir`` (its ``writers/<tag>.json``) when
+    it is ``running`` and its process has exited: ``complete`` when it had settled (its own
+    marker, :func:`~dsparklab.engines.vllm.recorder.settled_marker`), else ``incomplete``;
+    its parts and rows counted from the parts its writer id names. Returns the status set,
+    or None."""
+    import pyarrow.parquet as pq
+
+    record = joined_record(run_dir, tag)
+    pid = ((record or {}).get("config") or {}).get("pid")
+    if record is None or record["status"] != "running" or not isinstance(pid, int):
+        return None
+    if _process_alive(pid):
+        return None
+    marker = settled_marker(Path(Location.of(run_dir).path), tag)
+    settled = marker.is_file()
+    status = "complete" if settled else "incomplete"
+    suffix = f"-{record.get('writer_id')}{PART_SUFFIX}"
+    files = {
+        table: [p for p in part_files(run_dir, table) if p.name.endswith(suffix)]
+        for table in TABLES
+    }
+    record.update(
+        status=status,
+        finished_at=utc_now(),
+        lease_expires_at=None,
+        parts={table: len(found) for table, found in files.items()},
+        rows={
+            table: sum(pq.read_metadata(p).num_rows for p in found)
+            for table, found in files.items()
+        },
+        ended={"closed_by": closed_by, "writer_pid": pid, "settled": settled},
+    )
+    write_json_atomic(Location.of(run_dir) / JOINED_DIR / f"{tag}.json", record)
+    marker.unlink(missing_ok=True)
+    return status
+
+
 def close_runs_of_dead_descendants(
     trace_dir: Location | Path, *, ancestor: int | None = None, wait_s: float = 10.0
 ) -> dict[str, str]:
     """Close the ``running`` runs below ``trace_dir`` whose writers descend from ``ancestor``
-    (this process) and have exited; returns ``{run_dir: status}``.
+    (this process) and have exited, and the writers that joined a run (each TP rank's under
+    batch-sharded sampling) alike; returns ``{run_dir: status}`` (``{run_dir}#<tag>`` for a
+    joined writer).
 
     A writer still alive gets up to ``wait_s`` seconds to exit (and close its run itself).
     """
     ancestor = os.getpid() if ancestor is None else ancestor
-    mine = []
     trace_dir = Location.of(trace_dir)
     if not trace_dir.is_local:  # pids mean nothing across hosts: the runs' leases end
         return {}
-    for run_dir in store_runs(trace_dir):  # the taps' runs, listed below _runs only
-        try:
-            meta = read_run_json(run_dir, derive_status=False, joined=False)
-        except DSparkLabError:
-            continue
-        config = meta.get("config") or {}
-        if meta["status"] == "running" and ancestor in (config.get("ancestor_pids") or ()):
-            mine.append(run_dir)
+    mine = _running_writers_of(trace_dir, ancestor)
     closed: dict[str, str] = {}
     deadline = time.monotonic() + wait_s
+    closed_by = f"dsparklab in pid {ancestor}"
     while mine:
-        for run_dir in list(mine):
-            status = close_run_of_dead_writer(run_dir, closed_by=f"dsparklab in pid {ancestor}")
-            if (
-                status is not None
-                or read_run_json(run_dir, derive_status=False, joined=False)["status"] != "running"
-            ):
-                mine.remove(run_dir)
+        for run_dir, tag in list(mine):
+            if tag is None:
+                status = close_run_of_dead_writer(run_dir, closed_by=closed_by)
+                still = read_run_json(run_dir, derive_status=False, joined=False)["status"]
+            else:
+                status = close_joined_writer_of_dead_process(run_dir, tag, closed_by=closed_by)
+                still = (joined_record(run_dir, tag) or {}).get("status")
+            if status is not None or still != "running":
+                mine.remove((run_dir, tag))
             if status is not None:
-                closed[str(run_dir)] = status
-                logger.info("dsparklab: %s closed as %s (its writer had exited)", run_dir, status)
+                name = str(run_dir) if tag is None else f"{run_dir}#{tag}"
+                closed[name] = status
+                logger.info("dsparklab: %s closed as %s (its writer had exited)", name, status)
         if not mine or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
     return closed
+
+
+def _running_writers_of(trace_dir: Location, ancestor: int) -> list[tuple[Location, str | None]]:
+    """``(run_dir, None)`` for each run below ``trace_dir`` written as ``running`` by a
+    descendant of ``ancestor``, ``(run_dir, tag)`` for each such joined writer."""
+    found: list[tuple[Location, str | None]] = []
+    for run_dir in store_runs(trace_dir):  # the taps' runs, listed below _runs only
+        try:
+            meta = read_run_json(run_dir, derive_status=False, joined=False)
+            writers = [(None, meta)] + [
+                (tag, joined_record(run_dir, tag) or {"status": "missing"})
+                for tag in meta.get(JOINED_WRITERS) or ()
+            ]
+        except DSparkLabError:
+            continue
+        for tag, written in writers:
+            ancestors = (written.get("config") or {}).get("ancestor_pids") or ()
+            if written["status"] == "running" and ancestor in ancestors:
+                found.append((run_dir, tag))
+    return found
 
 
 def watch_trace_dir(trace_dir: Location) -> None:
