@@ -142,9 +142,12 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         token = logits.argmax(dim=-1)
         s.draft_tokens[:, i].copy_(token)
         if taps is not None:
+            # one position at a time, as the DSpark tap does on an accelerator
             idx = draft_index(token, None)
-            values = dense_position_values(bias, logits, idx, level=taps, greedy=True)
-            recorded.append((i, values))
+            values = dense_position_values(
+                bias[:, None], logits[:, None], idx, level=taps, greedy=True
+            )
+            recorded.append(([i], values))
             embeds.append(embed)
         prev = token
     if taps is not None:

@@ -57,12 +57,21 @@ def _run(spec: Any, head_hidden: torch.Tensor, rows: int) -> torch.Tensor:
     return spec.draft_tokens[:rows].clone()
 
 
+@pytest.mark.parametrize("positions_at_end", [True, False], ids=["cpu-way", "graph-way"])
 def test_dense_taps_equal_reference_markov_step(
-    cpu_dspark: CpuDSpark, tapped_speculator: Any, feed_speculator: Any, expected_markov_fn: Any
+    cpu_dspark: CpuDSpark,
+    tapped_speculator: Any,
+    feed_speculator: Any,
+    expected_markov_fn: Any,
+    positions_at_end: bool,
 ) -> None:
+    """Both ways the tap takes a step's positions give the reference values: all at once at
+    the step's end (on a CPU) and one by one (on an accelerator, under a captured graph)."""
     spec = tapped_speculator
     tap = spec.__dict__.get("_dsparklab_tap")
     assert tap is not None
+    assert tap.positions_at_end  # on this CPU
+    tap.positions_at_end = positions_at_end
     assert tap.buffers is not None
     assert tap.buffers.confidence.shape == (cpu_dspark.max_num_reqs, cpu_dspark.n)
     assert not spec.use_confidence_head  # adaptive verification off: vLLM skips the head

@@ -49,11 +49,11 @@ def test_dense_position_matches_the_formulas() -> None:
     final = base + bias
     tokens = final.argmax(-1)
     bufs = TapBuffers.allocate(5, n, "cpu")
-    values = dense_position_values(bias, final, draft_index(tokens, None))
+    values = dense_position_values(bias[:, None], final[:, None], draft_index(tokens, None))
     base_argmax = torch.zeros(rows, n, dtype=torch.int64)
     base_argmax[:, 2] = base.argmax(-1)
     # one position alone: written in place
-    write_positions(bufs.tensors(), [(2, values)], base_argmax)
+    write_positions(bufs.tensors(), [([2], values)], base_argmax)
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
     torch.testing.assert_close(
@@ -73,6 +73,7 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
     recorded = []
     base_argmax = torch.empty(rows, n, dtype=torch.int64)
     final_argmax = torch.empty(rows, n, dtype=torch.int64)
+    biases, finals, drafted = [], [], []
     for i in range(n):
         base, bias = (
             torch.randn(rows, vocab, generator=gen),
@@ -85,7 +86,11 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
         # probabilistic drafts: row 1 drafts a token other than the final argmax
         tokens = final.argmax(-1)
         tokens[1] = (tokens[1] + 1) % vocab
-        recorded.append((i, dense_position_values(bias, final, draft_index(tokens, None))))
+        idx = draft_index(tokens, None)
+        recorded.append(([i], dense_position_values(bias[:, None], final[:, None], idx)))
+        biases.append(bias)
+        finals.append(final)
+        drafted.append(idx)
     stacked, single = TapBuffers.allocate(5, n, "cpu"), TapBuffers.allocate(5, n, "cpu")
     # positions 0..n-1: one copy per field
     write_positions(stacked.tensors(), recorded, base_argmax)
@@ -93,6 +98,14 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
         write_positions(single.tensors(), [position], base_argmax)
     for name, tensor in stacked.tensors().items():
         torch.testing.assert_close(tensor, single.tensors()[name], equal_nan=True)
+    # the whole step at once (the DSpark tap's way on a CPU) gives the same values
+    at_once = TapBuffers.allocate(5, n, "cpu")
+    step = dense_position_values(
+        torch.stack(biases, 1), torch.stack(finals, 1), torch.cat(drafted, 1)
+    )
+    write_positions(at_once.tensors(), [(list(range(n)), step)], base_argmax)
+    for name, tensor in stacked.tensors().items():
+        torch.testing.assert_close(tensor, at_once.tensors()[name], equal_nan=True)
     assert stacked.markov_flip[0, :n].tolist() == [0] * n
     # the flip compares the final argmax, not the drafted token
     assert stacked.markov_flip[1, :n].tolist() == (base_argmax[1] != final_argmax[1]).tolist()
@@ -143,8 +156,8 @@ def test_logprobs_are_taken_at_the_request_temperature() -> None:
     idx = draft_index(final.argmax(-1), None)
     bufs = TapBuffers.allocate(2, 1, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5]))
-    values = dense_position_values(bias, final, idx, scale=scale)
-    write_positions(bufs.tensors(), [(0, values)], base.argmax(-1, keepdim=True))
+    values = dense_position_values(bias[:, None], final[:, None], idx, scale=scale)
+    write_positions(bufs.tensors(), [([0], values)], base.argmax(-1, keepdim=True))
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
         torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
@@ -157,8 +170,8 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     final = base + bias
     bufs = TapBuffers.allocate(2, 1, "cpu")
     idx = draft_index(final.argmax(-1), None)
-    values = dense_position_values(bias, final, idx, level="light")
-    write_positions(bufs.tensors(), [(0, values)], base.argmax(-1, keepdim=True))
+    values = dense_position_values(bias[:, None], final[:, None], idx, level="light")
+    write_positions(bufs.tensors(), [([0], values)], base.argmax(-1, keepdim=True))
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):

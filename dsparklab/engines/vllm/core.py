@@ -134,8 +134,11 @@ class DraftStash:
     scale: torch.Tensor | None = None  # [R, 1] the rows' temperature_scale
     greedy: bool = False  # the step's drafts are the final logits' argmax
     positions: int = 0  # positions recorded so far this step
-    # (i, values) of each dense position recorded this step, written at its end
-    recorded: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)
+    # (positions, values) of the dense positions recorded this step, written at its end
+    recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
+    # (i, bias [R, V], final logits [R, V], drafted ids [R, 1]) of each dense position whose
+    # values are taken at the step's end, all at once
+    kept: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
     topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
@@ -150,6 +153,7 @@ class DraftStash:
         self.greedy = False
         self.positions = 0
         self.recorded = []
+        self.kept = []
         self.topk_values = self.topk_index = self.topk_final = None
         self.embeds = []
 
@@ -209,66 +213,66 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(x.detach().float().numpy().argmax(axis=-1))
 
 
-def _logprob_at(
-    logits: torch.Tensor, idx: torch.Tensor, scale: torch.Tensor | None = None
-) -> torch.Tensor:
-    # logits [R, V], idx [R, 1], scale [R, 1] or None -> [R, 1] float32; log_softmax's fused
-    # kernel takes half the time of logsumexp on CPU
-    x = logits if scale is None else logits / scale  # a float32 scale makes it float32
-    return x.log_softmax(dim=-1, dtype=torch.float32).gather(1, idx)
-
-
 def dense_position_values(
-    bias_i: torch.Tensor,  # [R, V] Markov bias of position i
-    final_i: torch.Tensor,  # [R, V] base + bias, what the sampler saw
-    idx: torch.Tensor,  # [R, 1] drafted draft-vocab ids
+    bias: torch.Tensor,  # [R, k, V] Markov bias of k positions
+    final: torch.Tensor,  # [R, k, V] base + bias, what the sampler saw
+    ids: torch.Tensor,  # [R, k] drafted draft-vocab ids
     *,
     level: str = "full",
     scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
     greedy: bool = False,  # the drafts are the final logits' argmax (vLLM's greedy drafting)
 ) -> dict[str, torch.Tensor]:
-    """Position ``i``'s tap values of a dense (non-top-k) DSpark draft step, ``[R, 1]``
+    """The tap values of ``k`` positions of a dense (non-top-k) DSpark draft step, ``[R, k]``
     each, for :func:`write_positions`, which forms ``markov_flip`` for the whole step from
     the final argmax kept here (``FINAL_ARGMAX``) and the base argmax.
 
-    The base logits' share is taken once per step (:func:`tap_base_logprob`, and the base
-    argmax over every position at once), and a greedy draft is the final argmax already,
-    so a position costs one vocabulary reduction (two at level ``full``: the log-softmax
-    and the bias norm). Log-probabilities are taken at the request's sampling temperature
-    (logits / T; unscaled for greedy rows), the reference engine's convention. Nothing
-    here converts dtypes a buffer's copy converts anyway: on a CPU each op is a few
-    microseconds of dispatch, the taps' largest cost.
+    One position at a time (``k = 1``, views of its tensors) as it is sampled, or every
+    position of the step at once (stacked) at its end: on a CPU each op is a few
+    microseconds of dispatch, the taps' largest cost there, so the DSpark tap takes the
+    step at once; under a captured graph dispatch costs nothing, and one position at a time
+    needs no stacked copies of the step's logits (``DSparkTap.positions_at_end``). The base
+    logits' share is taken once per step (:func:`tap_base_logprob`, the base argmax), and a
+    greedy draft is the final argmax already. Log-probabilities are taken at the request's
+    sampling temperature (logits / T; unscaled for greedy rows), the reference engine's
+    convention. Nothing here converts dtypes a buffer's copy converts anyway.
     """
+    at = ids.unsqueeze(-1)
     values = {
-        "markov_bias": bias_i.gather(1, idx),
-        FINAL_ARGMAX: idx if greedy else first_argmax(final_i).unsqueeze(1),
+        "markov_bias": bias.gather(2, at).squeeze(-1),
+        FINAL_ARGMAX: ids if greedy else first_argmax(final),
     }
     if level == "full":
-        values["draft_logprob"] = _logprob_at(final_i, idx, scale)
-        values["markov_bias_norm"] = torch.linalg.vector_norm(
-            bias_i, dim=-1, keepdim=True, dtype=torch.float32
-        )
+        # log_softmax's fused kernel takes half the time of logsumexp on CPU
+        x = final if scale is None else final / scale.unsqueeze(-1)  # float32 from here
+        logprobs = x.log_softmax(dim=-1, dtype=torch.float32)
+        values["draft_logprob"] = logprobs.gather(2, at).squeeze(-1)
+        values["markov_bias_norm"] = torch.linalg.vector_norm(bias, dim=-1, dtype=torch.float32)
     return values
 
 
 def write_positions(
     targets: Mapping[str, torch.Tensor],
-    recorded: Sequence[tuple[int, Mapping[str, torch.Tensor]]],
+    recorded: Sequence[tuple[Sequence[int], Mapping[str, torch.Tensor]]],
     base_argmax: torch.Tensor,  # [R, n] argmax of each position's base logits
 ) -> None:
-    """The step's recorded positions ``(i, values)`` (``[R, 1]`` each, by field name) into
-    ``targets`` (``[max_num_reqs, n]`` tensors by field name: the tap buffers and the
-    drafted ids), in place, with ``markov_flip = base argmax != final argmax``.
+    """The step's recorded positions into ``targets`` (``[max_num_reqs, n]`` tensors by field
+    name: the tap buffers and the drafted ids), in place, with ``markov_flip = base argmax
+    != final argmax``. ``recorded``: ``(positions, values)`` pairs, ``values`` holding one
+    ``[R, len(positions)]`` column per position by field name.
 
-    Each field's positions are joined into one ``[R, k]`` tensor, so the flip is one
-    comparison and positions ``0 .. k-1`` in order (every step whose hooks all ran) take
-    one copy per field instead of one per position and field (on CPU the copies, not the
-    math, were the taps' largest cost); any other set is written position by position.
+    The columns are joined into one ``[R, k]`` tensor per field (as they come when the step
+    was taken at once), so the flip is one comparison and positions ``0 .. k-1`` in order
+    (every step whose hooks all ran) take one copy per field instead of one per position and
+    field; any other set is written position by position.
     """
     if not recorded:
         return
-    steps = [i for i, _ in recorded]
-    columns = {name: torch.cat([v[name] for _, v in recorded], dim=1) for name in recorded[0][1]}
+    steps = [i for positions, _ in recorded for i in positions]
+    columns = (
+        dict(recorded[0][1])
+        if len(recorded) == 1
+        else {name: torch.cat([v[name] for _, v in recorded], dim=1) for name in recorded[0][1]}
+    )
     final_argmax = columns.pop(FINAL_ARGMAX)
     rows, k = final_argmax.shape
     if steps == list(range(k)):

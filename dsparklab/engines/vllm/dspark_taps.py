@@ -97,6 +97,10 @@ class DSparkTap(SpecTap):
         self.draft_ids = torch.zeros(
             kwargs["max_num_reqs"], kwargs["n"], dtype=torch.int64, device=kwargs["device"]
         )
+        # a dense step's positions taken at its end, all at once, on a CPU (where each op's
+        # dispatch is the taps' largest cost); one by one under a captured graph, which
+        # replays without dispatch and so needs no stacked copies of the step's logits
+        self.positions_at_end = torch.device(kwargs["device"]).type == "cpu"
         self.spec: Any = None  # the speculator this tap belongs to (set at attach)
         self.stash = DraftStash()
         self.in_step = False
@@ -227,13 +231,32 @@ class DSparkTap(SpecTap):
             return
         # a copy: ``idx`` may view the sampler's output until the step's end
         idx = idx.clone()
+        stash.positions += 1
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
-        position = dense_position_values(
-            bias, logits, idx, level=self.level, scale=stash.scale, greedy=stash.greedy
+        if self.positions_at_end:  # vLLM's loop makes both afresh at every position
+            stash.kept.append((step, bias, logits, idx))
+            return
+        position = self._values(bias.unsqueeze(1), logits.unsqueeze(1), idx)
+        stash.recorded.append(([step], {**position, DRAFT_IDS: idx}))
+
+    def _values(
+        self, bias: torch.Tensor, final: torch.Tensor, ids: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        stash = self.stash
+        return dense_position_values(
+            bias, final, ids, level=self.level, scale=stash.scale, greedy=stash.greedy
         )
-        stash.recorded.append((step, {**position, DRAFT_IDS: idx}))
-        stash.positions += 1
+
+    def _take_kept_positions(self) -> None:
+        """The values of the positions kept for the step's end, all at once."""
+        kept, self.stash.kept = self.stash.kept, []
+        if not kept:
+            return
+        ids = torch.cat([idx for *_, idx in kept], dim=1)
+        bias = torch.stack([b for _, b, _, _ in kept], dim=1)
+        values = self._values(bias, torch.stack([f for _, _, f, _ in kept], dim=1), ids)
+        self.stash.recorded.append(([i for i, *_ in kept], {**values, DRAFT_IDS: ids}))
 
     def end(self, spec: Any) -> None:
         """After the sequential loop: the base log-probabilities of every position, and
@@ -242,6 +265,7 @@ class DSparkTap(SpecTap):
             if not self.in_step:
                 return
             rows, stash = self.stash.num_reqs, self.stash
+            self._take_kept_positions()
             # the dense positions' values, one copy per field for the whole step
             if stash.base_argmax is not None:
                 targets = {**self.buffers.tensors(), DRAFT_IDS: self.draft_ids}
