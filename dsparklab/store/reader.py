@@ -194,23 +194,6 @@ def joined_record(run_dir: Where, tag: str) -> dict[str, Any] | None:
     return _joined_records(resolve_run(run_dir), [tag])[tag]
 
 
-def joined_counts(run_dir: Where, meta: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """``{table: (parts, rows)}`` the writers that joined the run (run.json ``meta``, as
-    written) say they wrote: what is not its owner's."""
-    tags = meta.get(JOINED_WRITERS) or []
-    totals: dict[str, tuple[int, int]] = {}
-    for written in _joined_records(resolve_run(run_dir), list(tags)).values():
-        if written is None:
-            continue
-        for table in {*written["parts"], *written["rows"]}:
-            parts, rows = totals.get(table, (0, 0))
-            totals[table] = (
-                parts + written["parts"].get(table, 0),
-                rows + written["rows"].get(table, 0),
-            )
-    return totals
-
-
 def _worse(meta: dict[str, Any], tag: str, status: str, reason: str | None) -> None:
     """Make ``status`` (of joined writer ``tag``) the run's when it is worse."""
     if _STATUS_RANK[status] <= _STATUS_RANK[meta["status"]]:

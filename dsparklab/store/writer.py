@@ -77,6 +77,11 @@ def writer_id(tag: str | None = None) -> str:
     return "-".join(part for part in (host or "host", str(os.getpid()), tag) if part)
 
 
+def part_suffix(writer_id: str) -> str:
+    """How every part name of the writer ``writer_id`` ends (:meth:`TraceWriter.part_name`)."""
+    return f"-{writer_id}{PART_SUFFIX}"
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -329,7 +334,7 @@ class TraceWriter:
     # -- files -----------------------------------------------------------------------
     def part_name(self, table: str) -> str:
         """The next part's name: sequence first, so one writer's parts sort in order."""
-        return f"{PART_PREFIX}{self._next_part[table]:05d}-{self._writer_id}{PART_SUFFIX}"
+        return f"{PART_PREFIX}{self._next_part[table]:05d}{part_suffix(self._writer_id)}"
 
     def _write_part(self, table: str, rows: list[Mapping[str, Any]]) -> None:
         schema = ALL_TABLES[table]

@@ -50,10 +50,16 @@ from dsparklab.store.catalog import holds_runs
 from dsparklab.store.layout import run_location
 from dsparklab.store.location import Location
 from dsparklab.store.outbox import Outbox
-from dsparklab.store.reader import joined_counts, joined_record, part_files, store_runs
+from dsparklab.store.reader import joined_record, part_files, store_runs
 from dsparklab.store.sampling import SAMPLE_KEY, sample_block
-from dsparklab.store.schema import JOINED_DIR, JOINED_WRITERS, PART_SUFFIX, TABLES
-from dsparklab.store.writer import utc_now, write_json_atomic, write_run_json, writer_id
+from dsparklab.store.schema import JOINED_DIR, JOINED_WRITERS, TABLES
+from dsparklab.store.writer import (
+    part_suffix,
+    utc_now,
+    write_json_atomic,
+    write_run_json,
+    writer_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -177,71 +183,74 @@ def close_run_of_dead_writer(run_dir: Location | Path, *, closed_by: str) -> str
     ``complete`` when the writer had settled (:data:`SETTLED_MARKER`: every request
     finished, every row written), ``incomplete`` otherwise. Returns the status set, or
     None when the run is not ``running`` or its writer is still alive. Rows are left as
-    they are; run.json's part and row counts are taken from the finished parts.
+    they are; run.json's part and row counts are taken from the finished parts its writer
+    wrote (the writers that joined the run count theirs in their own files).
     """
-    import pyarrow.parquet as pq
-
     # the owner's run.json as written: what this writes back (joined writers keep their own)
     meta = read_run_json(run_dir, derive_status=False, joined=False)
-    pid = (meta.get("config") or {}).get("pid")
-    if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
-        return None
-    marker = settled_marker(Path(run_dir))  # a local run: its writer's pid is ours to see
-    settled = marker.is_file()
-    status = "complete" if settled else "incomplete"
-    files = {table: part_files(run_dir, table) for table in TABLES}
-    parts = {table: len(found) for table, found in files.items()}
-    rows = {
-        table: sum(pq.read_metadata(p).num_rows for p in found) for table, found in files.items()
-    }
-    # the parts of the writers that joined the run are theirs to count (a reader adds them)
-    for table, (their_parts, their_rows) in joined_counts(run_dir, meta).items():
-        parts[table] = parts.get(table, 0) - their_parts
-        rows[table] = rows.get(table, 0) - their_rows
-    meta.update(
-        status=status,
-        finished_at=utc_now(),
-        lease_expires_at=None,
-        parts=parts,
-        rows=rows,
-        ended={
-            "closed_by": closed_by,
-            "writer_pid": pid,
-            "reason": "the writer had settled: every request finished, every row written"
-            if settled
-            else "the writer ended with requests in flight or rows not yet written",
-        },
+    theirs = tuple(
+        part_suffix(str(record.get("writer_id", "")))
+        for tag in meta.get(JOINED_WRITERS) or ()
+        if (record := joined_record(run_dir, tag)) is not None
     )
-    write_run_json(run_dir, meta)
-    marker.unlink(missing_ok=True)
-    return status
+    return _close_exited(
+        meta,
+        run_dir,
+        lambda part: not part.name.endswith(theirs),
+        marker=settled_marker(Path(run_dir)),  # a local run: its writer's pid is ours to see
+        closed_by=closed_by,
+        save=lambda closed: write_run_json(run_dir, closed),
+    )
 
 
 def close_joined_writer_of_dead_process(
     run_dir: Location | Path, tag: str, *, closed_by: str
 ) -> str | None:
-    """Close the writer ``tag`` that joined run ``run_dir`` (its ``writers/<tag>.json``) when
-    it is ``running`` and its process has exited: ``complete`` when it had settled (its own
-    marker, :func:`~dsparklab.engines.vllm.recorder.settled_marker`), else ``incomplete``;
-    its parts and rows counted from the parts its writer id names. Returns the status set,
-    or None."""
+    """Close the writer ``tag`` that joined run ``run_dir`` (its ``writers/<tag>.json``) as
+    :func:`close_run_of_dead_writer` closes a run: from its own settled marker
+    (:func:`~dsparklab.engines.vllm.recorder.settled_marker`), with the parts its writer id
+    names. Returns the status set, or None."""
+    record = joined_record(run_dir, tag)
+    if record is None:
+        return None
+    mine = part_suffix(str(record.get("writer_id", "")))
+    return _close_exited(
+        record,
+        run_dir,
+        lambda part: part.name.endswith(mine),
+        marker=settled_marker(Path(Location.of(run_dir).path), tag),
+        closed_by=closed_by,
+        save=lambda closed: write_json_atomic(
+            Location.of(run_dir) / JOINED_DIR / f"{tag}.json", closed
+        ),
+    )
+
+
+def _close_exited(
+    meta: dict[str, Any],
+    run_dir: Location | Path,
+    written_here: Callable[[Location], bool],
+    *,
+    marker: Path,
+    closed_by: str,
+    save: Callable[[dict[str, Any]], None],
+) -> str | None:
+    """Close the writer whose record ``meta`` is (run.json, or a joined writer's file) when
+    it is ``running`` and its process (``config.pid``) has exited: ``complete`` when it had
+    settled (``marker``), else ``incomplete``, its counts taken from the finished parts
+    ``written_here`` picks; ``save`` writes the record. Returns the status set, or None."""
     import pyarrow.parquet as pq
 
-    record = joined_record(run_dir, tag)
-    pid = ((record or {}).get("config") or {}).get("pid")
-    if record is None or record["status"] != "running" or not isinstance(pid, int):
+    pid = (meta.get("config") or {}).get("pid")
+    if meta["status"] != "running" or not isinstance(pid, int) or _process_alive(pid):
         return None
-    if _process_alive(pid):
-        return None
-    marker = settled_marker(Path(Location.of(run_dir).path), tag)
     settled = marker.is_file()
     status = "complete" if settled else "incomplete"
-    suffix = f"-{record.get('writer_id')}{PART_SUFFIX}"
     files = {
-        table: [p for p in part_files(run_dir, table) if p.name.endswith(suffix)]
+        table: [part for part in part_files(run_dir, table) if written_here(part)]
         for table in TABLES
     }
-    record.update(
+    meta.update(
         status=status,
         finished_at=utc_now(),
         lease_expires_at=None,
@@ -250,9 +259,15 @@ def close_joined_writer_of_dead_process(
             table: sum(pq.read_metadata(p).num_rows for p in found)
             for table, found in files.items()
         },
-        ended={"closed_by": closed_by, "writer_pid": pid, "settled": settled},
+        ended={
+            "closed_by": closed_by,
+            "writer_pid": pid,
+            "reason": "the writer had settled: every request finished, every row written"
+            if settled
+            else "the writer ended with requests in flight or rows not yet written",
+        },
     )
-    write_json_atomic(Location.of(run_dir) / JOINED_DIR / f"{tag}.json", record)
+    save(meta)
     marker.unlink(missing_ok=True)
     return status
 
