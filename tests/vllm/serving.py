@@ -102,7 +102,7 @@ def engine_steps(rows: Any) -> Any:
 def settled(taps: Path, timeout: float = 60.0) -> None:
     """Wait until every tap run below ``taps`` has written all it recorded (its settled
     marker: every request finished, every row and run.json on disk)."""
-    from dsparklab.engines.vllm.recorder import SETTLED_MARKER
+    from dsparklab.engines.vllm.closing import SETTLED_MARKER
     from dsparklab.store.reader import store_runs
 
     deadline = time.monotonic() + timeout

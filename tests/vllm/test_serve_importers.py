@@ -42,8 +42,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from dsparklab.analysis import count_acceptance_any  # noqa: E402
+from dsparklab.engines.vllm.closing import SETTLED_MARKER  # noqa: E402
 from dsparklab.engines.vllm.join import read_tap_runs  # noqa: E402
-from dsparklab.engines.vllm.recorder import SETTLED_MARKER  # noqa: E402
 from dsparklab.importers import import_files  # noqa: E402
 from dsparklab.prompts import load_prompts  # noqa: E402
 from dsparklab.store import read_run_json, read_trace, validate_trace  # noqa: E402

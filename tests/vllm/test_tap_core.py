@@ -734,8 +734,9 @@ import os, signal, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from test_tap_core import N, _ring, _slot
-from dsparklab.engines.vllm import runs
-from dsparklab.engines.vllm.recorder import SETTLED_MARKER, TraceRecorder
+from dsparklab.engines.vllm import closing
+from dsparklab.engines.vllm.closing import SETTLED_MARKER
+from dsparklab.engines.vllm.recorder import TraceRecorder
 from dsparklab.store import TraceWriter, new_run_json
 from dsparklab.store.layout import table_location
 
@@ -743,7 +744,7 @@ store, mode = Path(sys.argv[1]), sys.argv[2]
 meta = new_run_json(
     run_id="t", engine={"name": "vllm"}, method="eagle3", num_speculative_tokens=N,
     target={"name": "t"}, drafter=None, dataset="d", sampling={},
-    config={"pid": os.getpid(), "ancestor_pids": runs.ancestor_pids()},
+    config={"pid": os.getpid(), "ancestor_pids": closing.ancestor_pids()},
 )
 writer = TraceWriter(store, meta, flush_seconds=0.2)
 run = Path(writer.run_dir.path)
@@ -784,8 +785,8 @@ def test_killed_writer_is_closed_from_its_settled_state(
     """A SIGKILLed writer's run is closed by an ancestor: complete only if it had settled."""
     import subprocess
 
-    from dsparklab.engines.vllm import runs
-    from dsparklab.engines.vllm.recorder import SETTLED_MARKER
+    from dsparklab.engines.vllm import closing
+    from dsparklab.engines.vllm.closing import SETTLED_MARKER
     from dsparklab.store import read_run_json
 
     store = tmp_path / "taps"
@@ -799,7 +800,7 @@ def test_killed_writer_is_closed_from_its_settled_state(
     (found,) = store_runs(store)
     run = Path(found.path)
     assert read_run_json(run)["status"] == "running"
-    closed = runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0)
+    closed = closing.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0)
     assert closed == {str(run): status}
     meta = read_run_json(run)
     assert meta["status"] == status
@@ -814,7 +815,7 @@ def test_killed_writer_is_closed_from_its_settled_state(
     assert report.ok, [str(v) for v in report.violations]
     assert report.complete == (status == "complete")
     # closing again changes nothing
-    assert runs.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}
+    assert closing.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}
 
 
 def test_the_sharded_path_says_in_run_json_which_rows_it_records(
@@ -1031,8 +1032,8 @@ def test_the_dead_writers_of_a_joined_run_are_closed_each_with_its_own_rows(
     import os
     import subprocess
 
-    from dsparklab.engines.vllm import runs
-    from dsparklab.engines.vllm.recorder import settled_marker
+    from dsparklab.engines.vllm import closing
+    from dsparklab.engines.vllm.closing import settled_marker
     from dsparklab.store.reader import joined_record
     from dsparklab.store.schema import JOINED_WRITERS
     from tests.conftest import make_run_json, step_rows
@@ -1053,7 +1054,7 @@ def test_the_dead_writers_of_a_joined_run_are_closed_each_with_its_own_rows(
     joiner.flush()
     run_dir = Path(owner.run_dir.path)
     settled_marker(run_dir, "tp1").touch()  # rank 1 had settled, rank 0 had not
-    closed = runs.close_runs_of_dead_descendants(tmp_path, wait_s=0)
+    closed = closing.close_runs_of_dead_descendants(tmp_path, wait_s=0)
     assert closed == {str(owner.run_dir): "incomplete", f"{owner.run_dir}#tp1": "complete"}
     assert read_run_json(run_dir, joined=False)["rows"]["positions"] == 2 * N
     record = joined_record(run_dir, "tp1")
@@ -1062,7 +1063,7 @@ def test_the_dead_writers_of_a_joined_run_are_closed_each_with_its_own_rows(
     merged = read_run_json(run_dir)
     assert merged["rows"]["positions"] == 2 * 2 * N
     assert merged["status"] == "incomplete"
-    assert runs.close_runs_of_dead_descendants(tmp_path, wait_s=0) == {}
+    assert closing.close_runs_of_dead_descendants(tmp_path, wait_s=0) == {}
 
 
 def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:

@@ -49,15 +49,8 @@ Slots are read only when their device events have completed (never blocking the 
 step); a background thread does that every ``flush_seconds`` and writes parquet parts
 through :class:`dsparklab.store.TraceWriter`, the only way rows reach the disk.
 
-How a run ends (``run.json`` status): a recorder whose every request has finished, with
-every slot processed, writes its rows and run.json at once and leaves an empty marker
-file (:data:`SETTLED_MARKER`) in the run directory; the first request scheduled after
-that removes the marker (one ``unlink``) before anything of it is recorded. A run closed
-while settled is ``complete``; with requests in flight, queued slots or unwritten rows
-it is ``incomplete`` (every row already recorded is written first). vLLM's server
-force-kills its engine process at shutdown, so a process that outlives the writer closes
-the run from the marker instead (:func:`dsparklab.engines.vllm.runs.close_run_of_dead_writer`):
-settled means ``complete``, anything else ``incomplete``, never the other way round.
+How a run ends (``run.json`` status), and how it is closed when its writer's process
+dies first: :mod:`~dsparklab.engines.vllm.closing`.
 """
 
 from __future__ import annotations
@@ -75,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from dsparklab.engines.stats import DraftStats
+from dsparklab.engines.vllm.closing import settled_marker
 from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
 from dsparklab.engines.vllm.coverage import null, partial
 from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
@@ -83,16 +77,6 @@ from dsparklab.store.location import Location
 from dsparklab.store.sampling import request_sampled
 
 logger = logging.getLogger(__name__)
-
-# In a run directory while its recorder is settled: every request finished, every row
-# and run.json written.
-SETTLED_MARKER = ".settled"
-
-
-def settled_marker(run_dir: Path, joined_tag: str | None = None) -> Path:
-    """The settled marker of a run's owner, or of the writer ``joined_tag`` that joins it."""
-    return run_dir / (SETTLED_MARKER if joined_tag is None else f"{SETTLED_MARKER}-{joined_tag}")
-
 
 # vLLM appends "-" + 8 random hex characters to the caller's request id.
 _INTERNAL_SUFFIX = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
@@ -708,7 +692,6 @@ class TraceRecorder:
 
 
 __all__ = [
-    "SETTLED_MARKER",
     "PendingDraft",
     "StepRows",
     "TraceRecorder",
