@@ -44,9 +44,8 @@ from dsparklab.engines.vllm import (
     dense_position_values,
     draft_index,
     first_argmax,
-    tap_base_logprob,
     tap_confidence,
-    write_positions,
+    write_step,
 )
 
 
@@ -152,9 +151,8 @@ def draft_step(w: Weights, s: Step, *, taps: str | None, backbone: bool) -> None
         prev = token
     if taps is not None:
         assert base_argmax is not None
-        write_positions(s.buffers.tensors(), recorded, base_argmax)  # as the tap's end does
-        if taps == "full":
-            tap_base_logprob(s.buffers, base, s.draft_tokens)
+        # as the tap's end does (the base log-probs at the level "full")
+        write_step(s.buffers, recorded, base_argmax, base if taps == "full" else None)
         markov = torch.stack(embeds, dim=1).flatten(0, 1)
         confidence = confidence_from_head(w.conf_w, w.conf_b, hidden, markov)
         tap_confidence(s.buffers, confidence, rows)

@@ -93,6 +93,34 @@ def test_dense_taps_equal_reference_markov_step(
     assert torch.equal(buffers.markov_flip[:rows], exp["markov_flip"])
     # rows past the batch are untouched
     assert torch.isnan(buffers.confidence[rows:]).all()
+    # from the next step on, a tap on a CPU evaluates the head as the affine map it is,
+    # checked against vLLM's head on the first step's inputs
+    assert isinstance(tap.head_map, tuple)
+    buffers.confidence.fill_(float("nan"))
+    assert torch.equal(_run(spec, head_hidden, rows), exp["tokens"])
+    torch.testing.assert_close(
+        buffers.confidence[:rows], exp["confidence"].float(), atol=1e-6, rtol=0
+    )
+
+
+def test_a_head_that_is_not_affine_stays_vllms(
+    tapped_speculator: Any, feed_speculator: Any, expected_markov_fn: Any
+) -> None:
+    """A confidence head whose map does not reproduce it (here: squared) is left to vLLM."""
+    spec = tapped_speculator
+    tap = spec.__dict__["_dsparklab_tap"]
+    head = spec.model.model.confidence_head
+    affine = head.forward
+    head.forward = lambda hidden, embeds: affine(hidden, embeds) ** 2
+    rows = 3
+    head_hidden, anchors = feed_speculator(spec, rows, seed=4)
+    for _ in range(2):
+        _run(spec, head_hidden, rows)
+        assert tap.head_map is False
+        want = torch.sigmoid(
+            torch.logit(expected_markov_fn(spec, head_hidden, anchors)["confidence"]) ** 2
+        )
+        torch.testing.assert_close(tap.buffers.confidence[:rows], want.float(), atol=ATOL, rtol=0)
 
 
 def test_topk_taps_match_the_candidates(

@@ -26,12 +26,11 @@ from dsparklab.engines.vllm import (
     draft_index,
     external_request_id,
     first_argmax,
-    tap_base_logprob,
     tap_confidence,
     tap_topk_position,
     target_to_draft_index,
     temperature_scale,
-    write_positions,
+    write_step,
 )
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
@@ -53,7 +52,7 @@ def test_dense_position_matches_the_formulas() -> None:
     base_argmax = torch.zeros(rows, n, dtype=torch.int64)
     base_argmax[:, 2] = base.argmax(-1)
     # one position alone: written in place
-    write_positions(bufs.tensors(), [([2], values)], base_argmax)
+    write_step(bufs, [([2], values)], base_argmax)
     idx = tokens.unsqueeze(1)
     torch.testing.assert_close(bufs.markov_bias[:rows, 2], bias.gather(1, idx).squeeze(1))
     torch.testing.assert_close(
@@ -73,7 +72,7 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
     recorded = []
     base_argmax = torch.empty(rows, n, dtype=torch.int64)
     final_argmax = torch.empty(rows, n, dtype=torch.int64)
-    biases, finals, drafted = [], [], []
+    bases, biases, finals, drafted = [], [], [], []
     for i in range(n):
         base, bias = (
             torch.randn(rows, vocab, generator=gen),
@@ -88,14 +87,19 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
         tokens[1] = (tokens[1] + 1) % vocab
         idx = draft_index(tokens, None)
         recorded.append(([i], dense_position_values(bias[:, None], final[:, None], idx)))
+        bases.append(base)
         biases.append(bias)
         finals.append(final)
         drafted.append(idx)
     stacked, single = TapBuffers.allocate(5, n, "cpu"), TapBuffers.allocate(5, n, "cpu")
-    # positions 0..n-1: one copy per field
-    write_positions(stacked.tensors(), recorded, base_argmax)
+    # positions 0..n-1: one copy for the float fields; the base log-probs at the joined ids
+    base = torch.stack(bases, 1)
+    write_step(stacked, recorded, base_argmax, base)
     for position in recorded:
-        write_positions(single.tensors(), [position], base_argmax)
+        write_step(single, [position], base_argmax)
+    single.base_logprob[:rows].copy_(
+        base.log_softmax(-1).gather(2, torch.cat(drafted, 1)[..., None])[..., 0]
+    )
     for name, tensor in stacked.tensors().items():
         torch.testing.assert_close(tensor, single.tensors()[name], equal_nan=True)
     # the whole step at once (the DSpark tap's way on a CPU) gives the same values
@@ -103,7 +107,7 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
     step = dense_position_values(
         torch.stack(biases, 1), torch.stack(finals, 1), torch.cat(drafted, 1)
     )
-    write_positions(at_once.tensors(), [(list(range(n)), step)], base_argmax)
+    write_step(at_once, [(list(range(n)), step)], base_argmax, base)
     for name, tensor in stacked.tensors().items():
         torch.testing.assert_close(tensor, at_once.tensors()[name], equal_nan=True)
     assert stacked.markov_flip[0, :n].tolist() == [0] * n
@@ -111,7 +115,7 @@ def test_a_step_of_positions_is_written_at_once_as_one_by_one() -> None:
     assert stacked.markov_flip[1, :n].tolist() == (base_argmax[1] != final_argmax[1]).tolist()
     # a step whose hook was skipped at position 1: the others land in their own columns
     gap = TapBuffers.allocate(5, n, "cpu")
-    write_positions(gap.tensors(), [recorded[0], *recorded[2:]], base_argmax)
+    write_step(gap, [recorded[0], *recorded[2:]], base_argmax)
     assert torch.isnan(gap.markov_bias[:rows, 1]).all()
     assert (gap.markov_flip[:rows, 1] == -1).all()
     torch.testing.assert_close(gap.markov_bias[:rows, 3], stacked.markov_bias[:rows, 3])
@@ -139,14 +143,22 @@ def test_base_logprob_of_every_position_at_once() -> None:
     gen = torch.Generator().manual_seed(4)
     rows, n, vocab = 3, 4, 30
     base = torch.randn(rows, n, vocab, generator=gen)
+    bias = torch.randn(rows, n, vocab, generator=gen)
     ids = torch.randint(0, vocab, (rows, n), generator=gen)
-    bufs = TapBuffers.allocate(5, n, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5, 2.0]))
-    tap_base_logprob(bufs, base, ids, scale)
+    step = dense_position_values(bias, base + bias, ids, scale=scale)
+    bufs = TapBuffers.allocate(5, n, "cpu")
+    write_step(bufs, [(list(range(n)), step)], first_argmax(base), base, scale)
     for r, t in enumerate((1.0, 0.5, 2.0)):
         want = torch.log_softmax(base[r] / t, -1).gather(1, ids[r, :, None]).squeeze(1)
         torch.testing.assert_close(bufs.base_logprob[r], want)
     assert torch.isnan(bufs.base_logprob[rows:]).all()
+    # a step with a position missing has no base log-probabilities
+    gap = TapBuffers.allocate(5, n, "cpu")
+    cut = {name: value[:, : n - 1] for name, value in step.items()}
+    write_step(gap, [(list(range(n - 1)), cut)], first_argmax(base), base, scale)
+    assert torch.isnan(gap.base_logprob).all()
+    torch.testing.assert_close(gap.markov_bias[:rows, : n - 1], bufs.markov_bias[:rows, : n - 1])
 
 
 def test_logprobs_are_taken_at_the_request_temperature() -> None:
@@ -157,7 +169,7 @@ def test_logprobs_are_taken_at_the_request_temperature() -> None:
     bufs = TapBuffers.allocate(2, 1, "cpu")
     scale = temperature_scale(torch.tensor([0.0, 0.5]))
     values = dense_position_values(bias[:, None], final[:, None], idx, scale=scale)
-    write_positions(bufs.tensors(), [([0], values)], base.argmax(-1, keepdim=True))
+    write_step(bufs, [([0], values)], base.argmax(-1, keepdim=True))
     expected = [
         torch.log_softmax(final[0], -1)[idx[0, 0]],  # greedy row: unscaled
         torch.log_softmax(final[1] / 0.5, -1)[idx[1, 0]],
@@ -171,7 +183,7 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     bufs = TapBuffers.allocate(2, 1, "cpu")
     idx = draft_index(final.argmax(-1), None)
     values = dense_position_values(bias[:, None], final[:, None], idx, level="light")
-    write_positions(bufs.tensors(), [([0], values)], base.argmax(-1, keepdim=True))
+    write_step(bufs, [([0], values)], base.argmax(-1, keepdim=True))
     assert not torch.isnan(bufs.markov_bias).any()
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):

@@ -30,7 +30,7 @@ the buffers happens outside the graph (:class:`StagingRing`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +39,13 @@ import torch
 from dsparklab.engines.vllm.clock import StepClock
 
 # Position fields the DSpark taps fill; NaN (floats) or -1 (flip) means "not computed".
+# In this order in ``TapBuffers.floats``: a dense step writes a leading run of it (light:
+# the bias; full: the first four), so one copy writes them all.
 FLOAT_FIELDS: tuple[str, ...] = (
-    "draft_logprob",
-    "base_logprob",
     "markov_bias",
+    "draft_logprob",
     "markov_bias_norm",
+    "base_logprob",
     "confidence",
 )
 TAP_FIELDS: tuple[str, ...] = (*FLOAT_FIELDS, "markov_flip")
@@ -69,24 +71,36 @@ class TapBuffers:
     markov_bias_norm: torch.Tensor  # [max_num_reqs, n] float32
     confidence: torch.Tensor  # [max_num_reqs, n] float32
     markov_flip: torch.Tensor  # [max_num_reqs, n] int8, -1 = not computed
+    # [len(FLOAT_FIELDS), max_num_reqs, n]: the float fields above are views of it, so one
+    # op marks them all "not computed" and one copy writes a step's fields
+    floats: torch.Tensor
 
     @classmethod
     def allocate(cls, max_num_reqs: int, n: int, device: torch.device | str) -> TapBuffers:
-        floats = {
-            name: torch.full((max_num_reqs, n), float("nan"), dtype=torch.float32, device=device)
-            for name in FLOAT_FIELDS
-        }
+        shape = (len(FLOAT_FIELDS), max_num_reqs, n)
+        floats = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
         flip = torch.full((max_num_reqs, n), FLIP_UNSET, dtype=torch.int8, device=device)
-        return cls(**floats, markov_flip=flip)
+        views = dict(zip(FLOAT_FIELDS, floats, strict=True))
+        return cls(**views, markov_flip=flip, floats=floats)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in TAP_FIELDS}
 
     def reset_(self, rows: int | None = None) -> None:
         """Mark rows ``[:rows]`` (all when None) "not computed"; in place, graph-safe."""
-        for name in FLOAT_FIELDS:
-            getattr(self, name)[:rows].fill_(float("nan"))
+        self.floats[:, :rows].fill_(float("nan"))
         self.markov_flip[:rows].fill_(FLIP_UNSET)
+
+    def write_floats_(self, columns: Mapping[str, torch.Tensor], rows: int, k: int) -> None:
+        """Float fields' ``[rows, k]`` values into rows ``[:rows]``, positions ``[:k]``, in
+        place: one copy when they are a leading run of :data:`FLOAT_FIELDS` (a dense step's),
+        else one per field."""
+        run = FLOAT_FIELDS[: len(columns)]
+        if len(run) > 1 and set(run) == set(columns):
+            self.floats[: len(run), :rows, :k].copy_(torch.stack([columns[n] for n in run]))
+            return
+        for name, value in columns.items():
+            getattr(self, name)[:rows, :k].copy_(value)
 
 
 @dataclass(frozen=True)
@@ -199,7 +213,9 @@ def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
     return torch.where(t > 0, t, torch.ones_like(t))
 
 
-FINAL_ARGMAX = "final_argmax"  # kept per position; write_positions forms the flip from it
+# kept per position; write_step forms the flip from it and the base log-probs at the ids
+FINAL_ARGMAX = "final_argmax"
+DRAFT_IDS = "draft_ids"
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -223,15 +239,16 @@ def dense_position_values(
     greedy: bool = False,  # the drafts are the final logits' argmax (vLLM's greedy drafting)
 ) -> dict[str, torch.Tensor]:
     """The tap values of ``k`` positions of a dense (non-top-k) DSpark draft step, ``[R, k]``
-    each, for :func:`write_positions`, which forms ``markov_flip`` for the whole step from
-    the final argmax kept here (``FINAL_ARGMAX``) and the base argmax.
+    each, for :func:`write_step`, which forms ``markov_flip`` for the whole step from the
+    final argmax kept here (``FINAL_ARGMAX``) and the base argmax, and ``base_logprob`` at
+    the drafted ids kept here (``DRAFT_IDS``).
 
     One position at a time (``k = 1``, views of its tensors) as it is sampled, or every
     position of the step at once (stacked) at its end: on a CPU each op is a few
     microseconds of dispatch, the taps' largest cost there, so the DSpark tap takes the
     step at once; under a captured graph dispatch costs nothing, and one position at a time
     needs no stacked copies of the step's logits (``DSparkTap.positions_at_end``). The base
-    logits' share is taken once per step (:func:`tap_base_logprob`, the base argmax), and a
+    logits' share is taken once per step (:func:`write_step`, the base argmax), and a
     greedy draft is the final argmax already. Log-probabilities are taken at the request's
     sampling temperature (logits / T; unscaled for greedy rows), the reference engine's
     convention. Nothing here converts dtypes a buffer's copy converts anyway.
@@ -240,30 +257,43 @@ def dense_position_values(
     values = {
         "markov_bias": bias.gather(2, at).squeeze(-1),
         FINAL_ARGMAX: ids if greedy else first_argmax(final),
+        DRAFT_IDS: ids,
     }
     if level == "full":
-        # log_softmax's fused kernel takes half the time of logsumexp on CPU
-        x = final if scale is None else final / scale.unsqueeze(-1)  # float32 from here
-        logprobs = x.log_softmax(dim=-1, dtype=torch.float32)
-        values["draft_logprob"] = logprobs.gather(2, at).squeeze(-1)
+        values["draft_logprob"] = logprob_at(final, ids, scale)
         values["markov_bias_norm"] = torch.linalg.vector_norm(bias, dim=-1, dtype=torch.float32)
     return values
 
 
-def write_positions(
-    targets: Mapping[str, torch.Tensor],
+def logprob_at(
+    logits: torch.Tensor,  # [R, k, V]
+    ids: torch.Tensor,  # [R, k]
+    scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
+) -> torch.Tensor:
+    """``[R, k]`` float32 ``log_softmax(logits / T)`` at ``ids``; log_softmax's fused kernel
+    takes half the time of logsumexp on a CPU."""
+    x = logits if scale is None else logits / scale.unsqueeze(-1)  # float32 from here
+    logprobs = x.log_softmax(dim=-1, dtype=torch.float32)
+    return logprobs.gather(2, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def write_step(
+    buffers: TapBuffers,
     recorded: Sequence[tuple[Sequence[int], Mapping[str, torch.Tensor]]],
     base_argmax: torch.Tensor,  # [R, n] argmax of each position's base logits
+    base: torch.Tensor | None = None,  # [R, n, V] base logits, for base_logprob
+    scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
 ) -> None:
-    """The step's recorded positions into ``targets`` (``[max_num_reqs, n]`` tensors by field
-    name: the tap buffers and the drafted ids), in place, with ``markov_flip = base argmax
-    != final argmax``. ``recorded``: ``(positions, values)`` pairs, ``values`` holding one
-    ``[R, len(positions)]`` column per position by field name.
+    """A dense step's recorded positions into ``buffers``, in place, with ``markov_flip =
+    base argmax != final argmax`` and, given ``base`` and every position recorded,
+    ``base_logprob`` (:func:`logprob_at` the drafted ids). ``recorded``: ``(positions,
+    values)`` pairs from :func:`dense_position_values`, one ``[R, len(positions)]`` column
+    per position by field name.
 
     The columns are joined into one ``[R, k]`` tensor per field (as they come when the step
     was taken at once), so the flip is one comparison and positions ``0 .. k-1`` in order
-    (every step whose hooks all ran) take one copy per field instead of one per position and
-    field; any other set is written position by position.
+    (every step whose hooks all ran) take one copy for the float fields and one for the
+    flip; any other set is written position by position.
     """
     if not recorded:
         return
@@ -273,33 +303,19 @@ def write_positions(
         if len(recorded) == 1
         else {name: torch.cat([v[name] for _, v in recorded], dim=1) for name in recorded[0][1]}
     )
-    final_argmax = columns.pop(FINAL_ARGMAX)
+    final_argmax, ids = columns.pop(FINAL_ARGMAX), columns.pop(DRAFT_IDS)
     rows, k = final_argmax.shape
     if steps == list(range(k)):
-        columns["markov_flip"] = base_argmax[:rows, :k] != final_argmax
-        for name, value in columns.items():
-            targets[name][:rows, :k].copy_(value)
+        if base is not None and k == base.shape[1]:
+            columns["base_logprob"] = logprob_at(base, ids, scale)
+        buffers.markov_flip[:rows, :k].copy_(base_argmax[:rows, :k] != final_argmax)
+        buffers.write_floats_(columns, rows, k)
         return
     for j, i in enumerate(steps):
         flip = base_argmax[:rows, i : i + 1] != final_argmax[:, j : j + 1]
-        targets["markov_flip"][:rows, i : i + 1].copy_(flip)
+        buffers.markov_flip[:rows, i : i + 1].copy_(flip)
         for name, value in columns.items():
-            targets[name][:rows, i : i + 1].copy_(value[:, j : j + 1])
-
-
-def tap_base_logprob(
-    buffers: TapBuffers,
-    base: torch.Tensor,  # [R, k, V] base draft logits of the step's k positions
-    draft_ids: torch.Tensor,  # [R, k] drafted draft-vocab ids
-    scale: torch.Tensor | None = None,  # [R, 1]
-) -> None:
-    """``base_logprob`` of every position of a dense step at once, in place."""
-    rows, k = draft_ids.shape
-    x = base.float()
-    if scale is not None:
-        x = x / scale.unsqueeze(-1)
-    at = x.log_softmax(dim=-1).gather(2, draft_ids.unsqueeze(-1)).squeeze(-1)
-    buffers.base_logprob[:rows, :k].copy_(at)
+            getattr(buffers, name)[:rows, i : i + 1].copy_(value[:, j : j + 1])
 
 
 def topk_base_lse(base: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
@@ -366,6 +382,32 @@ def confidence_from_head(
     if head_bias is not None:
         out = out + head_bias.float()
     return torch.sigmoid(out.squeeze(-1))
+
+
+def affine_map(
+    head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    hidden_dim: int,
+    embed_dim: int,
+    *,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w [1, H + r], c [1])``, float32, with ``head(h, e) = [h; e] . w + c`` when ``head``
+    is affine (the DSpark confidence head's logit), read off its outputs: ``c`` at zero,
+    each weight at a unit vector, less ``c`` (exact for a head without bias). For a CPU,
+    where vLLM's linear is a oneDNN call on a packed weight it does not keep, costing tens
+    of microseconds for one output column; :func:`confidence_from_head` then evaluates it
+    with one small matmul. The caller checks the map against the head before using it.
+    """
+    dim = hidden_dim + embed_dim
+    zero = torch.zeros(1, dim)
+    c = head(zero[:, :hidden_dim], zero[:, hidden_dim:]).float().reshape(1)
+    weights = []
+    for start in range(0, dim, chunk):  # unit vectors a chunk at a time, bounding memory
+        rows = torch.arange(min(chunk, dim - start))
+        units = torch.zeros(len(rows), dim)
+        units[rows, rows + start] = 1.0
+        weights.append(head(units[:, :hidden_dim], units[:, hidden_dim:]).float().reshape(-1))
+    return (torch.cat(weights) - c).unsqueeze(0), c
 
 
 def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

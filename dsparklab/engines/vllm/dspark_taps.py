@@ -55,16 +55,17 @@ from dsparklab.engines.vllm.core import (
     DraftStash,
     HostSlot,
     TapBuffers,
+    affine_map,
+    confidence_from_head,
     dense_position_values,
     draft_index,
     first_argmax,
-    tap_base_logprob,
     tap_confidence,
     tap_topk_position,
     target_to_draft_index,
     temperature_scale,
     topk_base_lse,
-    write_positions,
+    write_step,
 )
 from dsparklab.engines.vllm.runs import make_tap
 from dsparklab.engines.vllm.staging import (
@@ -78,7 +79,6 @@ from dsparklab.errors import DSparkLabError
 
 logger = logging.getLogger(__name__)
 
-DRAFT_IDS = "draft_ids"  # the step's drafted draft-vocab ids, kept beside the tap fields
 # confidence_source values written into run.json
 CONFIDENCE_HEAD = "confidence_head"  # vLLM's head output (adaptive verification on)
 ACCEPTANCE_ESTIMATOR = "acceptance_estimator"  # vLLM's online estimator (no head)
@@ -93,14 +93,14 @@ class DSparkTap(SpecTap):
         super().__init__(buffers=buffers, **kwargs)
         self.buffers: TapBuffers = buffers
         self.t2d = t2d
-        # [max_num_reqs, n] the step's drafted draft-vocab ids (persistent, for the graph)
-        self.draft_ids = torch.zeros(
-            kwargs["max_num_reqs"], kwargs["n"], dtype=torch.int64, device=kwargs["device"]
-        )
         # a dense step's positions taken at its end, all at once, on a CPU (where each op's
         # dispatch is the taps' largest cost); one by one under a captured graph, which
         # replays without dispatch and so needs no stacked copies of the step's logits
-        self.positions_at_end = torch.device(kwargs["device"]).type == "cpu"
+        on_cpu = torch.device(kwargs["device"]).type == "cpu"
+        self.positions_at_end = on_cpu
+        # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
+        # until the first step checks it against vLLM's head, False where vLLM's is used
+        self.head_map: tuple[torch.Tensor, torch.Tensor] | None | bool = None if on_cpu else False
         self.spec: Any = None  # the speculator this tap belongs to (set at attach)
         self.stash = DraftStash()
         self.in_step = False
@@ -204,9 +204,9 @@ class DSparkTap(SpecTap):
             self.recorder.note_null(kept, why)
 
     def on_sampled(self, logits: torch.Tensor, step: int, tokens: torch.Tensor) -> None:
-        idx = draft_index(tokens, self.t2d)
         stash = self.stash
         if stash.mode == "topk":
+            idx = draft_index(tokens, self.t2d)
             values, index, final = stash.topk_values, stash.topk_index, stash.topk_final
             stash.topk_values = stash.topk_index = stash.topk_final = None
             if values is None or index is None or final is None:
@@ -229,16 +229,16 @@ class DSparkTap(SpecTap):
         if stash.base_argmax is None or bias is None:
             self._skipped("compute_draft_logits / markov_bias")
             return
-        # a copy: ``idx`` may view the sampler's output until the step's end
-        idx = idx.clone()
         stash.positions += 1
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
         if self.positions_at_end:  # vLLM's loop makes both afresh at every position
-            stash.kept.append((step, bias, logits, idx))
+            # a copy: ``tokens`` may view the sampler's output until the step's end
+            stash.kept.append((step, bias, logits, tokens.clone()))
             return
+        idx = draft_index(tokens, self.t2d)
         position = self._values(bias.unsqueeze(1), logits.unsqueeze(1), idx)
-        stash.recorded.append(([step], {**position, DRAFT_IDS: idx}))
+        stash.recorded.append(([step], position))
 
     def _values(
         self, bias: torch.Tensor, final: torch.Tensor, ids: torch.Tensor
@@ -253,10 +253,11 @@ class DSparkTap(SpecTap):
         kept, self.stash.kept = self.stash.kept, []
         if not kept:
             return
-        ids = torch.cat([idx for *_, idx in kept], dim=1)
+        # the step's sampled ids mapped to the draft vocabulary at once
+        ids = draft_index(torch.stack([t for *_, t in kept], dim=1), self.t2d).squeeze(-1)
         bias = torch.stack([b for _, b, _, _ in kept], dim=1)
         values = self._values(bias, torch.stack([f for _, _, f, _ in kept], dim=1), ids)
-        self.stash.recorded.append(([i for i, *_ in kept], {**values, DRAFT_IDS: ids}))
+        self.stash.recorded.append(([i for i, *_ in kept], values))
 
     def end(self, spec: Any) -> None:
         """After the sequential loop: the base log-probabilities of every position, and
@@ -266,14 +267,14 @@ class DSparkTap(SpecTap):
                 return
             rows, stash = self.stash.num_reqs, self.stash
             self._take_kept_positions()
-            # the dense positions' values, one copy per field for the whole step
+            # the dense positions' values, and the base log-probs at their drafted ids
             if stash.base_argmax is not None:
-                targets = {**self.buffers.tensors(), DRAFT_IDS: self.draft_ids}
-                write_positions(targets, stash.recorded, stash.base_argmax)
-            if stash.mode == "dense" and self.level == "full" and stash.positions == self.n:
-                assert stash.base is not None
-                base = stash.base if self._transform is None else self._transform(stash.base)
-                tap_base_logprob(self.buffers, base, self.draft_ids[:rows], stash.scale)
+                base = None
+                if self.level == "full" and stash.positions == self.n:
+                    base = stash.base
+                    if base is not None and self._transform is not None:
+                        base = self._transform(base)
+                write_step(self.buffers, stash.recorded, stash.base_argmax, base, stash.scale)
             from_vllm = vllm_confidence_source(spec)
             source = from_vllm or self._evaluate_head(spec, rows)  # the head: by slot
             if self.shard is not None:
@@ -300,8 +301,33 @@ class DSparkTap(SpecTap):
         if head is None or stash.hidden is None or len(stash.embeds) != self.n:
             return None
         embeds = torch.stack(stash.embeds, dim=1).flatten(0, 1)
-        tap_confidence(self.buffers, model.compute_confidence(stash.hidden, embeds), rows)
+        if isinstance(self.head_map, tuple):
+            confidence = confidence_from_head(*self.head_map, stash.hidden, embeds)
+        else:
+            confidence = model.compute_confidence(stash.hidden, embeds)
+            if self.head_map is None:
+                self.head_map = checked_head_map(head, stash.hidden, embeds, confidence)
+        tap_confidence(self.buffers, confidence, rows)
         return HEAD_BY_TAPS
+
+
+def checked_head_map(
+    head: Any, hidden: torch.Tensor, embeds: torch.Tensor, confidence: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | bool:
+    """The head's :func:`affine_map` where it gives vLLM's ``confidence`` on this step's
+    inputs (within 1e-6), else False: vLLM's own head from then on."""
+    try:
+        weight, bias = affine_map(head, hidden.shape[-1], embeds.shape[-1])
+        again = confidence_from_head(weight, bias, hidden, embeds)
+    except Exception:  # not a head of two inputs
+        return False
+    matches = again.shape == confidence.shape and torch.allclose(
+        again, confidence.float(), rtol=0.0, atol=1e-6
+    )
+    if not matches:
+        logger.info("dsparklab: the confidence head is not affine; vLLM evaluates it")
+        return False
+    return weight, bias
 
 
 def vllm_confidence_source(spec: Any) -> str | None:
@@ -321,7 +347,7 @@ def row_temperature(spec: Any, rows: int, n: int) -> torch.Tensor | None:
     if not isinstance(mapping, torch.Tensor):
         return None
     # row r's sample slots are [r*n, (r+1)*n); all map to the row's request state
-    return state_temperature(spec, mapping[: rows * n].view(rows, n)[:, 0])
+    return state_temperature(spec, mapping[: rows * n : n])
 
 
 def state_temperature(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
