@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import logging
 import sys
 import tempfile
@@ -186,11 +187,18 @@ def overhead_table(times: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def draft_pass(rounds: int, levels: list[str], rows: int = 4, reps: int = 20) -> pd.DataFrame:
+def draft_pass(
+    rounds: int, levels: list[str], rows: int = 4, reps: int = 20, copies: int = 3
+) -> pd.DataFrame:
     """The taps' cost on the draft pass alone, where it can be told from noise: vLLM's own
     DSpark Markov stage (``_sample_sequential``) and Eagle3 positions (``compute_logits``
     at each ``current_draft_step``) on fixed inputs, ``rows`` requests, untraced and traced
-    at each level, ``reps`` calls per round, interleaved; the best round per variant."""
+    at each level, ``reps`` calls per round, interleaved; the best round per variant.
+
+    Each variant runs on ``copies`` speculators built afresh: on this machine one
+    speculator's draft pass can run over half again as slow as an identical one's (where
+    its tensors landed in memory), for the untraced and the traced alike, so the best over
+    the copies is what each variant costs."""
     import time
 
     import torch
@@ -201,8 +209,9 @@ def draft_pass(rounds: int, levels: list[str], rows: int = 4, reps: int = 20) ->
     out = []
     for method, n in [c for c in CONFIGS if c[0] != "none"]:
         drafter = zoo_path(f"tiny-{method}")
-        calls = {}
-        for level in [None, *levels]:
+        calls = []
+        hidden = None  # the same inputs for every variant and copy
+        for level, _ in itertools.product([None, *levels], range(copies)):
             if level is None:
                 patching.uninstall()
             else:
@@ -212,7 +221,8 @@ def draft_pass(rounds: int, levels: list[str], rows: int = 4, reps: int = 20) ->
                 patching.configure(config)
             vllm_config = harness.cpu_vllm_config(zoo_path("tiny-target"), method, drafter, n, 8)
             spec = harness.load_speculator(vllm_config, method)
-            hidden = torch.randn(rows * n, spec.model.config.hidden_size)
+            if hidden is None:
+                hidden = torch.randn(rows * n, spec.model.config.hidden_size)
             if method == "dspark":
                 q = spec.num_query_per_req
                 for r in range(rows):
@@ -231,11 +241,11 @@ def draft_pass(rounds: int, levels: list[str], rows: int = 4, reps: int = 20) ->
                         spec.current_draft_step.fill_(i)
                         spec.model.compute_logits(hidden[:rows])
 
-            calls[level or "off"] = call
+            calls.append((level or "off", call))
         best: dict[str, float] = {}
         with torch.inference_mode():
             for _ in range(rounds):
-                for key, call in calls.items():
+                for key, call in calls:
                     started = time.perf_counter()
                     for _ in range(reps):
                         call()
