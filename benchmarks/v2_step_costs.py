@@ -21,20 +21,24 @@ V2 runner's method order) with the plugin's own wrappers around it. This script:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import gc
 import itertools
 import logging
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.engines.reference.collect import ModelSet
-from dsparklab.engines.vllm import harness, runs
+from dsparklab.engines.vllm import harness, patching, runs
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.prompts import load_prompts
 from dsparklab.store import read_trace
@@ -152,7 +156,7 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
                             "process_cpu_s": run.process_cpu_s if index == 0 else 0.0,
                         }
                     )
-    harness.patching.uninstall()
+    patching.uninstall()
     return pd.DataFrame(rows)
 
 
@@ -203,7 +207,7 @@ def draft_pass(
 
     import torch
 
-    from dsparklab.engines.vllm import patching, v2
+    from dsparklab.engines.vllm import v2
     from dsparklab.zoo import zoo_path
 
     out = []
@@ -260,6 +264,90 @@ def draft_pass(
     return pd.DataFrame(out).set_index("config")
 
 
+# The plugin's host work in each engine step outside the draft pass, on the engine thread:
+# staging around ``propose``, the step's hand-off, the clock's marks and the requests'
+# bookkeeping, by where it is entered (module, attribute path).
+HOST_WORK = (
+    ("dsparklab.engines.vllm.v2", "before_v2"),
+    ("dsparklab.engines.vllm.staging", "SpecTap.after"),
+    ("dsparklab.engines.vllm.dspark_taps", "DSparkTap.after"),
+    ("dsparklab.engines.vllm.eagle3_taps", "Eagle3V2Tap.after"),
+    ("dsparklab.engines.vllm.staging", "SpecTap.end_step"),
+    ("dsparklab.engines.vllm.steps", "begin_step"),
+    ("dsparklab.engines.vllm.steps", "mark_active"),
+    ("dsparklab.engines.vllm.steps", "end_step"),
+    ("dsparklab.engines.vllm.steps", "drop_step"),
+    ("dsparklab.engines.vllm.recorder", "TraceRecorder.start_requests"),
+    ("dsparklab.engines.vllm.recorder", "TraceRecorder.finish_requests"),
+)
+
+
+@contextlib.contextmanager
+def timing_host_work() -> Iterator[list[float]]:
+    """Wrap the :data:`HOST_WORK` functions with a timer while the block runs; the list it
+    yields holds their summed seconds (a call inside another timed one counts once)."""
+    import importlib
+    import time
+
+    total, depth, restore = [0.0], [0], []
+
+    def timed(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            depth[0] += 1
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    total[0] += time.perf_counter() - started
+
+        return call
+
+    for module, path in HOST_WORK:
+        *owner_path, name = path.split(".")
+        owner = importlib.import_module(module)
+        for part in owner_path:
+            owner = getattr(owner, part)
+        original = owner.__dict__[name]
+        setattr(owner, name, timed(original))
+        restore.append((owner, name, original))
+    try:
+        yield total
+    finally:
+        for owner, name, original in restore:
+            setattr(owner, name, original)
+
+
+def host_work(args: argparse.Namespace, models: ModelSet) -> pd.Series:
+    """Per configuration, the plugin's host work per engine step outside the draft pass
+    (:data:`HOST_WORK`) in a run traced at level ``full``, in milliseconds."""
+    opts = options(args, tempfile.mkdtemp(prefix="v2-host-"))
+    prompt_sets = {args.dataset: load_prompts(args.dataset, limit=args.prompts)}
+    per_step = {}
+    for method, n in CONFIGS:
+        spec = RunSpec(args.dataset, method, n)
+        trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-host-taps-"))
+        config = TapConfig(trace_dir=trace_dir, run_name=uuid.uuid4().hex[:8], level="full")
+        patching.uninstall()  # the propose wrapper takes ``before_v2`` when installed
+        with timing_host_work() as seconds:
+            (run,) = harness.serve(
+                opts,
+                method,
+                n,
+                [spec],
+                models=models,
+                prompt_sets=prompt_sets,
+                tap_config=config,
+                max_num_seqs=args.max_num_seqs,
+            )
+            runs.close_worker()
+        per_step[spec.name.rsplit("/", 1)[1]] = seconds[0] / len(run.timeline) * 1e3
+    patching.uninstall()
+    return pd.Series(per_step)
+
+
 def coverage(out: Path) -> pd.DataFrame:
     steps = read_trace(out, "steps")
     positions = read_trace(out, "positions")
@@ -281,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     times = overhead(args, models)
     table = overhead_table(times)
     passes = draft_pass(args.rounds, args.levels.split(","), rows=args.max_num_seqs)
+    host = host_work(args, models)
     by_run = sums.groupby("run")["rel_err"].agg(["median", "max", "count"])
     print(
         f"# V2 harness step costs ({args.rounds} rounds, {args.prompts} prompts, "
@@ -294,6 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         level = column.split()[0]
         passes[f"{level} % of a step"] = passes[column] / steps_off.reindex(passes.index) * 100
     print(markdown_table(passes.reset_index(), digits=3))
+    print(
+        "\n## tracing plus the clock per engine step, level full: the taps on the draft "
+        "pass (above) and the plugin's host work outside it (staging, hand-off, the clock's "
+        "marks, request bookkeeping; timed in a traced run)\n"
+    )
+    totals = pd.DataFrame({"host work ms/step": host, "ms/step off": steps_off})
+    totals["host work % of a step"] = totals["host work ms/step"] / steps_off * 100
+    totals["draft pass % of a step"] = passes["full % of a step"].reindex(totals.index).fillna(0.0)
+    totals["total % of a step"] = totals["host work % of a step"] + totals["draft pass % of a step"]
+    print(markdown_table(totals.reset_index(names="config"), digits=3))
     print("\n## batch_size x (draft + verify + other) against the driver's wall, per engine step\n")
     errors = by_run.assign(median=by_run["median"] * 100, max=by_run["max"] * 100)
     print(

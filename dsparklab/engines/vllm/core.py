@@ -480,7 +480,7 @@ class StagingRing:
         """Copy ``src`` (device, leading dim <= max) into ``slot``'s host tensor."""
         dst = slot.tensors[name]
         rows = src.shape[0]
-        dst[:rows].copy_(src.to(dst.dtype), non_blocking=self.is_cuda)
+        dst[:rows].copy_(src, non_blocking=self.is_cuda)  # converting the dtype as it copies
 
     def seal(self, slot: HostSlot) -> None:
         """Record the event that marks the end of ``slot``'s copies (CUDA only)."""
