@@ -40,7 +40,7 @@ from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.vllm import harness, patching, runs
 from dsparklab.engines.vllm.config import TapConfig
-from dsparklab.prompts import load_prompts
+from dsparklab.prompts import Prompt, load_prompts
 from dsparklab.store import read_trace
 from dsparklab.store.location import Location
 
@@ -104,6 +104,35 @@ def step_sums(timelines: dict[str, list[harness.EngineStep]], out: Path) -> pd.D
     return frame
 
 
+def serve_run(
+    args: argparse.Namespace,
+    opts: CollectOptions,
+    prompt_sets: dict[str, list[Prompt]],
+    models: ModelSet,
+    spec: RunSpec,
+    level: str | None,
+) -> harness.HarnessRun:
+    """One harness run of ``spec``: untraced (``level`` None), or traced at ``level`` into a
+    fresh directory, its worker's run closed before it returns."""
+    tap_config = None
+    if level is not None:
+        trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-taps-"))
+        tap_config = TapConfig(trace_dir=trace_dir, run_name=uuid.uuid4().hex[:8], level=level)  # type: ignore[arg-type]
+    (run,) = harness.serve(
+        opts,
+        spec.method,
+        spec.n,
+        [spec],
+        models=models,
+        prompt_sets=prompt_sets,
+        tap_config=tap_config,
+        max_num_seqs=args.max_num_seqs,
+    )
+    if level is not None:
+        runs.close_worker()
+    return run
+
+
 def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
     """Each engine step's wall time with tracing off and on, interleaved, per configuration.
 
@@ -120,28 +149,8 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
             if (round_index + n) % 2:
                 levels.reverse()
             for level in levels:
-                traced = level is not None
-                tap_config = None
-                if level is not None:
-                    trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-taps-"))
-                    tap_config = TapConfig(
-                        trace_dir=trace_dir,
-                        run_name=uuid.uuid4().hex[:8],
-                        level=level,  # type: ignore[arg-type]
-                    )
                 gc.collect()  # the previous run's garbage is not this run's to collect
-                (run,) = harness.serve(
-                    opts,
-                    method,
-                    n,
-                    [spec],
-                    models=models,
-                    prompt_sets=prompt_sets,
-                    tap_config=tap_config,
-                    max_num_seqs=args.max_num_seqs,
-                )
-                if traced:
-                    runs.close_worker()
+                run = serve_run(args, opts, prompt_sets, models, spec, level)
                 config = spec.name.rsplit("/", 1)[1]  # <method>-n<k>
                 for index, step in enumerate(run.timeline):
                     rows.append(
@@ -328,21 +337,9 @@ def host_work(args: argparse.Namespace, models: ModelSet) -> pd.Series:
     per_step = {}
     for method, n in CONFIGS:
         spec = RunSpec(args.dataset, method, n)
-        trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-host-taps-"))
-        config = TapConfig(trace_dir=trace_dir, run_name=uuid.uuid4().hex[:8], level="full")
         patching.uninstall()  # the propose wrapper takes ``before_v2`` when installed
         with timing_host_work() as seconds:
-            (run,) = harness.serve(
-                opts,
-                method,
-                n,
-                [spec],
-                models=models,
-                prompt_sets=prompt_sets,
-                tap_config=config,
-                max_num_seqs=args.max_num_seqs,
-            )
-            runs.close_worker()
+            run = serve_run(args, opts, prompt_sets, models, spec, "full")
         per_step[spec.name.rsplit("/", 1)[1]] = seconds[0] / len(run.timeline) * 1e3
     patching.uninstall()
     return pd.Series(per_step)

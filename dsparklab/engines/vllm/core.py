@@ -150,8 +150,8 @@ class DraftStash:
     positions: int = 0  # positions recorded so far this step
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
-    # (i, bias [R, V], final logits [R, V], drafted ids [R, 1]) of each dense position whose
-    # values are taken at the step's end, all at once
+    # (i, bias [R, V], final logits [R, V], sampled target-vocab ids [R]) of each dense
+    # position whose values are taken at the step's end, all at once
     kept: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
