@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm import (
+    FLOAT_VIEWS,
     StagingRing,
     StepClock,
     TapBuffers,
@@ -212,15 +213,15 @@ def bench(rows: int, w: Weights, *, iters: int, repeats: int, backbone: bool) ->
     step = make_step(rows, w)
     n = w.shapes.n
     specs = {"draft_tokens": ((rows, n), torch.int64)}
-    specs |= {name: ((rows, n), t.dtype) for name, t in step.buffers.tensors().items()}
-    ring = StagingRing(specs, device)
+    specs |= {name: (tuple(t.shape), t.dtype) for name, t in step.buffers.staged().items()}
+    ring = StagingRing(specs, device, views=FLOAT_VIEWS)
 
     def stage() -> None:  # what the plugin's propose wrapper does after the graph
         slot = ring.acquire()
         assert slot is not None
         ring.copy_in(slot, "draft_tokens", step.draft_tokens)
-        for name, tensor in step.buffers.tensors().items():
-            ring.copy_in(slot, name, tensor[:rows])
+        for name, tensor in step.buffers.staged().items():
+            ring.copy_in(slot, name, tensor.narrow(-2, 0, rows))
         ring.seal(slot)
         ring.release(slot)  # (the recorder releases after reading; here: immediately)
 

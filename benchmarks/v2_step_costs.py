@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gc
 import itertools
@@ -38,7 +39,7 @@ import pandas as pd
 from dsparklab.engines.plan import CollectOptions, RunSpec
 from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.engines.reference.collect import ModelSet
-from dsparklab.engines.vllm import harness, patching, runs
+from dsparklab.engines.vllm import harness, patch_table, patching, runs
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.prompts import Prompt, load_prompts
 from dsparklab.store import read_trace
@@ -273,65 +274,88 @@ def draft_pass(
     return pd.DataFrame(out).set_index("config")
 
 
-# The plugin's host work in each engine step outside the draft pass, on the engine thread:
-# staging around ``propose``, the step's hand-off, the clock's marks and the requests'
-# bookkeeping, by where it is entered (module, attribute path).
+# The plugin's wrappers on the engine step outside the draft pass: the V2 runner's
+# execute_model / forward_start / sample / sample_tokens and the speculators' propose. What
+# they run besides vLLM's own code (staging around propose, the step's hand-off, the clock's
+# marks, the requests' bookkeeping, the wrappers themselves) is the host work; the draft
+# pass's own wrappers (``DSparkSpeculator``'s, the draft model's) are measured alone.
 HOST_WORK = (
-    ("dsparklab.engines.vllm.v2", "before_v2"),
-    ("dsparklab.engines.vllm.staging", "SpecTap.after"),
-    ("dsparklab.engines.vllm.dspark_taps", "DSparkTap.after"),
-    ("dsparklab.engines.vllm.eagle3_taps", "Eagle3V2Tap.after"),
-    ("dsparklab.engines.vllm.staging", "SpecTap.end_step"),
-    ("dsparklab.engines.vllm.steps", "begin_step"),
-    ("dsparklab.engines.vllm.steps", "mark_active"),
-    ("dsparklab.engines.vllm.steps", "end_step"),
-    ("dsparklab.engines.vllm.steps", "drop_step"),
-    ("dsparklab.engines.vllm.recorder", "TraceRecorder.start_requests"),
-    ("dsparklab.engines.vllm.recorder", "TraceRecorder.finish_requests"),
+    patch_table.V2_EXECUTE,
+    patch_table.V2_FORWARD_START,
+    patch_table.V2_SAMPLE,
+    patch_table.V2_SAMPLE_TOKENS,
+    patch_table.DFLASH_PROPOSE,
+    patch_table.TDAR_PROPOSE,
 )
 
 
 @contextlib.contextmanager
 def timing_host_work() -> Iterator[list[float]]:
-    """Wrap the :data:`HOST_WORK` functions with a timer while the block runs; the list it
-    yields holds their summed seconds (a call inside another timed one counts once)."""
-    import importlib
+    """Make the :data:`HOST_WORK` wrappers timed while the block runs; the list it yields
+    holds, per engine step (from one ``execute_model`` to the next), the seconds spent in
+    them outside the vLLM code they call.
+
+    The clock runs from a wrapper's entry until it calls vLLM's function, and from that
+    function's return until the wrapper returns; a wrapper entered inside vLLM's code (the
+    forward_start inside execute_model) opens its own spans, so nothing counts twice. The
+    timer's own calls fall partly inside the spans: an upper bound by about a microsecond
+    per call.
+    """
     import time
 
-    total, depth, restore = [0.0], [0], []
+    per_step: list[float] = []
+    opened: list[float | None] = [None]  # when the span in progress started
 
-    def timed(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            depth[0] += 1
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    total[0] += time.perf_counter() - started
+    def open_span() -> None:
+        opened[0] = time.perf_counter()
 
-        return call
+    def close_span() -> None:
+        if opened[0] is not None:
+            per_step[-1] += time.perf_counter() - opened[0]
+            opened[0] = None
 
-    for module, path in HOST_WORK:
-        *owner_path, name = path.split(".")
-        owner = importlib.import_module(module)
-        for part in owner_path:
-            owner = getattr(owner, part)
-        original = owner.__dict__[name]
-        setattr(owner, name, timed(original))
-        restore.append((owner, name, original))
+    def timed(make: Any, starts_step: bool) -> Any:
+        def make_timed(original: Any) -> Any:
+            @functools.wraps(original)
+            def vllms(*args: Any, **kwargs: Any) -> Any:
+                close_span()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    open_span()
+
+            wrapper = make(vllms)
+
+            @functools.wraps(wrapper)
+            def entered(*args: Any, **kwargs: Any) -> Any:
+                if starts_step or not per_step:
+                    per_step.append(0.0)
+                open_span()
+                try:
+                    return wrapper(*args, **kwargs)
+                finally:
+                    close_span()
+
+            return entered
+
+        return make_timed
+
+    original = patch_table.PATCHES
+    patch_table.PATCHES = tuple(
+        dataclasses.replace(p, make=timed(p.make, p.point == patch_table.V2_EXECUTE))
+        if p.point in HOST_WORK
+        else p
+        for p in original
+    )
     try:
-        yield total
+        yield per_step
     finally:
-        for owner, name, original in restore:
-            setattr(owner, name, original)
+        patch_table.PATCHES = original
 
 
 def host_work(args: argparse.Namespace, models: ModelSet) -> pd.Series:
     """Per configuration, the plugin's host work per engine step outside the draft pass
-    (:data:`HOST_WORK`) in a run traced at level ``full``, in milliseconds."""
+    (:func:`timing_host_work`) in a run traced at level ``full``, in milliseconds."""
     opts = options(args, tempfile.mkdtemp(prefix="v2-host-"))
     prompt_sets = {args.dataset: load_prompts(args.dataset, limit=args.prompts)}
     per_step = {}

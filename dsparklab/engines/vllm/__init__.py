@@ -16,6 +16,7 @@ _NAMES = {
     "TapConfigError": "config",
     "LEVEL_FIELDS": "core",
     "TAP_FIELDS": "core",
+    "FLOAT_VIEWS": "core",
     "DraftStash": "core",
     "StagingRing": "core",
     "TapBuffers": "core",

@@ -49,6 +49,10 @@ FLOAT_FIELDS: tuple[str, ...] = (
     "confidence",
 )
 TAP_FIELDS: tuple[str, ...] = (*FLOAT_FIELDS, "markov_flip")
+# A host slot's float fields: views of its ``floats`` block, which one copy stages
+FLOAT_VIEWS: dict[str, tuple[str, int]] = {
+    name: ("floats", i) for i, name in enumerate(FLOAT_FIELDS)
+}
 # Fields each level computes (the rest stay null).
 LEVEL_FIELDS: dict[str, frozenset[str]] = {
     "full": frozenset(TAP_FIELDS),
@@ -85,6 +89,11 @@ class TapBuffers:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in TAP_FIELDS}
+
+    def staged(self) -> dict[str, torch.Tensor]:
+        """What a step's staging copies, rows at dim -2: the float fields as one block
+        (a host slot's :data:`FLOAT_VIEWS`) and the flip."""
+        return {"floats": self.floats, "markov_flip": self.markov_flip}
 
     def reset_(self, rows: int | None = None) -> None:
         """Mark rows ``[:rows]`` (all when None) "not computed"; in place, graph-safe."""
@@ -449,14 +458,19 @@ class StagingRing:
         specs: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
         device: torch.device | str,
         *,
+        views: Mapping[str, tuple[str, int]] | None = None,
         num_slots: int = 4,
     ) -> None:
+        """``views``: field name -> (block in ``specs``, index), a field read as one row of a
+        block that is staged by one copy (:data:`FLOAT_VIEWS`)."""
         self.device = torch.device(device)
         self.specs = dict(specs)
-        self.slots = [
-            HostSlot({k: _pinned(shape, dt, self.device) for k, (shape, dt) in specs.items()})
-            for _ in range(num_slots)
-        ]
+        self.slots = []
+        for _ in range(num_slots):
+            tensors = {k: _pinned(shape, dt, self.device) for k, (shape, dt) in specs.items()}
+            for name, (block, index) in (views or {}).items():
+                tensors[name] = tensors[block][index]
+            self.slots.append(HostSlot(tensors))
         self._next = 0
 
     @property
@@ -477,10 +491,10 @@ class StagingRing:
         return None
 
     def copy_in(self, slot: HostSlot, name: str, src: torch.Tensor) -> None:
-        """Copy ``src`` (device, leading dim <= max) into ``slot``'s host tensor."""
-        dst = slot.tensors[name]
-        rows = src.shape[0]
-        dst[:rows].copy_(src, non_blocking=self.is_cuda)  # converting the dtype as it copies
+        """Copy ``src`` (device) into the leading corner of ``slot``'s host tensor: rows
+        ``[:R]`` of a field, ``[:, :R]`` of a block of fields."""
+        dst = slot.tensors[name][tuple(map(slice, src.shape))]
+        dst.copy_(src, non_blocking=self.is_cuda)  # converting the dtype as it copies
 
     def seal(self, slot: HostSlot) -> None:
         """Record the event that marks the end of ``slot``'s copies (CUDA only)."""

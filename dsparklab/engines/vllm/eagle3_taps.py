@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.core import LEVEL_FIELDS, HostSlot, temperature_scale
-from dsparklab.engines.vllm.staging import SpecTap, mark
+from dsparklab.engines.vllm.staging import SpecTap, inference_mode, mark
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def wrap_compute_logits(model: Any, tap: Eagle3V1Tap | Eagle3V2Tap) -> None:
         logits = original(*args, **kwargs)
         if tap.active and isinstance(logits, torch.Tensor):
             try:
-                with torch.inference_mode():
+                with inference_mode():
                     tap.observe(logits)
             except Exception as err:
                 tap.fail("compute_logits (draft log-probability)", err)

@@ -55,9 +55,16 @@ from dsparklab.engines.reference.models import (
     make_drafter,
     send_draft,
 )
-from dsparklab.engines.vllm import patching, runs, staging, steps, v2
+from dsparklab.engines.vllm import patching, runs, staging
 from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.core import target_to_draft_index
+from dsparklab.engines.vllm.patch_table import (
+    DFLASH_PROPOSE,
+    V2_EXECUTE,
+    V2_SAMPLE,
+    V2_SAMPLE_TOKENS,
+    wrapper_of,
+)
 from dsparklab.errors import ConfigError
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.store.layout import runs_named
@@ -457,20 +464,19 @@ def attach_draft_step(runner: HarnessRunner, method: str, traced: bool) -> None:
     make = {"dspark": _dspark_draft_step, "eagle3": _eagle3_draft_step}[method]
     draft_step = make(runner)
     draft_step.__signature__ = _propose_signature()  # type: ignore[attr-defined]
-    propose = v2.wrap_v2_propose(draft_step) if traced else draft_step
+    propose = wrapper_of(DFLASH_PROPOSE)(draft_step) if traced else draft_step
     speculator = runner.speculator
     assert speculator is not None
     speculator.propose = MethodType(propose, speculator)
 
 
-@functools.cache
 def traced_runner_class() -> type[HarnessRunner]:
-    """:class:`HarnessRunner` under the plugin's engine-step wrappers (as the patch table
-    wraps ``GPUModelRunner``)."""
+    """:class:`HarnessRunner` under the plugin's engine-step wrappers, the patch table's
+    wrappers of ``GPUModelRunner``."""
     wrapped = {
-        "execute_model": steps.wrap_execute_model(HarnessRunner.execute_model),
-        "sample": steps.wrap_sample(HarnessRunner.sample),
-        "sample_tokens": steps.wrap_sample_tokens(HarnessRunner.sample_tokens),
+        point.method: wrapper_of(point)(getattr(HarnessRunner, point.method))
+        for point in (V2_EXECUTE, V2_SAMPLE, V2_SAMPLE_TOKENS)
+        if point.method is not None
     }
     return type("TracedHarnessRunner", (HarnessRunner,), wrapped)
 

@@ -194,6 +194,11 @@ def patches_of(line: str) -> tuple[Patch, ...]:
     return tuple(p for p in PATCHES if line in p.lines)
 
 
+def wrapper_of(point: PatchPoint) -> Callable[[Any], Any]:
+    """What makes the plugin's wrapper of ``point`` from the function it wraps."""
+    return next(p.make for p in PATCHES if p.point == point)
+
+
 def _doc_name(point: PatchPoint) -> str:
     what = f"{point.cls}.{point.method}" if point.method else point.cls
     return f"`{what}` (`{point.module.removeprefix('vllm.')}`)"

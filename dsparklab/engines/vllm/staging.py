@@ -12,6 +12,7 @@ vLLM runs on unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.clock import StepClock, active_step
-from dsparklab.engines.vllm.core import HostSlot, StagingRing, TapBuffers
+from dsparklab.engines.vllm.core import FLOAT_VIEWS, HostSlot, StagingRing, TapBuffers
 from dsparklab.engines.vllm.recorder import TraceRecorder
 from dsparklab.errors import DSparkLabError
 
@@ -103,12 +104,12 @@ class SpecTap:
             "draft_tokens": ((max_num_reqs, n), torch.int64),
         }
         if buffers is not None:
-            for name, tensor in buffers.tensors().items():
-                specs[name] = ((max_num_reqs, n), tensor.dtype)
+            specs |= {name: (tuple(t.shape), t.dtype) for name, t in buffers.staged().items()}
         # per-(row, position) fields a subclass stages itself (``[max_num_reqs, n]``)
         for name, dtype in (extra_fields or {}).items():
             specs[name] = ((max_num_reqs, n), dtype)
-        self.ring = StagingRing(specs, device, num_slots=STAGING_SLOTS)
+        views = FLOAT_VIEWS if buffers is not None else None
+        self.ring = StagingRing(specs, device, views=views, num_slots=STAGING_SLOTS)
         # the slot of the engine step in progress, staged when the step ends
         # (:mod:`~dsparklab.engines.vllm.clock` times the whole step)
         self.held: HostSlot | None = None
@@ -162,8 +163,8 @@ class SpecTap:
         if slot.meta["num_drafted"]:  # nothing drafted (a schedule's n = 0): nothing to copy
             self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
         if self.buffers is not None:
-            for name, tensor in self.buffers.tensors().items():
-                self.ring.copy_in(slot, name, tensor[:rows])
+            for name, tensor in self.buffers.staged().items():
+                self.ring.copy_in(slot, name, tensor.narrow(-2, 0, rows))
         self.ring.seal(slot)
         stale, self.held = self.held, None
         if stale is not None:  # a held step whose end was not seen: hand it on first
@@ -195,18 +196,31 @@ def tap_of(obj: Any) -> SpecTap | None:
     return tap if isinstance(tap, SpecTap) and tap.active else None
 
 
+def inference_mode() -> contextlib.AbstractContextManager[Any]:
+    """``torch.inference_mode()``, or no context when it is on already: vLLM's runners
+    call ``propose`` in it, and entering it again costs tens of microseconds on a CPU."""
+    return _NO_CONTEXT if torch.is_inference_mode_enabled() else torch.inference_mode()
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+# What a ``before`` hook reads the propose call's arguments with: name -> value (its default
+# where the call left it out)
+Arguments = Callable[[str], Any]
+
+
 def wrap_propose(
     original: Callable[..., Any],
     where: str,
     get_tap: Callable[[Any], SpecTap | None],
-    before: Callable[[SpecTap, Any, dict[str, Any]], HostSlot | None],
+    before: Callable[[SpecTap, Any, Arguments], HostSlot | None],
     check: Callable[[Any], None] | None = None,
 ) -> Callable[..., Any]:
     """Wrap a propose method: stage what verification saw before it, the drafts after it.
 
     Every argument, known or not, is passed on to vLLM unchanged.
     """
-    signature = inspect.signature(original)
+    reader = ArgumentReader(original)
 
     @functools.wraps(original)
     def propose(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -215,9 +229,9 @@ def wrap_propose(
             return original(self, *args, **kwargs)
         slot = None
         try:
-            bound = signature.bind_partial(self, *args, **kwargs)
-            with torch.inference_mode():
-                slot = before(tap, self, dict(bound.arguments))
+            call = (self, *args)
+            with inference_mode():
+                slot = before(tap, self, lambda name: reader.get(name, call, kwargs))
         except Exception as err:
             tap.fail(f"{where} (verification copy)", err)
         out = original(self, *args, **kwargs)
@@ -225,7 +239,7 @@ def wrap_propose(
             try:
                 if check is not None:
                     check(out)
-                with torch.inference_mode():
+                with inference_mode():
                     tap.after(slot, out)
             except Exception as err:
                 tap.fail(f"{where} (draft copy)", err)

@@ -18,19 +18,19 @@ import torch
 from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.eagle3_taps import Eagle3V1Tap
 from dsparklab.engines.vllm.runs import lazy_tap
-from dsparklab.engines.vllm.staging import SpecTap, wrap_propose
+from dsparklab.engines.vllm.staging import Arguments, SpecTap, wrap_propose
 from dsparklab.errors import DSparkLabError
 
 
-def before_v1(tap: SpecTap, runner: Any, args: dict[str, Any]) -> HostSlot | None:
+def before_v1(tap: SpecTap, runner: Any, arg: Arguments) -> HostSlot | None:
     req_ids = list(runner.input_batch.req_ids)
     rows = len(req_ids)
     if rows <= 0:
         return None
-    sampled = args["sampled_token_ids"]
-    metadata = args.get("spec_decode_metadata")
+    sampled = arg("sampled_token_ids")
+    metadata = arg("spec_decode_metadata")
     verified = list(metadata.num_draft_tokens) if metadata is not None else [0] * rows
-    by_id = args["scheduler_output"].num_scheduled_tokens
+    by_id = arg("scheduler_output").num_scheduled_tokens
     scheduled = [int(by_id.get(r, 0)) for r in req_ids]
     computed = runner.input_batch.num_computed_tokens_cpu[:rows].tolist()
     slot = tap.acquire()

@@ -22,7 +22,7 @@ import torch
 from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.eagle3_taps import Eagle3V2Tap
 from dsparklab.engines.vllm.runs import lazy_tap
-from dsparklab.engines.vllm.staging import SpecTap, wrap_propose
+from dsparklab.engines.vllm.staging import Arguments, SpecTap, wrap_propose
 
 
 def emitted_tokens(last_sampled: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
@@ -35,20 +35,20 @@ def emitted_tokens(last_sampled: torch.Tensor, idx_mapping: torch.Tensor) -> tor
     return per_state[idx_mapping]
 
 
-def before_v2(tap: SpecTap, _spec: Any, args: dict[str, Any]) -> HostSlot | None:
-    if args.get("dummy_run") or args.get("is_profile"):
+def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
+    if arg("dummy_run") or arg("is_profile"):
         return None
-    batch = args["input_batch"]
+    batch = arg("input_batch")
     rows = int(batch.num_reqs)
     if rows <= 0:
         return None
     slot = tap.acquire()
     ring = tap.ring
-    ring.copy_in(slot, "num_sampled", args["num_sampled"][:rows])
-    ring.copy_in(slot, "num_rejected", args["num_rejected"][:rows])
+    ring.copy_in(slot, "num_sampled", arg("num_sampled")[:rows])
+    ring.copy_in(slot, "num_rejected", arg("num_rejected")[:rows])
     ring.copy_in(slot, "seq_lens", batch.seq_lens[:rows])
-    ring.copy_in(slot, "last_token", emitted_tokens(args["last_sampled"], batch.idx_mapping[:rows]))
-    num_spec = args.get("num_speculative_tokens")
+    ring.copy_in(slot, "last_token", emitted_tokens(arg("last_sampled"), batch.idx_mapping[:rows]))
+    num_spec = arg("num_speculative_tokens")
     slot.meta.update(
         req_ids=list(batch.req_ids[:rows]),
         num_drafted=min(tap.n, int(num_spec)) if num_spec is not None else tap.n,
