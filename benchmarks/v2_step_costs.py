@@ -27,6 +27,7 @@ import functools
 import gc
 import itertools
 import logging
+import statistics
 import sys
 import tempfile
 import uuid
@@ -290,16 +291,15 @@ HOST_WORK = (
 
 
 @contextlib.contextmanager
-def timing_host_work() -> Iterator[list[float]]:
+def timing_host_work(plugin: bool = True) -> Iterator[list[float]]:
     """Make the :data:`HOST_WORK` wrappers timed while the block runs; the list it yields
     holds, per engine step (from one ``execute_model`` to the next), the seconds spent in
-    them outside the vLLM code they call.
+    them outside the vLLM code they call. ``plugin=False`` times vLLM's bare functions in
+    the wrappers' place: what the timer itself adds.
 
     The clock runs from a wrapper's entry until it calls vLLM's function, and from that
     function's return until the wrapper returns; a wrapper entered inside vLLM's code (the
-    forward_start inside execute_model) opens its own spans, so nothing counts twice. The
-    timer's own calls fall partly inside the spans: an upper bound by about a microsecond
-    per call.
+    forward_start inside execute_model) opens its own spans, so nothing counts twice.
     """
     import time
 
@@ -324,7 +324,7 @@ def timing_host_work() -> Iterator[list[float]]:
                 finally:
                     open_span()
 
-            wrapper = make(vllms)
+            wrapper = make(vllms) if plugin else vllms
 
             @functools.wraps(wrapper)
             def entered(*args: Any, **kwargs: Any) -> Any:
@@ -353,20 +353,32 @@ def timing_host_work() -> Iterator[list[float]]:
         patch_table.PATCHES = original
 
 
-def host_work(args: argparse.Namespace, models: ModelSet) -> pd.Series:
+def host_work(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
     """Per configuration, the plugin's host work per engine step outside the draft pass
-    (:func:`timing_host_work`) in a run traced at level ``full``, in milliseconds."""
+    (:func:`timing_host_work`) in a run traced at level ``full``, in milliseconds: the mean
+    over the steps after the first (where a lazily made tap is made), less the timer's own
+    cost, timed the same way in a run with vLLM's bare functions in the wrappers' place."""
     opts = options(args, tempfile.mkdtemp(prefix="v2-host-"))
     prompt_sets = {args.dataset: load_prompts(args.dataset, limit=args.prompts)}
-    per_step = {}
+    rows = []
     for method, n in CONFIGS:
         spec = RunSpec(args.dataset, method, n)
-        patching.uninstall()  # the propose wrapper takes ``before_v2`` when installed
-        with timing_host_work() as seconds:
-            run = serve_run(args, opts, prompt_sets, models, spec, "full")
-        per_step[spec.name.rsplit("/", 1)[1]] = seconds[0] / len(run.timeline) * 1e3
+        mean_s = {}
+        for plugin in (True, False):
+            patching.uninstall()  # the wrappers are made as the patches install
+            gc.collect()  # as before the overhead runs: no earlier run's garbage in the spans
+            with timing_host_work(plugin) as seconds:
+                serve_run(args, opts, prompt_sets, models, spec, "full")
+            mean_s[plugin] = statistics.fmean(seconds[1:])
+        rows.append(
+            {
+                "config": spec.name.rsplit("/", 1)[1],
+                "host work ms/step": (mean_s[True] - mean_s[False]) * 1e3,
+                "timer ms/step": mean_s[False] * 1e3,
+            }
+        )
     patching.uninstall()
-    return pd.Series(per_step)
+    return pd.DataFrame(rows).set_index("config")
 
 
 def coverage(out: Path) -> pd.DataFrame:
@@ -409,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         "pass (above) and the plugin's host work outside it (staging, hand-off, the clock's "
         "marks, request bookkeeping; timed in a traced run)\n"
     )
-    totals = pd.DataFrame({"host work ms/step": host, "ms/step off": steps_off})
+    totals = host.assign(**{"ms/step off": steps_off.reindex(host.index)})
     totals["host work % of a step"] = totals["host work ms/step"] / steps_off * 100
     totals["draft pass % of a step"] = passes["full % of a step"].reindex(totals.index).fillna(0.0)
     totals["total % of a step"] = totals["host work % of a step"] + totals["draft pass % of a step"]

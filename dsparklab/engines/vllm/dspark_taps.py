@@ -356,6 +356,8 @@ def state_temperature(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
     temperature = getattr(spec, "temperature", None)
     if not isinstance(temperature, torch.Tensor):
         return None
+    if temperature.device.type == "cpu":  # numpy indexes in a fraction of torch's dispatch
+        return torch.from_numpy(temperature.numpy()[states.numpy().clip(min=0)])
     return temperature[states.clamp(min=0)]
 
 
@@ -380,16 +382,6 @@ def sharded_sampling_size(spec: Any) -> int | None:
 def _dspark_tap(obj: Any) -> DSparkTap | None:
     tap = tap_of(obj)
     return tap if isinstance(tap, DSparkTap) else None
-
-
-def guarded(tap: DSparkTap, where: str, fn: Callable[[], None]) -> None:
-    """Run tap code of the current step; an exception stops tracing (fail open)."""
-    if not tap.in_step:
-        return
-    try:
-        fn()
-    except Exception as err:
-        tap.fail(where, err)
 
 
 # -- the draft model's methods (on the instance) ------------------------------------------
@@ -435,8 +427,11 @@ def wrap_model_method(original: Callable[..., Any], tap: DSparkTap, name: str) -
     @functools.wraps(original)
     def method(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        if tap.in_step:
-            guarded(tap, name, lambda: record(tap, lambda a: reader.get(a, args, kwargs), out))
+        if tap.in_step:  # called at every drafted position: as few calls as it takes
+            try:
+                record(tap, lambda a: reader.get(a, args, kwargs), out)
+            except Exception as err:
+                tap.fail(name, err)
         return out
 
     return mark(method, original)
@@ -566,15 +561,14 @@ def wrap_sample_markov_chain(original: Callable[..., Any]) -> Callable[..., Any]
         tap = _dspark_tap(self)
         if tap is not None and tap.in_step and tap.stash.base is None:
             call = (self, *args)
-
-            def record() -> None:
+            try:
                 base = reader.get("base_logits", call, kwargs)
                 states = reader.get("idx_map", call, kwargs)[:, 0]
                 tap.on_draft_logits(
                     self, reader.get("hidden", call, kwargs), base.flatten(0, 1), states
                 )
-
-            guarded(tap, "_sample_markov_chain", record)
+            except Exception as err:
+                tap.fail("_sample_markov_chain", err)
         return original(self, *args, **kwargs)
 
     return mark(sample_markov_chain, original)
@@ -587,15 +581,14 @@ def wrap_sample_logits(original: Callable[..., Any]) -> Callable[..., Any]:
     def _sample_logits(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         out = original(self, *args, **kwargs)
         tap = _dspark_tap(self)
-        if tap is not None and tap.in_step:
-
-            def record() -> None:
+        if tap is not None and tap.in_step:  # at every drafted position
+            try:
                 call = (self, *args)
                 bias = reader.get("bias", call, kwargs) if "bias" in reader.position else None
                 logits = sampled_logits(reader.get("logits", call, kwargs), bias)
                 tap.on_sampled(logits, int(reader.get("step", call, kwargs)), out)
-
-            guarded(tap, "_sample_logits", record)
+            except Exception as err:
+                tap.fail("_sample_logits", err)
         return out
 
     return mark(_sample_logits, original)

@@ -32,7 +32,7 @@ def emitted_tokens(last_sampled: torch.Tensor, idx_mapping: torch.Tensor) -> tor
     older code); the last column is the token the next draft continues from.
     """
     per_state = last_sampled if last_sampled.dim() == 1 else last_sampled[:, -1]
-    return per_state[idx_mapping]
+    return per_state.index_select(0, idx_mapping)  # one op, where indexing takes two
 
 
 def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
@@ -54,7 +54,7 @@ def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
         num_drafted=min(tap.n, int(num_spec)) if num_spec is not None else tap.n,
         # host-side: one token scheduled marks a decode step after a step that drafted
         # nothing (a batch-size schedule's n = 0), which the recorder keeps as a step
-        num_scheduled=[int(x) for x in batch.num_scheduled_tokens[:rows]],
+        num_scheduled=batch.num_scheduled_tokens[:rows].tolist(),
     )
     if isinstance(tap, Eagle3V2Tap):  # reads vLLM's draft logits cache by request state
         slot.meta["idx_mapping"] = batch.idx_mapping[:rows]
