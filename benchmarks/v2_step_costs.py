@@ -8,12 +8,16 @@ V2 runner's method order) with the plugin's own wrappers around it. This script:
    ``--out`` (runs ``dsparklab report --runs DIR`` reads: speedup and its attribution);
 2. serves the same requests again with tracing off and at each tap level, interleaved over
    ``--rounds`` (the order flips every round); greedy decoding makes the same engine steps
-   every time, so steps pair up: overhead = on / off - 1 of the engine thread's CPU time
-   (goal: <= 3 %), of the whole process's CPU and of the wall time (see ``overhead_table``);
-3. checks the recorded costs against the driver's own clock: for every engine step that
+   every time, so steps pair up: overhead = on / off - 1 of the engine thread's CPU time,
+   of the whole process's CPU and of the wall time (see ``overhead_table``), too noisy on
+   this machine to tell a few percent apart;
+3. so it also times what tracing adds, where it can be told from noise: the taps on the
+   draft pass alone (``draft_pass``) and the plugin's host work per engine step outside it
+   (``host_work``), and gives their sum as a share of the untraced step (goal: <= 3 %);
+4. checks the recorded costs against the driver's own clock: for every engine step that
    verified a draft, batch_size x (draft + verify + other) of its rows against the wall
    time the driver measured around ``execute_model`` + ``sample_tokens`` (goal: within 5 %);
-4. prints each field's coverage (the share of rows where it is not null).
+5. prints each field's coverage (the share of rows where it is not null).
 
     .venv/bin/python benchmarks/v2_step_costs.py --out runs/v2-harness
 """
