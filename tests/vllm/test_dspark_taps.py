@@ -263,6 +263,15 @@ def test_records_are_keyed_by_request_id(
     req_ids = ["a-0123abcd", "b-89abcdef", "c-deadbeef"]
     draft_inputs: dict[str, Any] = {}
     propose = wrapped_draft_step(draft_inputs)
+    contiguous: list[tuple[str, bool]] = []  # each staging copy: both sides contiguous?
+    copy_in = tap.ring.copy_in
+
+    def spied_copy_in(slot: Any, name: str, src: torch.Tensor) -> None:
+        dst = slot.tensors[name][tuple(map(slice, src.shape))]
+        contiguous.append((name, src.is_contiguous() and dst.is_contiguous()))
+        copy_in(slot, name, src)
+
+    tap.ring.copy_in = spied_copy_in
 
     def step(
         order: list[int], sampled: list[int], rejected: list[int], seq: list[int], scheduled: int
@@ -309,6 +318,9 @@ def test_records_are_keyed_by_request_id(
     run_dir = tap.recorder.run_dir
     runs.close_worker()
 
+    # a non-contiguous copy into pinned memory would wait for the GPU: none is
+    assert {"floats", "markov_flip"} <= {name for name, _ in contiguous}
+    assert all(ok for _, ok in contiguous), contiguous
     assert all(r.ok for r in validate_trace(run_dir))
     steps = read_trace(run_dir, "steps").set_index("request_id")
     positions = read_trace(run_dir, "positions").sort_values(["request_id", "position"])

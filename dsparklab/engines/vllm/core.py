@@ -91,8 +91,8 @@ class TapBuffers:
         return {name: getattr(self, name) for name in TAP_FIELDS}
 
     def staged(self) -> dict[str, torch.Tensor]:
-        """What a step's staging copies, rows at dim -2: the float fields as one block
-        (a host slot's :data:`FLOAT_VIEWS`) and the flip."""
+        """What a step's staging copies, whole: the float fields as one block (a host
+        slot's :data:`FLOAT_VIEWS`) and the flip."""
         return {"floats": self.floats, "markov_flip": self.markov_flip}
 
     def reset_(self, rows: int | None = None) -> None:

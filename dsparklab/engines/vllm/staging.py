@@ -163,8 +163,10 @@ class SpecTap:
         if slot.meta["num_drafted"]:  # nothing drafted (a schedule's n = 0): nothing to copy
             self.ring.copy_in(slot, "draft_tokens", drafts[:rows, : self.n])
         if self.buffers is not None:
+            # every row: the first rows of a [fields, rows, n] block are not contiguous, and a
+            # non-contiguous copy into pinned memory waits for the GPU (a pageable temporary)
             for name, tensor in self.buffers.staged().items():
-                self.ring.copy_in(slot, name, tensor.narrow(-2, 0, rows))
+                self.ring.copy_in(slot, name, tensor)
         self.ring.seal(slot)
         stale, self.held = self.held, None
         if stale is not None:  # a held step whose end was not seen: hand it on first
