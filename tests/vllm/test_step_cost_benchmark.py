@@ -6,30 +6,19 @@ a fake one that the functions below advance, so every figure is exact."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsparklab.engines.vllm import patch_table
 from dsparklab.engines.vllm.patch_table import V2_EXECUTE, V2_FORWARD_START, wrapper_of
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmark_scripts import load_benchmark
 
 
 def _module() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "v2_step_costs", REPO / "benchmarks" / "v2_step_costs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["v2_step_costs"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("v2_step_costs")
 
 
 class FakeClock:

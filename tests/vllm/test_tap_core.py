@@ -5,7 +5,6 @@ No vLLM needed; the vLLM-facing behaviour is in test_dspark_taps.py and test_e2e
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -36,8 +35,6 @@ from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 from dsparklab.store.reader import store_runs
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_dense_position_matches_the_formulas() -> None:
@@ -704,15 +701,10 @@ def test_entry_point_with_tracing_loads_the_taps() -> None:
 
 # -- the GPU benchmark's draft step, on CPU with tiny shapes -----------------------------
 def _benchmark_module():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_tap_cost", REPO / "benchmarks" / "gpu_tap_cost.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_tap_cost"] = module
-    spec.loader.exec_module(module)
-    return module
+    # imported here: the killed-writer subprocess imports this module by its own path
+    from tests.benchmark_scripts import load_benchmark
+
+    return load_benchmark("gpu_tap_cost")
 
 
 def test_benchmark_draft_step_taps_leave_tokens_unchanged() -> None:

@@ -4,7 +4,6 @@ MoE equals a per-expert loop, and a dry run writes a profile in the lab's format
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,13 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks" / "gpu_verify_cost.py"
+from tests.benchmark_scripts import BENCHMARKS, load_benchmark
+
+SCRIPT = BENCHMARKS / "gpu_verify_cost.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_verify_cost", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_verify_cost"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_verify_cost")
 
 
 def test_absorbed_mla_is_attention_over_the_decompressed_keys_and_values():
