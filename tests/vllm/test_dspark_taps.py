@@ -103,6 +103,41 @@ def test_dense_taps_equal_reference_markov_step(
     )
 
 
+def test_a_step_short_of_a_field_records_it_as_not_computed(
+    tapped_speculator: Any, feed_speculator: Any
+) -> None:
+    """On a CPU a dense step marks its rows "not computed" at its end, once it knows what it
+    wrote: a later step whose Markov hook is skipped, or that has no confidence, leaves
+    those fields null, never the earlier step's values."""
+    spec = tapped_speculator
+    tap = spec.__dict__["_dsparklab_tap"]
+    buffers, rows = tap.buffers, 4
+    head_hidden, _ = feed_speculator(spec, rows, seed=6)
+    _run(spec, head_hidden, rows)
+    for name in ("markov_bias", "draft_logprob", "base_logprob", "confidence"):
+        assert torch.isfinite(getattr(buffers, name)[:rows]).all(), name
+    model = spec.model
+    wrapped = model.markov_bias
+    model.markov_bias = wrapped.__wrapped__  # the draft model's own path skips the hook
+    try:
+        _run(spec, head_hidden, rows)
+    finally:
+        model.markov_bias = wrapped
+    for name in ("markov_bias", "draft_logprob", "markov_bias_norm", "base_logprob"):
+        assert torch.isnan(getattr(buffers, name)[:rows]).all(), name
+    assert (buffers.markov_flip[:rows] == -1).all()
+    assert torch.isfinite(buffers.confidence[:rows]).all()  # the head still ran
+    head = model.model.confidence_head
+    model.model.confidence_head = None  # no head: no confidence this step
+    try:
+        _run(spec, head_hidden, rows)
+    finally:
+        model.model.confidence_head = head
+    assert torch.isnan(buffers.confidence[:rows]).all()
+    assert torch.isfinite(buffers.markov_bias[:rows]).all()
+    assert (buffers.markov_flip[:rows] >= 0).all()
+
+
 def test_a_head_that_is_not_affine_stays_vllms(
     tapped_speculator: Any, feed_speculator: Any, expected_markov_fn: Any
 ) -> None:
@@ -343,3 +378,17 @@ def test_records_are_keyed_by_request_id(
             torch.testing.assert_close(
                 torch.tensor(pos[field].tolist()), exp_a[field][row].float(), atol=ATOL, rtol=0
             )
+
+
+def test_each_row_is_scaled_by_its_request_states_temperature() -> None:
+    """``state_scale``: T for a sampling row, 1 for a greedy one (-1, a padding slot, reads
+    state 0); no division where no request state samples, whatever the rows."""
+    states = torch.tensor([2, 0, -1])
+    greedy = SimpleNamespace(temperature=torch.zeros(4))
+    assert dspark_taps.state_scale(greedy, states) is None
+    sampling = SimpleNamespace(temperature=torch.tensor([0.0, 0.0, 0.5, 2.0]))
+    scale = dspark_taps.state_scale(sampling, states)
+    assert scale is not None and scale[:, 0].tolist() == [0.5, 1.0, 1.0]
+    # a sampling state outside the batch: its greedy rows are not divided either
+    assert dspark_taps.state_scale(sampling, torch.tensor([0, 1])) is None
+    assert dspark_taps.state_scale(SimpleNamespace(), states) is None  # no temperature kept

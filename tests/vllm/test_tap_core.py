@@ -185,6 +185,12 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
     assert (bufs.markov_flip != -1).all()
     for name in ("draft_logprob", "base_logprob", "markov_bias_norm"):
         assert torch.isnan(getattr(bufs, name)).all(), name
+    # greedy drafts are the final argmax: light reads no final logits then, and gives the same
+    greedy = dense_position_values(bias[:, None], None, idx, level="light", greedy=True)
+    assert {k: v.tolist() for k, v in greedy.items()} == {k: v.tolist() for k, v in values.items()}
+    for level, is_greedy in (("full", True), ("light", False)):  # they are needed there
+        with pytest.raises(ValueError, match="final logits are needed"):
+            dense_position_values(bias[:, None], None, idx, level=level, greedy=is_greedy)
 
 
 def test_topk_position_recovers_bias_and_flip() -> None:

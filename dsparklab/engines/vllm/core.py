@@ -159,9 +159,12 @@ class DraftStash:
     positions: int = 0  # positions recorded so far this step
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
-    # (i, bias [R, V], final logits [R, V], sampled target-vocab ids [R]) of each dense
-    # position whose values are taken at the step's end, all at once
-    kept: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # (i, bias [R, V], final logits [R, V]) of each dense position whose values are taken
+    # at the step's end, all at once (its sampled ids: ``DSparkTap.kept_ids``)
+    kept: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # the step's rows are marked "not computed" at its end, where it is known which fields
+    # it wrote, not at its start (a dense step on a CPU, which writes them all at its end)
+    reset_at_end: bool = False
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
     topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
@@ -175,6 +178,7 @@ class DraftStash:
         self.scale = None
         self.greedy = False
         self.positions = 0
+        self.reset_at_end = False
         self.recorded = []
         self.kept = []
         self.topk_values = self.topk_index = self.topk_final = None
@@ -240,7 +244,7 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
 
 def dense_position_values(
     bias: torch.Tensor,  # [R, k, V] Markov bias of k positions
-    final: torch.Tensor,  # [R, k, V] base + bias, what the sampler saw
+    final: torch.Tensor | None,  # [R, k, V] base + bias, what the sampler saw
     ids: torch.Tensor,  # [R, k] drafted draft-vocab ids
     *,
     level: str = "full",
@@ -260,14 +264,17 @@ def dense_position_values(
     logits' share is taken once per step (:func:`write_step`, the base argmax), and a
     greedy draft is the final argmax already. Log-probabilities are taken at the request's
     sampling temperature (logits / T; unscaled for greedy rows), the reference engine's
-    convention. Nothing here converts dtypes a buffer's copy converts anyway.
+    convention. Nothing here converts dtypes a buffer's copy converts anyway. ``final`` is
+    read only at level ``full`` or for sampled drafts (None otherwise).
     """
-    at = ids.unsqueeze(-1)
-    values = {
-        "markov_bias": bias.gather(2, at).squeeze(-1),
-        FINAL_ARGMAX: ids if greedy else first_argmax(final),
-        DRAFT_IDS: ids,
-    }
+    values = {"markov_bias": bias.gather(2, ids.unsqueeze(-1)).squeeze(-1), DRAFT_IDS: ids}
+    values[FINAL_ARGMAX] = ids  # a greedy draft's
+    if greedy and level != "full":
+        return values
+    if final is None:
+        raise ValueError("the final logits are needed at level full and for sampled drafts")
+    if not greedy:
+        values[FINAL_ARGMAX] = first_argmax(final)
     if level == "full":
         values["draft_logprob"] = logprob_at(final, ids, scale)
         values["markov_bias_norm"] = torch.linalg.vector_norm(bias, dim=-1, dtype=torch.float32)
@@ -327,14 +334,14 @@ def write_step(
             getattr(buffers, name)[:rows, i : i + 1].copy_(value[:, j : j + 1])
 
 
-def topk_base_lse(base: torch.Tensor, temperature: torch.Tensor | None = None) -> torch.Tensor:
+def topk_base_lse(base: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """``[R, n]`` float32 log-sum-exp of the full base logits ``[R, n, V]`` (top-k mode).
 
     Must run before vLLM overwrites the base logits with ``-inf`` (it reuses the buffer).
-    With ``temperature`` ([R]), of ``base / T`` (greedy rows unscaled).
+    With ``scale`` (``[R, 1]``, :func:`temperature_scale`), of ``base / T`` (greedy rows
+    unscaled).
     """
     x = base.float()
-    scale = temperature_scale(temperature)
     if scale is not None:
         x = x / scale.unsqueeze(-1)
     return torch.logsumexp(x, dim=-1)
@@ -385,12 +392,17 @@ def confidence_from_head(
     hidden: torch.Tensor,  # [R*n, H]
     markov_embeds: torch.Tensor | None,  # [R*n, r] or None (head without Markov input)
 ) -> torch.Tensor:
-    """``sigmoid(w . [h; e] + c)`` -> ``[R*n]`` float32 (the DSpark confidence head)."""
-    x = hidden if markov_embeds is None else torch.cat([hidden, markov_embeds], dim=-1)
-    out = torch.nn.functional.linear(x.float(), head_weight.float(), None)
-    if head_bias is not None:
-        out = out + head_bias.float()
-    return torch.sigmoid(out.squeeze(-1))
+    """``sigmoid(w . [h; e] + c)`` -> ``[R*n]`` float32 (the DSpark confidence head), as
+    ``w_h . h + c`` and ``+= w_e . e``: two matrix products, no joined copy of the inputs."""
+    weight, h = head_weight.float(), hidden.shape[-1]
+    x = hidden.float()
+    if head_bias is None:
+        logit = x @ weight[:, :h].T
+    else:
+        logit = torch.addmm(head_bias.float(), x, weight[:, :h].T)
+    if markov_embeds is not None:
+        logit.addmm_(markov_embeds.float(), weight[:, h:].T)
+    return torch.sigmoid(logit.squeeze(-1))
 
 
 def affine_map(

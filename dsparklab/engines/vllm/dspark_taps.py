@@ -47,6 +47,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from dsparklab.engines.vllm.core import (
@@ -98,6 +99,9 @@ class DSparkTap(SpecTap):
         # replays without dispatch and so needs no stacked copies of the step's logits
         on_cpu = torch.device(kwargs["device"]).type == "cpu"
         self.positions_at_end = on_cpu
+        # the drafted ids of the positions kept for the step's end (written through numpy,
+        # a fraction of a torch op's dispatch on a CPU)
+        self.kept_ids = np.zeros((kwargs["max_num_reqs"], kwargs["n"]), dtype=np.int64)
         # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
         # until the first step checks it against vLLM's head, False where vLLM's is used
         self.head_map: tuple[torch.Tensor, torch.Tensor] | None | bool = None if on_cpu else False
@@ -130,25 +134,29 @@ class DSparkTap(SpecTap):
         """A draft step of ``num_reqs`` batch rows starts; ``mode``: ``"dense"``,
         ``"topk"`` or ``"sharded"`` (vLLM 0.34's batch-sharded loop, dense over this
         rank's rows: the taps write them by slot, and ``end`` moves them to their rows)."""
-        self.stash.clear()
+        stash = self.stash
+        stash.clear()
         self.shard = None
         if mode == "sharded":
             rank, size = tensor_parallel_rank_and_size()
             self.shard = BatchShard(rank=rank, size=size, num_reqs=num_reqs)
             self._note_sharded(spec, rank)
             mode = "dense"
-        self.stash.mode = mode
-        self.stash.num_reqs = num_reqs if self.shard is None else self.shard.slots
+        stash.mode = mode
+        stash.num_reqs = num_reqs if self.shard is None else self.shard.slots
         self.in_step = self.active
         if self.in_step and mode == "topk" and self.level == "full":
             self.recorder.note_null(
                 ["markov_bias_norm"], "draft top-k: the bias is added to the k candidates only"
             )
         if self.in_step:
-            self.buffers.reset_(num_reqs)
+            # a dense step on a CPU (no graph) writes what it recorded at its end, all at once
+            stash.reset_at_end = self.positions_at_end and mode == "dense" and self.shard is None
+            if not stash.reset_at_end:
+                self.buffers.reset_(num_reqs)
             self._transform = getattr(spec.model, "apply_output_logit_transform", None)
             # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
-            self.stash.greedy = getattr(spec, "draft_logits", None) is None
+            stash.greedy = getattr(spec, "draft_logits", None) is None
 
     def _note_sharded(self, spec: Any, rank: int) -> None:
         if self.sharded_noted:
@@ -177,16 +185,11 @@ class DSparkTap(SpecTap):
         stash.hidden = hidden
         view = base.view(rows, self.n, -1)
         stash.base = view
-        temperature = (
-            row_temperature(spec, rows, self.n)
-            if states is None
-            else state_temperature(spec, states)
-        )
-        stash.scale = temperature_scale(temperature)
+        stash.scale = row_scale(spec, rows, self.n) if states is None else state_scale(spec, states)
         if stash.mode == "topk":
             if self.level == "full":
                 # the top-k path overwrites the base logits with -inf right after this
-                stash.base_lse = topk_base_lse(view, temperature)
+                stash.base_lse = topk_base_lse(view, stash.scale)
         else:
             # every position's base argmax at once (an output transform is monotonic)
             stash.base_argmax = first_argmax(view)
@@ -233,15 +236,16 @@ class DSparkTap(SpecTap):
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
         if self.positions_at_end:  # vLLM's loop makes both afresh at every position
-            # a copy: ``tokens`` may view the sampler's output until the step's end
-            stash.kept.append((step, bias, logits, tokens.clone()))
+            # copied: ``tokens`` may view the sampler's output until the step's end
+            self.kept_ids[: len(tokens), step] = tokens.numpy()
+            stash.kept.append((step, bias, logits))
             return
         idx = draft_index(tokens, self.t2d)
         position = self._values(bias.unsqueeze(1), logits.unsqueeze(1), idx)
         stash.recorded.append(([step], position))
 
     def _values(
-        self, bias: torch.Tensor, final: torch.Tensor, ids: torch.Tensor
+        self, bias: torch.Tensor, final: torch.Tensor | None, ids: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         stash = self.stash
         return dense_position_values(
@@ -250,14 +254,19 @@ class DSparkTap(SpecTap):
 
     def _take_kept_positions(self) -> None:
         """The values of the positions kept for the step's end, all at once."""
-        kept, self.stash.kept = self.stash.kept, []
+        stash = self.stash
+        kept, stash.kept = stash.kept, []
         if not kept:
             return
+        steps = [i for i, _, _ in kept]
         # the step's sampled ids mapped to the draft vocabulary at once
-        ids = draft_index(torch.stack([t for *_, t in kept], dim=1), self.t2d).squeeze(-1)
-        bias = torch.stack([b for _, b, _, _ in kept], dim=1)
-        values = self._values(bias, torch.stack([f for _, _, f, _ in kept], dim=1), ids)
-        self.stash.recorded.append(([i for i, *_ in kept], values))
+        sampled = torch.from_numpy(self.kept_ids[: stash.num_reqs, steps])
+        ids = draft_index(sampled, self.t2d).squeeze(-1)
+        bias = torch.stack([b for _, b, _ in kept], dim=1)
+        # a greedy draft is the final argmax already: light reads no final logits then
+        wanted = self.level == "full" or not stash.greedy
+        final = torch.stack([f for _, _, f in kept], dim=1) if wanted else None
+        stash.recorded.append((steps, self._values(bias, final, ids)))
 
     def end(self, spec: Any) -> None:
         """After the sequential loop: the base log-probabilities of every position, and
@@ -266,6 +275,12 @@ class DSparkTap(SpecTap):
             if not self.in_step:
                 return
             rows, stash = self.stash.num_reqs, self.stash
+            # every position in order: the step's end writes each field of its level
+            whole = stash.base_argmax is not None and [i for i, _, _ in stash.kept] == list(
+                range(self.n)
+            )
+            if stash.reset_at_end and not whole:
+                self.buffers.reset_(rows)
             self._take_kept_positions()
             # the dense positions' values, and the base log-probs at their drafted ids
             if stash.base_argmax is not None:
@@ -277,6 +292,8 @@ class DSparkTap(SpecTap):
                 write_step(self.buffers, stash.recorded, stash.base_argmax, base, stash.scale)
             from_vllm = vllm_confidence_source(spec)
             source = from_vllm or self._evaluate_head(spec, rows)  # the head: by slot
+            if source is None and stash.reset_at_end and whole:
+                self.buffers.confidence[:rows].fill_(float("nan"))
             if self.shard is not None:
                 self.shard.to_batch_rows_(self.buffers)
                 rows = self.shard.num_reqs
@@ -341,24 +358,31 @@ def vllm_confidence_source(spec: Any) -> str | None:
     return None
 
 
-def row_temperature(spec: Any, rows: int, n: int) -> torch.Tensor | None:
-    """``[R]`` sampling temperature of each row of the draft step (None if unknown)."""
+def row_scale(spec: Any, rows: int, n: int) -> torch.Tensor | None:
+    """``[R, 1]`` :func:`temperature_scale` of each row of the draft step, by
+    :func:`state_scale` (None: no division)."""
     mapping = getattr(spec, "sample_idx_mapping", None)
     if not isinstance(mapping, torch.Tensor):
         return None
     # row r's sample slots are [r*n, (r+1)*n); all map to the row's request state
-    return state_temperature(spec, mapping[: rows * n : n])
+    return state_scale(spec, mapping[: rows * n : n])
 
 
-def state_temperature(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
-    """``[R]`` sampling temperature of the request states ``states`` (-1: a padding slot,
-    read as state 0 and never recorded); None if unknown."""
+def state_scale(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
+    """``[R, 1]`` :func:`temperature_scale` of the request states ``states`` (-1: a padding
+    slot, read as state 0 and never recorded). None (no division) where the temperature is
+    unknown, or on a CPU where no request state samples (no temperature above 0 in the
+    whole table, asked before any indexing: in an engine step each op here costs a few
+    times what it does alone, and greedy serving is the common case)."""
     temperature = getattr(spec, "temperature", None)
     if not isinstance(temperature, torch.Tensor):
         return None
     if temperature.device.type == "cpu":  # numpy indexes in a fraction of torch's dispatch
-        return torch.from_numpy(temperature.numpy()[states.numpy().clip(min=0)])
-    return temperature[states.clamp(min=0)]
+        table = temperature.numpy()
+        if not (table > 0).any():
+            return None
+        return temperature_scale(torch.from_numpy(table[states.numpy().clip(min=0)]))
+    return temperature_scale(temperature[states.clamp(min=0)])
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:

@@ -22,7 +22,7 @@ import torch
 from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.eagle3_taps import Eagle3V2Tap
 from dsparklab.engines.vllm.runs import lazy_tap
-from dsparklab.engines.vllm.staging import Arguments, SpecTap, wrap_propose
+from dsparklab.engines.vllm.staging import TAP_ATTR, Arguments, SpecTap, tap_of, wrap_propose
 
 
 def emitted_tokens(last_sampled: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
@@ -66,6 +66,8 @@ def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
 def v2_tap(spec: Any) -> SpecTap | None:
     """The speculator's tap: the DSpark one made at load, else (Eagle3, an autoregressive
     draft model drafting through ``sample_draft``) made on first use."""
+    if TAP_ATTR in spec.__dict__:  # made (or declined) already: every step after the first
+        return tap_of(spec)
     eagle = callable(getattr(spec, "sample_draft", None)) and hasattr(spec, "current_draft_step")
     if eagle:
         return lazy_tap(spec, "v2", factory=Eagle3V2Tap, spec=spec)
