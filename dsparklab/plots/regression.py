@@ -23,15 +23,11 @@ from dsparklab.plots._common import (
     require,
     select,
 )
-from dsparklab.plots.acceptance import ACCEPTANCE_SHORT
+from dsparklab.plots.acceptance import ACCEPTANCE_SHORT, ACCEPTANCE_VALUES
 from dsparklab.plots.style import DIVERGING_SCALE, dash_for, method_color
 from dsparklab.plots.window import WINDOW_SHORT
 
 DELTA_COLUMNS = ("metric", "base", "new", "delta", "delta_lo", "delta_hi")
-POSITION_METRICS: dict[str, str] = {
-    "accept_rate": "conditional acceptance a_i",
-    "survival": "survival s_i",
-}
 
 
 def _delta_marker(delta: pd.Series) -> dict:
@@ -136,10 +132,10 @@ def plot_position_deltas(
     title
         Figure title.
     """
-    metric_label = choose("position metric", metric, POSITION_METRICS)
+    metric_label = choose("position metric", metric, ACCEPTANCE_VALUES)
     require(position_diff, ["position", *DELTA_COLUMNS], what="plot_position_deltas")
     data = select(position_diff.loc[position_diff["metric"] == metric], dataset=datasets)
-    title = title or f"Per-position {metric_label}: {labels[1]} vs {labels[0]}"
+    title = title or f"Per-position {ACCEPTANCE_SHORT[metric]}: {labels[1]} vs {labels[0]}"
     if data.empty:
         return empty_figure("no positions in both run sets", title=title, name="position_deltas")
     fig = panel_row([metric_label, f"Δ = {labels[1]} − {labels[0]}"])
