@@ -46,6 +46,7 @@ from dsparklab.engines.reference.bench import markdown_table
 from dsparklab.engines.reference.collect import ModelSet
 from dsparklab.engines.vllm import harness, patch_table, patching, runs
 from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.engines.vllm.staging import MARK, unwrap
 from dsparklab.prompts import Prompt, load_prompts
 from dsparklab.store import read_trace
 from dsparklab.store.location import Location
@@ -206,18 +207,43 @@ def overhead_table(times: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+@contextlib.contextmanager
+def untraced(spec: Any) -> Iterator[None]:
+    """The block runs ``spec`` on vLLM's own methods: the plugin's wrappers are taken off
+    the speculator's classes and its draft model's instance, then put back."""
+    model = spec.model
+    on_model = {k: v for k, v in vars(model).items() if getattr(v, MARK, False)}
+    on_classes = [
+        (cls, name, wrapper)
+        for cls in type(spec).__mro__
+        for name, wrapper in list(vars(cls).items())
+        if getattr(wrapper, MARK, False)
+    ]
+    for name in on_model:
+        del model.__dict__[name]
+    for cls, name, wrapper in on_classes:
+        setattr(cls, name, unwrap(wrapper))
+    try:
+        yield
+    finally:
+        model.__dict__.update(on_model)
+        for cls, name, wrapper in on_classes:
+            setattr(cls, name, wrapper)
+
+
 def draft_pass(
     rounds: int, levels: list[str], rows: int = 4, reps: int = 20, copies: int = 3
 ) -> pd.DataFrame:
     """The taps' cost on the draft pass alone, where it can be told from noise: vLLM's own
     DSpark Markov stage (``_sample_sequential``) and Eagle3 positions (``compute_logits``
-    at each ``current_draft_step``) on fixed inputs, ``rows`` requests, untraced and traced
-    at each level, ``reps`` calls per round, interleaved; the best round per variant.
+    at each ``current_draft_step``) on fixed inputs, ``rows`` requests, ``reps`` calls per
+    round, interleaved, the best round of each.
 
-    Each variant runs on ``copies`` speculators built afresh: on this machine one
-    speculator's draft pass can run over half again as slow as an identical one's (where
-    its tensors landed in memory), for the untraced and the traced alike, so the best over
-    the copies is what each variant costs."""
+    Paired: each speculator, built traced at a level, also runs untraced (:func:`untraced`),
+    so the traced and untraced passes share its memory. On this machine one speculator's
+    pass can run half again as slow as an identical one's (where its tensors landed), for
+    the untraced and the traced alike. Each level's cost is the median over ``copies``
+    speculators of (traced - untraced); the untraced pass is the median over all of them."""
     import time
 
     import torch
@@ -228,16 +254,12 @@ def draft_pass(
     out = []
     for method, n in [c for c in CONFIGS if c[0] != "none"]:
         drafter = zoo_path(f"tiny-{method}")
-        calls = []
-        hidden = None  # the same inputs for every variant and copy
-        for level, _ in itertools.product([None, *levels], range(copies)):
-            if level is None:
-                patching.uninstall()
-            else:
-                trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-pass-"))
-                config = TapConfig(trace_dir=trace_dir, run_name="pass", level=level)  # type: ignore[arg-type]
-                patching.uninstall()
-                patching.configure(config)
+        built = []  # (level, call, untraced context)
+        hidden = None  # the same inputs for every speculator
+        for level, _ in itertools.product(levels, range(copies)):
+            trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-pass-"))
+            patching.uninstall()
+            patching.configure(TapConfig(trace_dir=trace_dir, run_name="pass", level=level))  # type: ignore[arg-type]
             vllm_config = harness.cpu_vllm_config(zoo_path("tiny-target"), method, drafter, n, 8)
             spec = harness.load_speculator(vllm_config, method)
             if hidden is None:
@@ -252,27 +274,31 @@ def draft_pass(
                 def call(spec=spec, hidden=hidden) -> None:
                     spec._sample_sequential(rows, hidden)
             else:
-                if level is not None:
-                    v2.v2_tap(spec)  # made on first propose: wraps compute_logits
+                v2.v2_tap(spec)  # made on first propose: wraps compute_logits
 
                 def call(spec=spec, hidden=hidden, n=n) -> None:
                     for i in range(n):
                         spec.current_draft_step.fill_(i)
                         spec.model.compute_logits(hidden[:rows])
 
-            calls.append((level or "off", call))
-        best: dict[str, float] = {}
+            built.append((level, call, functools.partial(untraced, spec)))
+        best: dict[tuple[int, bool], float] = {}
         with torch.inference_mode():
-            for _ in range(rounds):
-                for key, call in calls:
-                    started = time.perf_counter()
-                    for _ in range(reps):
-                        call()
-                    elapsed = (time.perf_counter() - started) / reps
-                    best[key] = min(best.get(key, elapsed), elapsed)
-        row = {"config": f"{method}-n{n}", "draft pass ms off": best["off"] * 1e3}
+            for round_ in range(rounds):
+                for index, (_, call, bare) in enumerate(built):
+                    for traced in (True, False) if round_ % 2 else (False, True):
+                        with contextlib.nullcontext() if traced else bare():
+                            started = time.perf_counter()
+                            for _ in range(reps):
+                                call()
+                            elapsed = (time.perf_counter() - started) / reps
+                        key = (index, traced)
+                        best[key] = min(best.get(key, elapsed), elapsed)
+        off = statistics.median(best[i, False] for i in range(len(built)))
+        row = {"config": f"{method}-n{n}", "draft pass ms off": off * 1e3}
         for level in levels:
-            row[f"{level} +ms"] = (best[level] - best["off"]) * 1e3
+            added = [best[i, True] - best[i, False] for i, b in enumerate(built) if b[0] == level]
+            row[f"{level} +ms"] = statistics.median(added) * 1e3
         out.append(row)
         runs.close_worker()
     patching.uninstall()

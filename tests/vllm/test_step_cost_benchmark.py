@@ -1,20 +1,30 @@
-"""The V2 step-cost benchmark's host-work clock (``benchmarks/v2_step_costs.py``): it counts
-the time a wrapper of the patch table spends around vLLM's function, once per engine step,
-never vLLM's own time, also for a wrapper entered inside another's vLLM call. The clock is
-a fake one that the functions below advance, so every figure is exact."""
+"""The V2 step-cost benchmark (``benchmarks/v2_step_costs.py``).
+
+Its host-work clock counts the time a wrapper of the patch table spends around vLLM's
+function, once per engine step, never vLLM's own time, also for a wrapper entered inside
+another's vLLM call; the clock is a fake one that the functions below advance, so every
+figure is exact. Its draft-pass measure runs each traced speculator untraced too: on vLLM's
+own methods, with no wrapper of the plugin's in the way, and its wrappers back after."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import torch
 
-from dsparklab.engines.vllm import patch_table
+from dsparklab.engines.vllm import patch_table, patching, runs
+from dsparklab.engines.vllm.config import TapConfig
 from dsparklab.engines.vllm.patch_table import V2_EXECUTE, V2_FORWARD_START, wrapper_of
+from dsparklab.engines.vllm.staging import MARK
 from tests.benchmark_scripts import load_benchmark
+
+if TYPE_CHECKING:
+    from conftest import CpuDSpark
 
 
 def _module() -> Any:
@@ -93,3 +103,45 @@ def test_the_bare_run_times_only_the_timer(clock: FakeClock, slow_wrappers: None
     with bench.timing_host_work(plugin=False) as per_step:
         _steps(clock, 2)
     assert per_step == [0.0, 0.0]
+
+
+def _wrapped(spec: Any) -> list[str]:
+    """The plugin's wrappers in the way of ``spec``'s methods and its draft model's."""
+    found = [
+        f"{cls.__name__}.{name}"
+        for cls in type(spec).__mro__
+        for name, value in vars(cls).items()
+        if getattr(value, MARK, False)
+    ]
+    return found + [f"model.{k}" for k, v in vars(spec.model).items() if getattr(v, MARK, False)]
+
+
+def test_the_draft_pass_runs_each_traced_speculator_untraced_too(
+    cpu_dspark: CpuDSpark, build_speculator: Any, feed_speculator: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("vllm")
+    bench = _module()
+    patching.install(TapConfig(trace_dir=tmp_path / "taps", run_name="pass", flush_seconds=60))
+    try:
+        spec = build_speculator(cpu_dspark)
+        tap = spec.__dict__["_dsparklab_tap"]
+        wrapped = _wrapped(spec)
+        assert "DSparkSpeculator._sample_sequential" in wrapped
+        assert "model.markov_bias" in wrapped
+        rows = 3
+        hidden, _ = feed_speculator(spec, rows, seed=7)
+        with torch.inference_mode():
+            spec._sample_sequential(rows, hidden)
+            traced = spec.draft_tokens[:rows].clone()
+            tap.buffers.floats.fill_(float("nan"))
+            with bench.untraced(spec):
+                assert _wrapped(spec) == []
+                spec._sample_sequential(rows, hidden)
+            assert torch.equal(spec.draft_tokens[:rows], traced)
+            assert torch.isnan(tap.buffers.floats).all()  # no tap ran
+            assert _wrapped(spec) == wrapped
+            spec._sample_sequential(rows, hidden)  # traced again
+        assert torch.isfinite(tap.buffers.markov_bias[:rows]).all()
+    finally:
+        runs.close_worker()
+        patching.uninstall()
