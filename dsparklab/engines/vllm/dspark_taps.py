@@ -252,13 +252,14 @@ class DSparkTap(SpecTap):
             bias, final, ids, level=self.level, scale=stash.scale, greedy=stash.greedy
         )
 
-    def _take_kept_positions(self) -> None:
-        """The values of the positions kept for the step's end, all at once."""
+    def _take_kept_positions(self) -> list[int]:
+        """The values of the positions kept for the step's end, all at once (into
+        ``stash.recorded``; no buffer is written); returns those positions."""
         stash = self.stash
         kept, stash.kept = stash.kept, []
-        if not kept:
-            return
         steps = [i for i, _, _ in kept]
+        if not kept:
+            return steps
         # the step's sampled ids mapped to the draft vocabulary at once
         sampled = torch.from_numpy(self.kept_ids[: stash.num_reqs, steps])
         ids = draft_index(sampled, self.t2d).squeeze(-1)
@@ -267,6 +268,7 @@ class DSparkTap(SpecTap):
         wanted = self.level == "full" or not stash.greedy
         final = torch.stack([f for _, _, f in kept], dim=1) if wanted else None
         stash.recorded.append((steps, self._values(bias, final, ids)))
+        return steps
 
     def end(self, spec: Any) -> None:
         """After the sequential loop: the base log-probabilities of every position, and
@@ -276,12 +278,10 @@ class DSparkTap(SpecTap):
                 return
             rows, stash = self.stash.num_reqs, self.stash
             # every position in order: the step's end writes each field of its level
-            whole = stash.base_argmax is not None and [i for i, _, _ in stash.kept] == list(
-                range(self.n)
-            )
+            steps = self._take_kept_positions()
+            whole = stash.base_argmax is not None and steps == list(range(self.n))
             if stash.reset_at_end and not whole:
                 self.buffers.reset_(rows)
-            self._take_kept_positions()
             # the dense positions' values, and the base log-probs at their drafted ids
             if stash.base_argmax is not None:
                 base = None
