@@ -136,6 +136,28 @@ def test_an_all_greedy_cpu_batch_is_not_divided() -> None:
     assert scale is not None and scale[:, 0].tolist() == pytest.approx([1.0, 0.7])
 
 
+def test_the_zero_test_follows_writes_to_the_table_it_views() -> None:
+    """``ZeroTest`` keeps a byte view of the table it was last asked about: a later write
+    to that table (vLLM fills its temperature buffer in place) changes the answer; a
+    negative zero or a NaN is not zero; another or a strided table is asked afresh."""
+    from dsparklab.engines.vllm.core import ZeroTest
+
+    all_zero, table = ZeroTest(), torch.zeros(6)
+    assert all_zero(table)
+    table[4] = 0.7
+    assert not all_zero(table)
+    table[4] = -0.0
+    assert not all_zero(table)
+    table[4] = float("nan")
+    assert not all_zero(table)
+    table[4] = 0.0
+    assert all_zero(table)
+    other = torch.zeros(2, 6)
+    other[:, 1] = 1.0
+    assert all_zero(other[:, 0]) and not all_zero(other[:, 1])  # strided views
+    assert all_zero(torch.zeros(3)) and all_zero(table)
+
+
 def test_base_logprob_of_every_position_at_once() -> None:
     gen = torch.Generator().manual_seed(4)
     rows, n, vocab = 3, 4, 30

