@@ -24,6 +24,7 @@ from v2_propose import propose_as_v2_runner, wrapped_draft_step
 
 from dsparklab.engines.vllm import dspark_taps, patching, plugin, runs
 from dsparklab.engines.vllm.config import TapConfig
+from dsparklab.engines.vllm.core import HeadColumns
 from dsparklab.store import read_trace, validate_trace
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def test_dense_taps_equal_reference_markov_step(
     assert torch.isnan(buffers.confidence[rows:]).all()
     # from the next step on, a tap on a CPU evaluates the head as the affine map it is,
     # checked against vLLM's head on the first step's inputs
-    assert isinstance(tap.head_map, tuple)
+    assert isinstance(tap.head_map, HeadColumns)
     buffers.confidence.fill_(float("nan"))
     assert torch.equal(_run(spec, head_hidden, rows), exp["tokens"])
     torch.testing.assert_close(

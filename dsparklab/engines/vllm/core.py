@@ -106,7 +106,7 @@ class TapBuffers:
         else one per field."""
         run = FLOAT_FIELDS[: len(columns)]
         if len(run) > 1 and set(run) == set(columns):
-            self.floats[: len(run), :rows, :k].copy_(torch.stack([columns[n] for n in run]))
+            torch.stack([columns[n] for n in run], out=self.floats[: len(run), :rows, :k])
             return
         for name, value in columns.items():
             getattr(self, name)[:rows, :k].copy_(value)
@@ -203,11 +203,13 @@ def target_to_draft_index(
 
 
 def draft_index(tokens: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
-    """Draft-vocabulary ids ``[R, 1]`` of sampled target-vocabulary ``tokens`` ``[R]``."""
-    idx = tokens.to(torch.int64)
-    if t2d is not None:
-        idx = t2d[idx]
-    return idx.unsqueeze(-1)
+    """Draft-vocabulary ids ``[..., 1]`` of sampled target-vocabulary ``tokens`` ``[...]``
+    (``[R]``: ``[R, 1]``)."""
+    idx = tokens if tokens.dtype == torch.int64 else tokens.to(torch.int64)
+    if t2d is None:
+        return idx.unsqueeze(-1)
+    # one kernel, where advanced indexing dispatches several
+    return t2d.index_select(0, idx.reshape(-1)).view(*tokens.shape, 1)
 
 
 def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
@@ -243,7 +245,7 @@ class ZeroTest:
         if t is not self._tensor:
             if not t.is_contiguous():  # no byte view of it: asked through numpy
                 return not t.detach().numpy().any()
-            self._view = memoryview(t.detach().numpy()).cast("B")
+            self._view = memoryview(t.detach().numpy()).cast("B")  # type: ignore[arg-type]
             self._zeros = bytes(len(self._view))
             self._tensor = t
         return self._view.tobytes() == self._zeros
@@ -347,12 +349,12 @@ def write_step(
     if steps == list(range(k)):
         if base is not None and k == base.shape[1]:
             columns["base_logprob"] = logprob_at(base, ids, scale)
-        buffers.markov_flip[:rows, :k].copy_(base_argmax[:rows, :k] != final_argmax)
+        torch.ne(base_argmax[:rows, :k], final_argmax, out=buffers.markov_flip[:rows, :k])
         buffers.write_floats_(columns, rows, k)
         return
     for j, i in enumerate(steps):
-        flip = base_argmax[:rows, i : i + 1] != final_argmax[:, j : j + 1]
-        buffers.markov_flip[:rows, i : i + 1].copy_(flip)
+        flip = buffers.markov_flip[:rows, i : i + 1]
+        torch.ne(base_argmax[:rows, i : i + 1], final_argmax[:, j : j + 1], out=flip)
         for name, value in columns.items():
             getattr(buffers, name)[:rows, i : i + 1].copy_(value[:, j : j + 1])
 
@@ -409,23 +411,49 @@ def tap_confidence(buffers: TapBuffers, confidence: torch.Tensor, num_reqs: int)
     buffers.confidence[:num_reqs].copy_(confidence.reshape(num_reqs, n).float())
 
 
+@dataclass(frozen=True)
+class HeadColumns:
+    """The DSpark confidence head's weight ``w [1, H + r]`` split into the columns its two
+    matrix products read (``[H, 1]`` and ``[r, 1]``, views) and its bias ``c``, float32:
+    made once, as each slice and transpose is a dispatch of its own."""
+
+    hidden: torch.Tensor  # [H, 1]
+    markov: torch.Tensor  # [r, 1] (r = 0: a head without Markov input)
+    bias: torch.Tensor | None  # [1]
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, hidden_dim: int) -> HeadColumns:
+        w = weight.float()
+        return cls(w[:, :hidden_dim].T, w[:, hidden_dim:].T, None if bias is None else bias.float())
+
+    def logit_(self, hidden: torch.Tensor, embeds: torch.Tensor | None, out: torch.Tensor) -> None:
+        """``out`` (``[R*n, 1]``) = ``w_h . h + c`` ``+= w_e . e``, in place."""
+        if self.bias is None:
+            torch.mm(hidden.float(), self.hidden, out=out)
+        else:
+            torch.addmm(self.bias, hidden.float(), self.hidden, out=out)
+        if embeds is not None and self.markov.shape[0]:
+            out.addmm_(embeds.float(), self.markov)
+
+
 def confidence_from_head(
-    head_weight: torch.Tensor,  # [1, H (+ r)]
-    head_bias: torch.Tensor | None,  # [1]
+    head_weight: torch.Tensor | HeadColumns,  # [1, H (+ r)], or its columns
+    head_bias: torch.Tensor | None,  # [1] (with the weight)
     hidden: torch.Tensor,  # [R*n, H]
     markov_embeds: torch.Tensor | None,  # [R*n, r] or None (head without Markov input)
+    out: torch.Tensor | None = None,  # [R*n] float32, contiguous: written in place
 ) -> torch.Tensor:
     """``sigmoid(w . [h; e] + c)`` -> ``[R*n]`` float32 (the DSpark confidence head), as
-    ``w_h . h + c`` and ``+= w_e . e``: two matrix products, no joined copy of the inputs."""
-    weight, h = head_weight.float(), hidden.shape[-1]
-    x = hidden.float()
-    if head_bias is None:
-        logit = x @ weight[:, :h].T
-    else:
-        logit = torch.addmm(head_bias.float(), x, weight[:, :h].T)
-    if markov_embeds is not None:
-        logit.addmm_(markov_embeds.float(), weight[:, h:].T)
-    return torch.sigmoid(logit.squeeze(-1))
+    ``w_h . h + c`` and ``+= w_e . e``: two matrix products, no joined copy of the inputs
+    (:class:`HeadColumns`), written into ``out`` where given (a tap buffer's rows)."""
+    columns = (
+        head_weight
+        if isinstance(head_weight, HeadColumns)
+        else HeadColumns.of(head_weight, head_bias, hidden.shape[-1])
+    )
+    logit = hidden.new_empty((hidden.shape[0], 1), dtype=torch.float32) if out is None else out
+    columns.logit_(hidden, markov_embeds, logit.view(-1, 1))
+    return logit.view(-1).sigmoid_()
 
 
 def affine_map(

@@ -53,6 +53,7 @@ from dsparklab.engines.vllm.core import (
     TAP_FIELDS,
     BatchShard,
     DraftStash,
+    HeadColumns,
     HostSlot,
     TapBuffers,
     ZeroTest,
@@ -103,7 +104,7 @@ class DSparkTap(SpecTap):
         self.all_greedy = ZeroTest()
         # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
         # until the first step checks it against vLLM's head, False where vLLM's is used
-        self.head_map: tuple[torch.Tensor, torch.Tensor] | None | bool = None if on_cpu else False
+        self.head_map: HeadColumns | None | bool = None if on_cpu else False
         self.spec: Any = None  # the speculator this tap belongs to (set at attach)
         self.stash = DraftStash()
         self.in_step = False
@@ -324,24 +325,27 @@ class DSparkTap(SpecTap):
         if head is None or stash.hidden is None or len(stash.embeds) != self.n:
             return None
         embeds = torch.stack(stash.embeds, dim=1).flatten(0, 1)
-        if isinstance(self.head_map, tuple):
-            confidence = confidence_from_head(*self.head_map, stash.hidden, embeds)
-        else:
-            confidence = model.compute_confidence(stash.hidden, embeds)
-            if self.head_map is None:
-                self.head_map = checked_head_map(head, stash.hidden, embeds, confidence)
+        if isinstance(self.head_map, HeadColumns):  # straight into the buffer's rows
+            out = self.buffers.confidence[:rows].view(-1)
+            confidence_from_head(self.head_map, None, stash.hidden, embeds, out=out)
+            return HEAD_BY_TAPS
+        confidence = model.compute_confidence(stash.hidden, embeds)
+        if self.head_map is None:
+            self.head_map = checked_head_map(head, stash.hidden, embeds, confidence)
         tap_confidence(self.buffers, confidence, rows)
         return HEAD_BY_TAPS
 
 
 def checked_head_map(
     head: Any, hidden: torch.Tensor, embeds: torch.Tensor, confidence: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor] | bool:
-    """The head's :func:`affine_map` where it gives vLLM's ``confidence`` on this step's
-    inputs (within 1e-6), else False: vLLM's own head from then on."""
+) -> HeadColumns | bool:
+    """The head's :func:`affine_map` (as :class:`HeadColumns`) where it gives vLLM's
+    ``confidence`` on this step's inputs (within 1e-6), else False: vLLM's own head from
+    then on."""
     try:
         weight, bias = affine_map(head, hidden.shape[-1], embeds.shape[-1])
-        again = confidence_from_head(weight, bias, hidden, embeds)
+        columns = HeadColumns.of(weight, bias, hidden.shape[-1])
+        again = confidence_from_head(columns, None, hidden, embeds)
     except Exception:  # not a head of two inputs
         return False
     matches = again.shape == confidence.shape and torch.allclose(
@@ -350,7 +354,7 @@ def checked_head_map(
     if not matches:
         logger.info("dsparklab: the confidence head is not affine; vLLM evaluates it")
         return False
-    return weight, bias
+    return columns
 
 
 def vllm_confidence_source(spec: Any) -> str | None:
