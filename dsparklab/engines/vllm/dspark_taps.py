@@ -113,6 +113,7 @@ class DSparkTap(SpecTap):
         self.shard: BatchShard | None = None
         self.sharded_noted = False  # run.json says which rows the sharded path records
         self._transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._transform_of: Any = None  # the draft model _transform was read from
         self._skipped_warned = False
 
     def on_fail(self) -> None:
@@ -154,7 +155,9 @@ class DSparkTap(SpecTap):
             stash.reset_at_end = self.positions_at_end and mode == "dense" and self.shard is None
             if not stash.reset_at_end:
                 self.buffers.reset_(num_reqs)
-            self._transform = getattr(spec.model, "apply_output_logit_transform", None)
+            if spec.model is not self._transform_of:  # once: a module's missing attribute
+                self._transform_of = spec.model  # raises inside nn.Module.__getattr__
+                self._transform = getattr(spec.model, "apply_output_logit_transform", None)
             # without a draft logits cache vLLM drafts the argmax (``_sample_logits``)
             stash.greedy = getattr(spec, "draft_logits", None) is None
 
