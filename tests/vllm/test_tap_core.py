@@ -243,6 +243,12 @@ def test_target_to_draft_index_inverts_d2t() -> None:
     assert t2d is not None
     assert t2d[draft_to_target].tolist() == [0, 1, 2, 3]
     assert draft_index(torch.tensor([9, 2]), t2d).squeeze(1).tolist() == [3, 1]
+    # a step's ids at once, as read from a strided view of vLLM's int32 draft_tokens
+    drafted = torch.tensor([[9, 2, 0], [5, 9, 0]], dtype=torch.int32)[:, :2]
+    ids = draft_index(drafted, t2d)
+    assert ids.shape == (2, 2, 1) and ids.dtype == torch.int64
+    assert ids.squeeze(-1).tolist() == [[3, 1], [2, 3]]
+    assert draft_index(drafted, None).squeeze(-1).tolist() == drafted.tolist()
     assert target_to_draft_index(None, 12) is None
 
 

@@ -20,6 +20,8 @@ _NAMES = {
     "DraftStash": "core",
     "StagingRing": "core",
     "TapBuffers": "core",
+    "HeadColumns": "core",
+    "ZeroTest": "core",
     "confidence_from_head": "core",
     "draft_index": "core",
     "first_argmax": "core",

@@ -160,7 +160,7 @@ class DraftStash:
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
     # (i, bias [R, V], final logits [R, V]) of each dense position whose values are taken
-    # at the step's end, all at once (its sampled ids: ``DSparkTap.kept_ids``)
+    # at the step's end, all at once (its drafted ids: vLLM's ``draft_tokens``)
     kept: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # the step's rows are marked "not computed" at its end, where it is known which fields
     # it wrote, not at its start (a dense step on a CPU, which writes them all at its end)
