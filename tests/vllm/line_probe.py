@@ -231,7 +231,7 @@ def tapped(spec: Any, model: Any, max_num_reqs: int, n: int) -> Any:
 
 
 def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
-    """This vLLM's ``_sample_markov_chain`` with the taps' wrapper around ``_sample_logits``.
+    """This vLLM's ``_sample_markov_chain`` with the taps' wrappers on it and ``_sample_logits``.
 
     The sampler is :func:`argmax_sampler`. Run fused (``_fuse_markov_bias``: base logits and
     ``bias=``) and unfused (base + bias already added): both must record the same values,
@@ -249,7 +249,10 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
         num_speculative_steps = n
         use_confidence_head = False
         _markov_step = DSparkSpeculator._markov_step
-        _sample_markov_chain = DSparkSpeculator._sample_markov_chain
+        # as the patch table wraps them on this line
+        _sample_markov_chain = dspark_taps.wrap_sample_markov_chain(
+            DSparkSpeculator._sample_markov_chain
+        )
         _sample_logits = dspark_taps.wrap_sample_logits(argmax_sampler(DSparkSpeculator))
 
     hidden_states = torch.randn(rows * n, hidden, generator=gen) * 2

@@ -53,6 +53,12 @@ TAP_FIELDS: tuple[str, ...] = (*FLOAT_FIELDS, "markov_flip")
 FLOAT_VIEWS: dict[str, tuple[str, int]] = {
     name: ("floats", i) for i, name in enumerate(FLOAT_FIELDS)
 }
+# What verification of a step's drafts produced, per batch row, staged before the next draft
+# pass: int64 rows of one ``verified`` block of a host slot (one op stages them on a CPU)
+VERIFIED_FIELDS: tuple[str, ...] = ("num_sampled", "num_rejected", "seq_lens", "last_token")
+VERIFIED_VIEWS: dict[str, tuple[str, int]] = {
+    name: ("verified", i) for i, name in enumerate(VERIFIED_FIELDS)
+}
 # Fields each level computes (the rest stay null).
 LEVEL_FIELDS: dict[str, frozenset[str]] = {
     "full": frozenset(TAP_FIELDS),
@@ -162,6 +168,9 @@ class DraftStash:
     # (i, bias [R, V], final logits [R, V]) of each dense position whose values are taken
     # at the step's end, all at once (its drafted ids: vLLM's ``draft_tokens``)
     kept: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # [R, n] target ids vLLM's dense loop writes each position's draft into: the
+    # speculator's ``draft_tokens``, or (vLLM 0.34) ``_sample_markov_chain``'s ``out_tokens``
+    drafted: torch.Tensor | None = None
     # the step's rows are marked "not computed" at its end, where it is known which fields
     # it wrote, not at its start (a dense step on a CPU, which writes them all at its end)
     reset_at_end: bool = False
@@ -181,6 +190,7 @@ class DraftStash:
         self.reset_at_end = False
         self.recorded = []
         self.kept = []
+        self.drafted = None
         self.topk_values = self.topk_index = self.topk_final = None
         self.embeds = []
 
@@ -558,8 +568,23 @@ class StagingRing:
     def copy_in(self, slot: HostSlot, name: str, src: torch.Tensor) -> None:
         """Copy ``src`` (device) into the leading corner of ``slot``'s host tensor: rows
         ``[:R]`` of a field, ``[:, :R]`` of a block of fields."""
-        dst = slot.tensors[name][tuple(map(slice, src.shape))]
+        dst = slot.tensors[name]
+        if dst.shape != src.shape:  # no indexing op for a whole tensor (a step's tap buffers)
+            dst = dst[tuple(map(slice, src.shape))]
         dst.copy_(src, non_blocking=self.is_cuda)  # converting the dtype as it copies
+
+    def copy_rows_in(self, slot: HostSlot, block: str, sources: Sequence[torch.Tensor]) -> None:
+        """Copy ``sources`` (``[R]`` each, device) into rows ``0 .. len(sources) - 1`` of
+        ``slot``'s host ``block`` (``[fields, max_num_reqs]``), columns ``[:R]``: on a CPU
+        one stack straight into the block (each op costs microseconds of dispatch there),
+        on a GPU one non-blocking copy per row (the block's corner is not contiguous, and a
+        non-contiguous copy into pinned memory would wait for the GPU)."""
+        dst = slot.tensors[block]
+        if self.is_cuda:
+            for i, src in enumerate(sources):
+                dst[i, : src.shape[0]].copy_(src, non_blocking=True)
+            return
+        torch.stack(list(sources), out=dst[: len(sources), : sources[0].shape[0]])
 
     def seal(self, slot: HostSlot) -> None:
         """Record the event that marks the end of ``slot``'s copies (CUDA only)."""

@@ -242,8 +242,8 @@ class DSparkTap(SpecTap):
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
         if self.positions_at_end:  # vLLM's loop makes both afresh at every position
-            # the drafted ids are read at the step's end, from ``draft_tokens``, where vLLM's
-            # dense loop writes each position's
+            # the drafted ids are read at the step's end, where vLLM's dense loop writes
+            # each position's (``stash.drafted``)
             stash.kept.append((step, bias, logits))
             return
         idx = draft_index(tokens, self.t2d)
@@ -266,9 +266,9 @@ class DSparkTap(SpecTap):
         steps = [i for i, _, _ in kept]
         if not kept:
             return steps
-        # the step's drafted ids (vLLM's dense loop, every line: ``draft_tokens[:R, i]``)
-        # mapped to the draft vocabulary at once
-        drafted = self.spec.draft_tokens[: stash.num_reqs]
+        # the step's drafted ids, mapped to the draft vocabulary at once
+        drafted = stash.drafted if stash.drafted is not None else self.spec.draft_tokens
+        drafted = drafted[: stash.num_reqs]
         sampled = (
             drafted[:, : len(steps)] if steps == list(range(len(steps))) else drafted[:, steps]
         )
@@ -596,22 +596,25 @@ def wrap_sample_sequential_sharded(original: Callable[..., Any]) -> Callable[...
 
 
 def wrap_sample_markov_chain(original: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM 0.34's Markov loop over a block of rows: on the sharded path, where the base
+    """vLLM 0.34's Markov loop over a block of rows, writing its drafts into
+    ``out_tokens`` (the speculator's ``draft_tokens``, or on the sharded path this rank's
+    slots), where the tap reads them at the step's end. On the sharded path, where the base
     logits come from an all-to-all of vocabulary shards (no ``compute_draft_logits``
-    call), the tap takes them, the hidden states and the rows' request states here."""
+    call), the tap also takes them, the hidden states and the rows' request states here."""
     reader = ArgumentReader(original)
 
     @functools.wraps(original)
     def sample_markov_chain(self: Any, *args: Any, **kwargs: Any) -> Any:
         tap = _dspark_tap(self)
-        if tap is not None and tap.in_step and tap.stash.base is None:
+        if tap is not None and tap.in_step:
             call = (self, *args)
             try:
-                base = reader.get("base_logits", call, kwargs)
-                states = reader.get("idx_map", call, kwargs)[:, 0]
-                tap.on_draft_logits(
-                    self, reader.get("hidden", call, kwargs), base.flatten(0, 1), states
-                )
+                tap.stash.drafted = reader.get("out_tokens", call, kwargs)
+                if tap.stash.base is None:
+                    base = reader.get("base_logits", call, kwargs)
+                    states = reader.get("idx_map", call, kwargs)[:, 0]
+                    hidden = reader.get("hidden", call, kwargs)
+                    tap.on_draft_logits(self, hidden, base.flatten(0, 1), states)
             except Exception as err:
                 tap.fail("_sample_markov_chain", err)
         return original(self, *args, **kwargs)
