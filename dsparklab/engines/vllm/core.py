@@ -53,12 +53,6 @@ TAP_FIELDS: tuple[str, ...] = (*FLOAT_FIELDS, "markov_flip")
 FLOAT_VIEWS: dict[str, tuple[str, int]] = {
     name: ("floats", i) for i, name in enumerate(FLOAT_FIELDS)
 }
-# What verification of a step's drafts produced, per batch row, staged before the next draft
-# pass: int64 rows of one ``verified`` block of a host slot (one op stages them on a CPU)
-VERIFIED_FIELDS: tuple[str, ...] = ("num_sampled", "num_rejected", "seq_lens", "last_token")
-VERIFIED_VIEWS: dict[str, tuple[str, int]] = {
-    name: ("verified", i) for i, name in enumerate(VERIFIED_FIELDS)
-}
 # Fields each level computes (the rest stay null).
 LEVEL_FIELDS: dict[str, frozenset[str]] = {
     "full": frozenset(TAP_FIELDS),
@@ -572,19 +566,6 @@ class StagingRing:
         if dst.shape != src.shape:  # no indexing op for a whole tensor (a step's tap buffers)
             dst = dst[tuple(map(slice, src.shape))]
         dst.copy_(src, non_blocking=self.is_cuda)  # converting the dtype as it copies
-
-    def copy_rows_in(self, slot: HostSlot, block: str, sources: Sequence[torch.Tensor]) -> None:
-        """Copy ``sources`` (``[R]`` each, device) into rows ``0 .. len(sources) - 1`` of
-        ``slot``'s host ``block`` (``[fields, max_num_reqs]``), columns ``[:R]``: on a CPU
-        one stack straight into the block (each op costs microseconds of dispatch there),
-        on a GPU one non-blocking copy per row (the block's corner is not contiguous, and a
-        non-contiguous copy into pinned memory would wait for the GPU)."""
-        dst = slot.tensors[block]
-        if self.is_cuda:
-            for i, src in enumerate(sources):
-                dst[i, : src.shape[0]].copy_(src, non_blocking=True)
-            return
-        torch.stack(list(sources), out=dst[: len(sources), : sources[0].shape[0]])
 
     def seal(self, slot: HostSlot) -> None:
         """Record the event that marks the end of ``slot``'s copies (CUDA only)."""

@@ -22,14 +22,7 @@ from typing import Any
 import torch
 
 from dsparklab.engines.vllm.clock import StepClock, active_step
-from dsparklab.engines.vllm.core import (
-    FLOAT_VIEWS,
-    VERIFIED_FIELDS,
-    VERIFIED_VIEWS,
-    HostSlot,
-    StagingRing,
-    TapBuffers,
-)
+from dsparklab.engines.vllm.core import FLOAT_VIEWS, HostSlot, StagingRing, TapBuffers
 from dsparklab.engines.vllm.recorder import TraceRecorder
 from dsparklab.errors import DSparkLabError
 
@@ -104,7 +97,10 @@ class SpecTap:
         self.buffers = buffers
         self.active = True
         specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-            "verified": ((len(VERIFIED_FIELDS), max_num_reqs), torch.int64),
+            "num_sampled": ((max_num_reqs,), torch.int32),
+            "num_rejected": ((max_num_reqs,), torch.int32),
+            "seq_lens": ((max_num_reqs,), torch.int64),
+            "last_token": ((max_num_reqs,), torch.int64),
             "draft_tokens": ((max_num_reqs, n), torch.int64),
         }
         if buffers is not None:
@@ -112,7 +108,7 @@ class SpecTap:
         # per-(row, position) fields a subclass stages itself (``[max_num_reqs, n]``)
         for name, dtype in (extra_fields or {}).items():
             specs[name] = ((max_num_reqs, n), dtype)
-        views = VERIFIED_VIEWS | (FLOAT_VIEWS if buffers is not None else {})
+        views = FLOAT_VIEWS if buffers is not None else None
         self.ring = StagingRing(specs, device, views=views, num_slots=STAGING_SLOTS)
         # the slot of the engine step in progress, staged when the step ends
         # (:mod:`~dsparklab.engines.vllm.clock` times the whole step)

@@ -44,13 +44,10 @@ def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
         return None
     slot = tap.acquire()
     ring = tap.ring
-    verified = (  # in VERIFIED_FIELDS' order
-        arg("num_sampled")[:rows],
-        arg("num_rejected")[:rows],
-        batch.seq_lens[:rows],
-        emitted_tokens(arg("last_sampled"), batch.idx_mapping[:rows]),
-    )
-    ring.copy_rows_in(slot, "verified", verified)
+    ring.copy_in(slot, "num_sampled", arg("num_sampled")[:rows])
+    ring.copy_in(slot, "num_rejected", arg("num_rejected")[:rows])
+    ring.copy_in(slot, "seq_lens", batch.seq_lens[:rows])
+    ring.copy_in(slot, "last_token", emitted_tokens(arg("last_sampled"), batch.idx_mapping[:rows]))
     num_spec = arg("num_speculative_tokens")
     slot.meta.update(
         req_ids=list(batch.req_ids[:rows]),
