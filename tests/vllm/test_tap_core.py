@@ -155,6 +155,8 @@ def test_the_zero_test_follows_writes_to_the_table_it_views() -> None:
     other = torch.zeros(2, 6)
     other[:, 1] = 1.0
     assert all_zero(other[:, 0]) and not all_zero(other[:, 1])  # strided views
+    other[1, 0] = -0.0
+    assert not all_zero(other[:, 0])  # a strided view reads its bytes as a whole one does
     assert all_zero(torch.zeros(3)) and all_zero(table)
 
 

@@ -160,7 +160,7 @@ class DraftStash:
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
     # (i, bias [R, V], final logits [R, V]) of each dense position whose values are taken
-    # at the step's end, all at once (its drafted ids: vLLM's ``draft_tokens``)
+    # at the step's end, all at once (its drafted ids: ``drafted``)
     kept: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # [R, n] target ids vLLM's dense loop writes each position's draft into: the
     # speculator's ``draft_tokens``, or (vLLM 0.34) ``_sample_markov_chain``'s ``out_tokens``
@@ -247,8 +247,9 @@ class ZeroTest:
 
     def __call__(self, t: torch.Tensor) -> bool:
         if t is not self._tensor:
-            if not t.is_contiguous():  # no byte view of it: asked through numpy
-                return not t.detach().numpy().any()
+            if not t.is_contiguous():  # no byte view of it: a contiguous copy's, asked afresh
+                view = memoryview(t.detach().contiguous().numpy()).cast("B")  # type: ignore[arg-type]
+                return view.tobytes() == bytes(len(view))
             self._view = memoryview(t.detach().numpy()).cast("B")  # type: ignore[arg-type]
             self._zeros = bytes(len(self._view))
             self._tensor = t
@@ -432,34 +433,37 @@ class HeadColumns:
         w = weight.float()
         return cls(w[:, :hidden_dim].T, w[:, hidden_dim:].T, None if bias is None else bias.float())
 
-    def logit_(self, hidden: torch.Tensor, embeds: torch.Tensor | None, out: torch.Tensor) -> None:
-        """``out`` (``[R*n, 1]``) = ``w_h . h + c`` ``+= w_e . e``, in place."""
+    def confidence(
+        self,
+        hidden: torch.Tensor,  # [R*n, H]
+        embeds: torch.Tensor | None,  # [R*n, r] or None (head without Markov input)
+        out: torch.Tensor | None = None,  # [R*n] float32, contiguous: written in place
+    ) -> torch.Tensor:
+        """``sigmoid(w_h . h + c + w_e . e)`` -> ``[R*n]`` float32, written into ``out``
+        where given (a tap buffer's rows)."""
+        logit = hidden.new_empty(hidden.shape[0], dtype=torch.float32) if out is None else out
+        column = logit.view(-1, 1)
         if self.bias is None:
-            torch.mm(hidden.float(), self.hidden, out=out)
+            torch.mm(hidden.float(), self.hidden, out=column)
         else:
-            torch.addmm(self.bias, hidden.float(), self.hidden, out=out)
+            torch.addmm(self.bias, hidden.float(), self.hidden, out=column)
         if embeds is not None and self.markov.shape[0]:
-            out.addmm_(embeds.float(), self.markov)
+            column.addmm_(embeds.float(), self.markov)
+        return logit.sigmoid_()
 
 
 def confidence_from_head(
-    head_weight: torch.Tensor | HeadColumns,  # [1, H (+ r)], or its columns
-    head_bias: torch.Tensor | None,  # [1] (with the weight)
+    head_weight: torch.Tensor,  # [1, H (+ r)]
+    head_bias: torch.Tensor | None,  # [1]
     hidden: torch.Tensor,  # [R*n, H]
     markov_embeds: torch.Tensor | None,  # [R*n, r] or None (head without Markov input)
-    out: torch.Tensor | None = None,  # [R*n] float32, contiguous: written in place
 ) -> torch.Tensor:
     """``sigmoid(w . [h; e] + c)`` -> ``[R*n]`` float32 (the DSpark confidence head), as
     ``w_h . h + c`` and ``+= w_e . e``: two matrix products, no joined copy of the inputs
-    (:class:`HeadColumns`), written into ``out`` where given (a tap buffer's rows)."""
-    columns = (
-        head_weight
-        if isinstance(head_weight, HeadColumns)
-        else HeadColumns.of(head_weight, head_bias, hidden.shape[-1])
+    (:meth:`HeadColumns.confidence`)."""
+    return HeadColumns.of(head_weight, head_bias, hidden.shape[-1]).confidence(
+        hidden, markov_embeds
     )
-    logit = hidden.new_empty((hidden.shape[0], 1), dtype=torch.float32) if out is None else out
-    columns.logit_(hidden, markov_embeds, logit.view(-1, 1))
-    return logit.view(-1).sigmoid_()
 
 
 def affine_map(
@@ -473,7 +477,7 @@ def affine_map(
     is affine (the DSpark confidence head's logit), read off its outputs: ``c`` at zero,
     each weight at a unit vector, less ``c`` (exact for a head without bias). For a CPU,
     where vLLM's linear is a oneDNN call on a packed weight it does not keep, costing tens
-    of microseconds for one output column; :func:`confidence_from_head` then evaluates it
+    of microseconds for one output column; :class:`HeadColumns` then evaluates it
     with one small matmul. The caller checks the map against the head before using it.
     """
     dim = hidden_dim + embed_dim

@@ -58,7 +58,6 @@ from dsparklab.engines.vllm.core import (
     TapBuffers,
     ZeroTest,
     affine_map,
-    confidence_from_head,
     dense_position_values,
     draft_index,
     first_argmax,
@@ -330,7 +329,7 @@ class DSparkTap(SpecTap):
         embeds = torch.stack(stash.embeds, dim=1).flatten(0, 1)
         if isinstance(self.head_map, HeadColumns):  # straight into the buffer's rows
             out = self.buffers.confidence[:rows].view(-1)
-            confidence_from_head(self.head_map, None, stash.hidden, embeds, out=out)
+            self.head_map.confidence(stash.hidden, embeds, out=out)
             return HEAD_BY_TAPS
         confidence = model.compute_confidence(stash.hidden, embeds)
         if self.head_map is None:
@@ -348,7 +347,7 @@ def checked_head_map(
     try:
         weight, bias = affine_map(head, hidden.shape[-1], embeds.shape[-1])
         columns = HeadColumns.of(weight, bias, hidden.shape[-1])
-        again = confidence_from_head(columns, None, hidden, embeds)
+        again = columns.confidence(hidden, embeds)
     except Exception:  # not a head of two inputs
         return False
     matches = again.shape == confidence.shape and torch.allclose(
