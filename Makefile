@@ -27,9 +27,10 @@ demo: venv
 	$(VENV)/bin/dsparklab demo
 
 # Two workers (this machine's cores), one test file each at a time: a file's module
-# fixtures (a vLLM engine, a served model, a report) are built once, on one worker.
+# fixtures (a vLLM engine, a served model, a report) are built once, on one worker. The
+# files go out in tests/conftest.py's order (longest directories first), not xdist's.
 test: venv
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fast gate: store, analysis, plots, importers, the lab helpers, packaging and the tap
 # arithmetic; no wheel download, no Spark session, under 2 minutes.

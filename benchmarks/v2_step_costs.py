@@ -387,24 +387,31 @@ def host_work(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
     """Per configuration, the plugin's host work per engine step outside the draft pass
     (:func:`timing_host_work`) in a run traced at level ``full``, in milliseconds: the mean
     over the steps after the first (where a lazily made tap is made), less the timer's own
-    cost, timed the same way in a run with vLLM's bare functions in the wrappers' place."""
+    cost, timed the same way in a run with vLLM's bare functions in the wrappers' place.
+    Paired over ``--rounds`` (the order flips every round), the median of the rounds'
+    differences: one slow stretch of this machine moves a single run's mean by half."""
     opts = options(args, tempfile.mkdtemp(prefix="v2-host-"))
     prompt_sets = {args.dataset: load_prompts(args.dataset, limit=args.prompts)}
     rows = []
     for method, n in CONFIGS:
         spec = RunSpec(args.dataset, method, n)
-        mean_s = {}
-        for plugin in (True, False):
-            patching.uninstall()  # the wrappers are made as the patches install
-            gc.collect()  # as before the overhead runs: no earlier run's garbage in the spans
-            with timing_host_work(plugin) as seconds:
-                serve_run(args, opts, prompt_sets, models, spec, "full")
-            mean_s[plugin] = statistics.fmean(seconds[1:])
+        added, timer = [], []
+        for round_index in range(args.rounds):
+            mean_s = {}
+            for plugin in (True, False) if round_index % 2 else (False, True):
+                patching.uninstall()  # the wrappers are made as the patches install
+                gc.collect()  # as before the overhead runs: no earlier run's garbage in the spans
+                with timing_host_work(plugin) as seconds:
+                    serve_run(args, opts, prompt_sets, models, spec, "full")
+                mean_s[plugin] = statistics.fmean(seconds[1:])
+            added.append(mean_s[True] - mean_s[False])
+            timer.append(mean_s[False])
         rows.append(
             {
                 "config": spec.name.rsplit("/", 1)[1],
-                "host work ms/step": (mean_s[True] - mean_s[False]) * 1e3,
-                "timer ms/step": mean_s[False] * 1e3,
+                "host work ms/step": statistics.median(added) * 1e3,
+                "rounds ms": f"{min(added) * 1e3:.2f}..{max(added) * 1e3:.2f}",
+                "timer ms/step": statistics.median(timer) * 1e3,
             }
         )
     patching.uninstall()

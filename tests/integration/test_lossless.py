@@ -1,6 +1,7 @@
 """Greedy speculative decoding reproduces target-only greedy decoding, token for token.
 
-DSpark and Eagle3 at every n in 3..7, on held-out code and prose prompts. As
+DSpark and Eagle3 at every n in 3..7, on held-out code and prose prompts (each n on half
+of them, alternating, so every prompt and both kinds meet every other n). As
 docs/method.md ("Verification") says: outputs are compared exactly; where they part, the first
 divergence must be a float near-tie of the target (the two contested tokens' logits
 within NEAR_TIE in float64), and such cases are counted. A clear gap is a bug.
@@ -52,10 +53,13 @@ def test_greedy_outputs_equal_target_only(
     method: str,
 ) -> None:
     near_ties: list[str] = []
-    accepted = steps = 0
-    for n in N_VALUES:
+    accepted = steps = requests = 0
+    for turn, n in enumerate(N_VALUES):
         engine = zoo.engine(method, n, max_new_tokens=GEN_LEN, trace_enabled=False)
         for index, ids in enumerate(prompt_ids):
+            if index % 2 != turn % 2:
+                continue
+            requests += 1
             result = engine.generate(ids, request_id=f"p{index}")
             accepted += result.stats.num_accepted
             steps += result.stats.num_steps
@@ -77,13 +81,13 @@ def test_greedy_outputs_equal_target_only(
         "%s: %d near-tie divergences in %d requests: %s",
         method,
         len(near_ties),
-        len(N_VALUES) * len(prompt_ids),
+        requests,
         near_ties,
     )
     # the comparison means something only if drafts were actually accepted
     assert accepted > 0.2 * steps, f"{method}: {accepted} drafts accepted in {steps} steps"
     # near-ties are rare events; many of them would point at a systematic difference
-    assert len(near_ties) <= len(N_VALUES) * len(prompt_ids) // 4, near_ties
+    assert len(near_ties) <= requests // 4, near_ties
 
 
 def test_target_only_is_plain_argmax(
