@@ -217,44 +217,6 @@ def test_light_level_skips_the_vocabulary_reductions() -> None:
             dense_position_values(bias[:, None], None, idx, level=level, greedy=is_greedy)
 
 
-def test_the_markov_bias_map_gives_the_biases_at_the_ids_and_their_norms() -> None:
-    """An affine Markov bias read off as :class:`MarkovColumns` gives each bias at its
-    drafted id and its norm as the ``[R, k, V]`` biases do; a soft-capped one is refused."""
-    from dsparklab.engines.vllm.core import MarkovColumns
-    from dsparklab.engines.vllm.dspark_taps import checked_bias_map
-
-    gen = torch.Generator().manual_seed(7)
-    rows, k, r, vocab = 3, 4, 8, 300
-    weight = torch.randn(vocab, r, generator=gen)
-    offset = torch.randn(vocab, generator=gen)
-
-    def bias_of(embeds: torch.Tensor) -> torch.Tensor:
-        return embeds @ weight.T + offset
-
-    embeds = torch.randn(rows * k, r, generator=gen)
-    bias = bias_of(embeds).view(rows, k, vocab)
-    ids = torch.randint(0, vocab, (rows, k), generator=gen)
-    columns = checked_bias_map(bias_of, embeds, bias)
-    assert isinstance(columns, MarkovColumns)
-    at, norm = columns.values(embeds, ids.reshape(-1))
-    want = dense_position_values(bias, bias, ids)
-    torch.testing.assert_close(at.view(rows, k).float(), want["markov_bias"], atol=1e-5, rtol=0)
-    assert norm is not None
-    torch.testing.assert_close(
-        norm.view(rows, k).float(), want["markov_bias_norm"], atol=1e-5, rtol=1e-6
-    )
-    assert columns.values(embeds, ids.reshape(-1), norm=False)[1] is None
-    # the values from the map are the step's values, the biases unread
-    from_map = dense_position_values(None, bias, ids, markov=(at.view(rows, k), norm.view(rows, k)))
-    assert set(from_map) == set(want)
-    torch.testing.assert_close(from_map["draft_logprob"], want["draft_logprob"])
-
-    def capped(embeds: torch.Tensor) -> torch.Tensor:
-        return 30.0 * torch.tanh(bias_of(embeds) / 30.0)
-
-    assert checked_bias_map(capped, embeds, capped(embeds).view(rows, k, vocab)) is False
-
-
 def test_topk_position_recovers_bias_and_flip() -> None:
     gen = torch.Generator().manual_seed(1)
     base = torch.randn(2, 40, generator=gen)

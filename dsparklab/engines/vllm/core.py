@@ -170,8 +170,6 @@ class DraftStash:
     reset_at_end: bool = False
     bias: torch.Tensor | None = None  # [R, V] Markov bias of the current position
     embeds: list[torch.Tensor] = field(default_factory=list)  # n x [R, r]
-    # the embeddings stacked, [R*n, r] row-major (made once, for the head and the bias map)
-    embeds_flat: torch.Tensor | None = None
     topk_values: torch.Tensor | None = None  # [R, k] base values of the candidates
     topk_index: torch.Tensor | None = None  # [R, k] candidate draft-vocab ids
     topk_final: torch.Tensor | None = None  # [R, k] candidates after the bias
@@ -189,13 +187,6 @@ class DraftStash:
         self.drafted = None
         self.topk_values = self.topk_index = self.topk_final = None
         self.embeds = []
-        self.embeds_flat = None
-
-    def stacked_embeds(self) -> torch.Tensor:
-        """The step's Markov embeddings ``[R*n, r]`` (row r's positions together)."""
-        if self.embeds_flat is None:
-            self.embeds_flat = torch.stack(self.embeds, dim=1).flatten(0, 1)
-        return self.embeds_flat
 
 
 def target_to_draft_index(
@@ -284,14 +275,13 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def dense_position_values(
-    bias: torch.Tensor | None,  # [R, k, V] Markov bias of k positions (None: ``markov``)
+    bias: torch.Tensor,  # [R, k, V] Markov bias of k positions
     final: torch.Tensor | None,  # [R, k, V] base + bias, what the sampler saw
     ids: torch.Tensor,  # [R, k] drafted draft-vocab ids
     *,
     level: str = "full",
     scale: torch.Tensor | None = None,  # [R, 1] temperature_scale of the rows
     greedy: bool = False,  # the drafts are the final logits' argmax (vLLM's greedy drafting)
-    markov: tuple[torch.Tensor, torch.Tensor | None] | None = None,  # [R, k] at ids, norm
 ) -> dict[str, torch.Tensor]:
     """The tap values of ``k`` positions of a dense (non-top-k) DSpark draft step, ``[R, k]``
     each, for :func:`write_step`, which forms ``markov_flip`` for the whole step from the
@@ -307,20 +297,9 @@ def dense_position_values(
     greedy draft is the final argmax already. Log-probabilities are taken at the request's
     sampling temperature (logits / T; unscaled for greedy rows), the reference engine's
     convention. Nothing here converts dtypes a buffer's copy converts anyway. ``final`` is
-    read only at level ``full`` or for sampled drafts (None otherwise). ``markov``: the bias
-    at the drafted ids and (at ``full``) its norm from :class:`MarkovColumns`, where the
-    caller has them; ``bias`` is then not read.
+    read only at level ``full`` or for sampled drafts (None otherwise).
     """
-    if markov is None:
-        if bias is None:
-            raise ValueError("the Markov biases, or their values from the low-rank map")
-        at = bias.gather(2, ids.unsqueeze(-1)).squeeze(-1)
-        norm = (
-            torch.linalg.vector_norm(bias, dim=-1, dtype=torch.float32) if level == "full" else None
-        )
-    else:
-        at, norm = markov
-    values = {"markov_bias": at, DRAFT_IDS: ids}
+    values = {"markov_bias": bias.gather(2, ids.unsqueeze(-1)).squeeze(-1), DRAFT_IDS: ids}
     values[FINAL_ARGMAX] = ids  # a greedy draft's
     if greedy and level != "full":
         return values
@@ -330,8 +309,7 @@ def dense_position_values(
         values[FINAL_ARGMAX] = first_argmax(final)
     if level == "full":
         values["draft_logprob"] = logprob_at(final, ids, scale)
-        assert norm is not None
-        values["markov_bias_norm"] = norm
+        values["markov_bias_norm"] = torch.linalg.vector_norm(bias, dim=-1, dtype=torch.float32)
     return values
 
 
@@ -512,50 +490,6 @@ def affine_map(
         units[rows, rows + start] = 1.0
         weights.append(head(units[:, :hidden_dim], units[:, hidden_dim:]).float().reshape(-1))
     return (torch.cat(weights) - c).unsqueeze(0), c
-
-
-@dataclass(frozen=True)
-class MarkovColumns:
-    """The DSpark Markov bias as the affine map of the Markov embedding it is, ``bias(e) =
-    W e + b`` (vLLM's low-rank transition head, ``W [V, r]``), kept as what the taps read
-    of it, float64: ``rows = [W | b]`` ``[V, r + 1]`` and ``R^T``, ``R`` the triangular
-    factor of ``rows = Q R`` (Q's columns orthonormal). With ``e' = [e; 1]``, the bias at
-    token t is ``rows[t] . e'`` and its norm ``||W e + b|| = ||R e'||``: ``r``-sized
-    arithmetic, where the biases themselves are ``[R, n, V]``; on a CPU, stacking a step's
-    biases and taking their norm cost more than the rest of the bias fields together. In
-    float64, so the norm is no further from the exact one than float32's own sum over the
-    vocabulary (measured over the tiny drafter: 4e-14 against 1e-5 at norms up to 86)."""
-
-    rows: torch.Tensor  # [V, r + 1]
-    factor_t: torch.Tensor  # [r + 1, r + 1]
-
-    @classmethod
-    def of(cls, rows: torch.Tensor) -> MarkovColumns:
-        rows = rows.double().contiguous()
-        return cls(rows, torch.linalg.qr(rows, mode="r").R.T.contiguous())
-
-    def values(
-        self, embeds: torch.Tensor, ids: torch.Tensor, *, norm: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The bias at ``ids`` ``[N]`` (draft vocabulary) of embeddings ``embeds``
-        ``[N, r]``, and where asked its norm, float64 ``[N]`` each."""
-        e = torch.nn.functional.pad(embeds.double(), (0, 1), value=1.0)
-        at = torch.linalg.vecdot(self.rows.index_select(0, ids), e)
-        return at, torch.linalg.vector_norm(e @ self.factor_t, dim=-1) if norm else None
-
-
-def markov_columns(
-    bias_of: Callable[[torch.Tensor], torch.Tensor], like: torch.Tensor
-) -> torch.Tensor:
-    """``[W | b]`` ``[V, r + 1]`` of ``bias_of`` (``[N, r]`` embeddings -> ``[N, V]``) read off
-    its outputs where it is affine: ``b`` at zero, each column of ``W`` at a unit vector,
-    less ``b``; ``like``: an embedding of the step (its width, dtype and device). The caller
-    checks the map against the step's biases before using it."""
-    r = like.shape[-1]
-    units = torch.cat([torch.zeros(1, r), torch.eye(r)]).to(like)
-    out = bias_of(units).double()  # [r + 1, V]
-    offset = out[0]
-    return torch.cat([(out[1:] - offset).T, offset.unsqueeze(1)], dim=1)
 
 
 def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -55,14 +55,12 @@ from dsparklab.engines.vllm.core import (
     DraftStash,
     HeadColumns,
     HostSlot,
-    MarkovColumns,
     TapBuffers,
     ZeroTest,
     affine_map,
     dense_position_values,
     draft_index,
     first_argmax,
-    markov_columns,
     tap_confidence,
     tap_topk_position,
     target_to_draft_index,
@@ -77,7 +75,6 @@ from dsparklab.engines.vllm.staging import (
     SpecTap,
     mark,
     tap_of,
-    unwrap,
 )
 from dsparklab.errors import DSparkLabError
 
@@ -107,9 +104,6 @@ class DSparkTap(SpecTap):
         # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
         # until the first step checks it against vLLM's head, False where vLLM's is used
         self.head_map: HeadColumns | None | bool = None if on_cpu else False
-        # the Markov bias as the low-rank map it is (:class:`MarkovColumns`), on a CPU: None
-        # until a step checks it against vLLM's biases, False where they are stacked
-        self.bias_map: MarkovColumns | None | bool = None if on_cpu else False
         self.spec: Any = None  # the speculator this tap belongs to (set at attach)
         self.stash = DraftStash()
         self.in_step = False
@@ -256,21 +250,11 @@ class DSparkTap(SpecTap):
         stash.recorded.append(([step], position))
 
     def _values(
-        self,
-        bias: torch.Tensor | None,
-        final: torch.Tensor | None,
-        ids: torch.Tensor,
-        markov: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        self, bias: torch.Tensor, final: torch.Tensor | None, ids: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         stash = self.stash
         return dense_position_values(
-            bias,
-            final,
-            ids,
-            level=self.level,
-            scale=stash.scale,
-            greedy=stash.greedy,
-            markov=markov,
+            bias, final, ids, level=self.level, scale=stash.scale, greedy=stash.greedy
         )
 
     def _take_kept_positions(self) -> list[int]:
@@ -288,29 +272,12 @@ class DSparkTap(SpecTap):
             drafted[:, : len(steps)] if steps == list(range(len(steps))) else drafted[:, steps]
         )
         ids = draft_index(sampled, self.t2d).squeeze(-1)
-        # each position's embedding, in the order the positions were sampled
-        aligned = len(stash.embeds) == len(kept)
-        markov = self._markov_values(ids) if aligned else None
-        bias = None if markov is not None else torch.stack([b for _, b, _ in kept], dim=1)
+        bias = torch.stack([b for _, b, _ in kept], dim=1)
         # a greedy draft is the final argmax already: light reads no final logits then
         wanted = self.level == "full" or not stash.greedy
         final = torch.stack([f for _, _, f in kept], dim=1) if wanted else None
-        stash.recorded.append((steps, self._values(bias, final, ids, markov)))
-        if self.bias_map is None and aligned and bias is not None:
-            bias_of = unwrap(self.spec.model.markov_bias)
-            self.bias_map = checked_bias_map(bias_of, stash.stacked_embeds(), bias)
+        stash.recorded.append((steps, self._values(bias, final, ids)))
         return steps
-
-    def _markov_values(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The bias at the drafted ids ``[R, k]`` and (at ``full``) its norm, from the
-        low-rank map of the step's embeddings; None until a step has checked the map."""
-        if not isinstance(self.bias_map, MarkovColumns):
-            return None
-        rows, k = ids.shape
-        at, norm = self.bias_map.values(
-            self.stash.stacked_embeds(), ids.reshape(-1), norm=self.level == "full"
-        )
-        return at.view(rows, k), None if norm is None else norm.view(rows, k)
 
     def end(self, spec: Any) -> None:
         """After the sequential loop: the base log-probabilities of every position, and
@@ -359,7 +326,7 @@ class DSparkTap(SpecTap):
         stash = self.stash
         if head is None or stash.hidden is None or len(stash.embeds) != self.n:
             return None
-        embeds = stash.stacked_embeds()
+        embeds = torch.stack(stash.embeds, dim=1).flatten(0, 1)
         if isinstance(self.head_map, HeadColumns):  # straight into the buffer's rows
             out = self.buffers.confidence[:rows].view(-1)
             self.head_map.confidence(stash.hidden, embeds, out=out)
@@ -388,24 +355,6 @@ def checked_head_map(
     )
     if not matches:
         logger.info("dsparklab: the confidence head is not affine; vLLM evaluates it")
-        return False
-    return columns
-
-
-def checked_bias_map(
-    bias_of: Callable[[torch.Tensor], torch.Tensor], embeds: torch.Tensor, bias: torch.Tensor
-) -> MarkovColumns | bool:
-    """The draft model's Markov bias (``bias_of``, vLLM's ``markov_bias``) as
-    :class:`MarkovColumns` where that map gives this step's biases ``[R, k, V]`` from its
-    embeddings ``[R*k, r]`` (within 1e-5), else False: the biases stacked from then on."""
-    try:
-        columns = MarkovColumns.of(markov_columns(bias_of, embeds))
-        again = torch.nn.functional.pad(embeds.double(), (0, 1), value=1.0) @ columns.rows.T
-    except Exception:  # not a map of one embedding
-        return False
-    want = bias.flatten(0, 1).double()
-    if again.shape != want.shape or not torch.allclose(again, want, rtol=1e-5, atol=1e-5):
-        logger.info("dsparklab: the Markov bias is not affine; its biases are stacked")
         return False
     return columns
 
