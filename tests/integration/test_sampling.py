@@ -1,6 +1,6 @@
 """A 10 % request sample (``DSPARKLAB_SAMPLE=0.1``'s choice) agrees with the full run.
 
-The reference engine decodes 400 GSM8K prompts with DSpark and Eagle3 at n=4; the sample
+The reference engine decodes 240 GSM8K prompts with DSpark and Eagle3 at n=4; the sample
 is the requests :func:`request_sampled` keeps at 0.1, whole. At every drafted position the
 full run's conditional acceptance lies inside the sample's 99 % interval (requests
 resampled), and the sample is the size the fraction says. That the vLLM plugin records
@@ -22,7 +22,7 @@ from tests.integration.conftest import Zoo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PROMPTS = 400
+PROMPTS = 240
 FRACTION = 0.1
 
 
