@@ -176,6 +176,12 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def paired_order(round_index: int) -> tuple[bool, bool]:
+    """Which of a pair runs first in round ``round_index`` (on, then off, in odd rounds):
+    the order flips every round, so neither side always runs on the other's warm caches."""
+    return (True, False) if round_index % 2 else (False, True)
+
+
 def overhead_table(times: pd.DataFrame) -> pd.DataFrame:
     """Per configuration and tap level, the cost of tracing, three ways (steady state: the
     first step, where a lazily made tap writes its run.json, is left out):
@@ -286,7 +292,7 @@ def draft_pass(
         with torch.inference_mode():
             for round_ in range(rounds):
                 for index, (_, call, bare) in enumerate(built):
-                    for traced in (True, False) if round_ % 2 else (False, True):
+                    for traced in paired_order(round_):
                         with contextlib.nullcontext() if traced else bare():
                             started = time.perf_counter()
                             for _ in range(reps):
@@ -398,7 +404,7 @@ def host_work(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
         added, timer = [], []
         for round_index in range(args.rounds):
             mean_s = {}
-            for plugin in (True, False) if round_index % 2 else (False, True):
+            for plugin in paired_order(round_index):
                 patching.uninstall()  # the wrappers are made as the patches install
                 gc.collect()  # as before the overhead runs: no earlier run's garbage in the spans
                 with timing_host_work(plugin) as seconds:

@@ -247,12 +247,10 @@ class ZeroTest:
 
     def __call__(self, t: torch.Tensor) -> bool:
         if t is not self._tensor:
-            if not t.is_contiguous():  # no byte view of it: a contiguous copy's, asked afresh
-                view = memoryview(t.detach().contiguous().numpy()).cast("B")  # type: ignore[arg-type]
+            view = memoryview(t.detach().contiguous().numpy()).cast("B")  # type: ignore[arg-type]
+            if not t.is_contiguous():  # a copy's bytes, not the table's: asked afresh
                 return view.tobytes() == bytes(len(view))
-            self._view = memoryview(t.detach().numpy()).cast("B")  # type: ignore[arg-type]
-            self._zeros = bytes(len(self._view))
-            self._tensor = t
+            self._view, self._zeros, self._tensor = view, bytes(len(view)), t
         return self._view.tobytes() == self._zeros
 
 
