@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,14 @@ class TinyMarkovModel:
         return ids
 
 
+class SoftcappedMarkovModel(TinyMarkovModel):
+    """With an output transform (MuseSpark's kind: vLLM applies it to base + bias at every
+    position and then does not fuse the bias): a soft cap of the logits at 8."""
+
+    def apply_output_logit_transform(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(logits / 8.0) * 8.0
+
+
 def argmax_sampler(speculator: type) -> Any:
     """A stand-in for ``speculator._sample_logits``, with its signature, doing what the
     Gumbel kernel does at temperature 0 with ``bias`` given (argmax of logits + bias), so
@@ -186,23 +195,28 @@ def expected_markov_chain(
     base: torch.Tensor,
     anchors: torch.Tensor,
     scale: torch.Tensor | None = None,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """What the taps must record, in plain torch: the greedy Markov chain over ``base``
     (``[R, n, V]``) from ``anchors``, its log-probabilities at the rows' ``scale``
-    (``[R, 1]`` temperatures, None: unscaled), and the Markov embeddings (``[R, n, r]``)."""
+    (``[R, 1]`` temperatures, None: unscaled) of the logits after ``transform`` (an output
+    transform, applied to base + bias and to the base), and the Markov embeddings
+    (``[R, n, r]``)."""
     scale = torch.ones(base.shape[0], 1) if scale is None else scale
+    transform = transform or (lambda logits: logits)
     names = ("tokens", "draft_logprob", "base_logprob", "markov_flip", "markov_bias", "embeds")
     steps: dict[str, list[torch.Tensor]] = {k: [] for k in names}
     prev = anchors
     for i in range(base.shape[1]):
         embed = model.markov_embed(prev)
         bias = model.markov_bias(embed)
-        final = base[:, i] + bias
+        final = transform(base[:, i] + bias)
         token = final.argmax(-1)
         at = token[:, None]
         steps["tokens"].append(token)
         steps["draft_logprob"].append((final / scale).log_softmax(-1).gather(1, at)[:, 0])
-        steps["base_logprob"].append((base[:, i] / scale).log_softmax(-1).gather(1, at)[:, 0])
+        base_i = transform(base[:, i])
+        steps["base_logprob"].append((base_i / scale).log_softmax(-1).gather(1, at)[:, 0])
         steps["markov_flip"].append((base[:, i].argmax(-1) != token).to(torch.int8))
         steps["markov_bias"].append(bias.gather(1, at)[:, 0])
         steps["embeds"].append(embed)
@@ -235,7 +249,9 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
 
     The sampler is :func:`argmax_sampler`. Run fused (``_fuse_markov_bias``: base logits and
     ``bias=``) and unfused (base + bias already added): both must record the same values,
-    and those must equal log_softmax(base + bias) at the drafted token.
+    and those must equal log_softmax(base + bias) at the drafted token. Run a third time
+    with a draft model that has an output transform (vLLM applies it to base + bias, and
+    does not fuse): the values must be those of the transformed logits.
     """
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
@@ -258,16 +274,26 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
     hidden_states = torch.randn(rows * n, hidden, generator=gen) * 2
     anchors = torch.randint(0, vocab, (rows,), generator=gen)
     base = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
-    want = expected_markov_chain(model, base, anchors)
+    capped = SoftcappedMarkovModel.__new__(SoftcappedMarkovModel)
+    capped.__dict__.update(vars(model))  # the same weights
+    wanted = {
+        "fused": expected_markov_chain(model, base, anchors),
+        "transformed": expected_markov_chain(
+            capped, base, anchors, transform=capped.apply_output_logit_transform
+        ),
+    }
     results: dict[str, Any] = {}
-    for fused in (True, False):
+    for variant in ("fused", "unfused", "transformed"):
+        fused = variant == "fused"
+        draft = capped if variant == "transformed" else model
+        want = wanted["transformed" if variant == "transformed" else "fused"]
         spec = Spec()
-        spec.model = model
+        spec.model = draft
         spec._fuse_markov_bias = fused
         spec.temperature = torch.zeros(rows)
-        tap = tapped(spec, model, rows, n)
+        tap = tapped(spec, draft, rows, n)
         tap.begin(spec, rows, "dense")
-        base_logits = model.compute_draft_logits(hidden_states).view(rows, n, vocab)
+        base_logits = draft.compute_draft_logits(hidden_states).view(rows, n, vocab)
         tokens = torch.empty(rows, n, dtype=torch.int64)
         spec._sample_markov_chain(
             base_logits,
@@ -279,7 +305,7 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
         )
         tap.end(spec)  # what the _sample_sequential wrapper does after vLLM's loop
         buf = tap.buffers
-        results["fused" if fused else "unfused"] = {
+        results[variant] = {
             "tokens_equal": bool(torch.equal(tokens, want["tokens"])),
             "draft_logprob_max_err": float((buf.draft_logprob - want["draft_logprob"]).abs().max()),
             "flip_equal": bool(torch.equal(buf.markov_flip.bool(), want["markov_flip"].bool())),
@@ -288,7 +314,7 @@ def fused_bias_probe(out_dir: Path) -> dict[str, Any]:
             "draft_logprob": buf.draft_logprob.tolist(),
         }
         for name in ("compute_draft_logits", "markov_embed", "markov_bias"):
-            setattr(model, name, getattr(model, name).__wrapped__)
+            setattr(draft, name, getattr(draft, name).__wrapped__)
     return results
 
 

@@ -129,11 +129,14 @@ def test_the_source_facts_the_taps_rely_on(probe: Any) -> None:
 def test_the_fused_markov_bias_is_recorded_as_the_sampler_used_it(probe: Any) -> None:
     """0.34 passes the base logits and ``bias=`` to ``_sample_logits`` when it fuses the
     bias into the Gumbel kernel: the tap must record log_softmax(base + bias) at the
-    drafted token and the argmax change, as on the unfused path."""
+    drafted token and the argmax change, as on the unfused path; with an output transform,
+    of the transformed logits."""
     if "fused" not in probe:
         pytest.skip(f"vLLM {probe['wanted_line']} has no fused Markov bias")
     fused, unfused = probe["fused"]["fused"], probe["fused"]["unfused"]
-    for run in (fused, unfused):
+    # with an output transform: its logits' values (the tap forms base + bias at the
+    # step's end on a CPU and transforms them as vLLM's loop did)
+    for run in (fused, unfused, probe["fused"]["transformed"]):
         assert run["tokens_equal"] and run["flip_equal"]
         assert run["draft_logprob_max_err"] < 1e-5 and run["base_logprob_max_err"] < 1e-5
         assert run["bias_max_err"] < 1e-6

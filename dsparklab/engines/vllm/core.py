@@ -159,9 +159,9 @@ class DraftStash:
     positions: int = 0  # positions recorded so far this step
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
-    # (i, bias [R, V], final logits [R, V]) of each dense position whose values are taken
-    # at the step's end, all at once (its drafted ids: ``drafted``)
-    kept: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # (i, bias [R, V]) of each dense position whose values are taken at the step's end,
+    # all at once (its drafted ids: ``drafted``; its final logits: base + bias)
+    kept: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     # [R, n] target ids vLLM's dense loop writes each position's draft into: the
     # speculator's ``draft_tokens``, or (vLLM 0.34) ``_sample_markov_chain``'s ``out_tokens``
     drafted: torch.Tensor | None = None

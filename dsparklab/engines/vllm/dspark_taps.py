@@ -240,10 +240,10 @@ class DSparkTap(SpecTap):
         stash.positions += 1
         # ``logits`` already went through any output transform (vLLM applies it to base +
         # bias); the base share, taken once per step in ``end``, goes through it there
-        if self.positions_at_end:  # vLLM's loop makes both afresh at every position
+        if self.positions_at_end:  # vLLM's loop makes the bias afresh at every position
             # the drafted ids are read at the step's end, where vLLM's dense loop writes
-            # each position's (``stash.drafted``)
-            stash.kept.append((step, bias, logits))
+            # each position's (``stash.drafted``); the logits are formed there again
+            stash.kept.append((step, bias))
             return
         idx = draft_index(tokens, self.t2d)
         position = self._values(bias.unsqueeze(1), logits.unsqueeze(1), idx)
@@ -262,7 +262,7 @@ class DSparkTap(SpecTap):
         ``stash.recorded``; no buffer is written); returns those positions."""
         stash = self.stash
         kept, stash.kept = stash.kept, []
-        steps = [i for i, _, _ in kept]
+        steps = [i for i, _ in kept]
         if not kept:
             return steps
         # the step's drafted ids, mapped to the draft vocabulary at once
@@ -272,10 +272,18 @@ class DSparkTap(SpecTap):
             drafted[:, : len(steps)] if steps == list(range(len(steps))) else drafted[:, steps]
         )
         ids = draft_index(sampled, self.t2d).squeeze(-1)
-        bias = torch.stack([b for _, b, _ in kept], dim=1)
+        bias = torch.stack([b for _, b in kept], dim=1)
+        final = None
         # a greedy draft is the final argmax already: light reads no final logits then
-        wanted = self.level == "full" or not stash.greedy
-        final = torch.stack([f for _, _, f in kept], dim=1) if wanted else None
+        if self.level == "full" or not stash.greedy:
+            # what vLLM sampled from: its loop's (or fused kernel's) base + bias at each
+            # position, then any output transform, both elementwise, so the same values
+            # formed here for the whole step at once, one pass where a stack of the
+            # positions' logits was another
+            leading = steps == list(range(len(steps)))
+            final = (stash.base[:, : len(steps)] if leading else stash.base[:, steps]) + bias
+            if self._transform is not None:
+                final = self._transform(final)
         stash.recorded.append((steps, self._values(bias, final, ids)))
         return steps
 
