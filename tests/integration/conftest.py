@@ -1,7 +1,7 @@
 """Fixtures for the reference engine's integration tests: the zoo's tiny models, loaded once.
 
 Every test here runs the real engine on the committed tiny checkpoints (data/zoo); the
-models load once per session and torch runs on one thread (the machine is shared).
+models load once per session (each test starts with torch on one thread: tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -41,11 +41,6 @@ class Zoo:
     def engine(self, method: str, n: int = 0, **options: Any) -> ReferenceEngine:
         config = ReferenceConfig(method=method, num_speculative_tokens=n, **options)
         return ReferenceEngine(self.target, self.drafter(method), config=config)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread() -> None:
-    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

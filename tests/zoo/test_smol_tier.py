@@ -15,7 +15,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from zoo_helpers import assert_same_or_near_tie, vllm_generate  # noqa: E402
 
 from dsparklab.engines.reference import ReferenceConfig, ReferenceEngine  # noqa: E402
@@ -107,7 +106,6 @@ def test_committed_drafters_are_lossless(target_and_prompts, smol_target, method
     model, tokenizer, prompts = target_and_prompts
     loader = load_dspark_drafter if method == "dspark" else load_eagle3_drafter
     drafter = loader(ZOO_DIR / f"smol-{method}", target_path=smol_target)
-    torch.set_num_threads(1)
     # the seeds' two windows, the smallest and the largest, one prompt each (a code prompt,
     # then a maths request); the tiny tier's lossless test takes every n on more prompts
     # (tests/integration/test_lossless.py)
