@@ -263,15 +263,13 @@ class DSparkTap(SpecTap):
         stash = self.stash
         kept, stash.kept = stash.kept, []
         steps = [i for i, _ in kept]
-        if not kept:
+        if not kept or stash.base is None:  # kept only once the step's base logits came
             return steps
+        # positions 0 .. k-1 (every step whose hooks all ran): slices, not index copies
+        at: slice | list[int] = slice(len(steps)) if steps == list(range(len(steps))) else steps
         # the step's drafted ids, mapped to the draft vocabulary at once
         drafted = stash.drafted if stash.drafted is not None else self.spec.draft_tokens
-        drafted = drafted[: stash.num_reqs]
-        sampled = (
-            drafted[:, : len(steps)] if steps == list(range(len(steps))) else drafted[:, steps]
-        )
-        ids = draft_index(sampled, self.t2d).squeeze(-1)
+        ids = draft_index(drafted[: stash.num_reqs, at], self.t2d).squeeze(-1)
         bias = torch.stack([b for _, b in kept], dim=1)
         final = None
         # a greedy draft is the final argmax already: light reads no final logits then
@@ -280,8 +278,7 @@ class DSparkTap(SpecTap):
             # position, then any output transform, both elementwise, so the same values
             # formed here for the whole step at once, one pass where a stack of the
             # positions' logits was another
-            leading = steps == list(range(len(steps)))
-            final = (stash.base[:, : len(steps)] if leading else stash.base[:, steps]) + bias
+            final = stash.base[:, at] + bias
             if self._transform is not None:
                 final = self._transform(final)
         stash.recorded.append((steps, self._values(bias, final, ids)))
