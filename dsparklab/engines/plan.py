@@ -26,9 +26,10 @@ the concurrency it kept, its repeat, and the batch sizes its steps saw).
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,14 @@ def is_complete(run_dir: Where) -> bool:
     return complete_run_json(run_dir) is not None
 
 
+def default_threads() -> int:
+    """A collector's torch threads: ``OMP_NUM_THREADS`` where it is set to a positive count
+    (the usual bound on a process's threads; the test suite sets 1, its two workers sharing
+    two cores), else 2: one process owns both of this machine's cores."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 2
+
+
 @dataclass(frozen=True)
 class CollectOptions:
     """One collection, for any engine: the runs to make and how to decode them.
@@ -219,7 +228,8 @@ class CollectOptions:
         Zoo names or checkpoint directories (a server decides what it runs: there they
         only label the runs, with hashes when they are directories).
     threads
-        ``torch.set_num_threads`` on CPU (None leaves torch's default).
+        ``torch.set_num_threads`` on CPU (None leaves torch's default); by default
+        :func:`default_threads`.
     overwrite
         Redo runs that are already complete (else they are skipped).
     progress
@@ -245,7 +255,7 @@ class CollectOptions:
     target: str | Path = DEFAULT_TARGET
     dspark: str | Path = DEFAULT_DRAFTERS["dspark"]
     eagle3: str | Path = DEFAULT_DRAFTERS["eagle3"]
-    threads: int | None = 2
+    threads: int | None = field(default_factory=default_threads)
     overwrite: bool = False
     progress: bool = True
     tier: str | None = None

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from dsparklab.engines.plan import CollectOptions, load_block, parse_concurrencies, plan_runs
+from dsparklab.engines.plan import (
+    CollectOptions,
+    default_threads,
+    load_block,
+    parse_concurrencies,
+    plan_runs,
+)
 from dsparklab.errors import ConfigError
 from dsparklab.store.reader import run_columns
 
@@ -105,3 +111,17 @@ def test_a_model_named_another_way_is_the_runs_own_until_its_files_change(tmp_pa
     (checkpoint / "weights.bin").write_bytes(b"retrained")
     with pytest.raises(ConfigError, match="identity.target is 'the-same-model-by-name'"):
         options.todo()
+
+
+@pytest.mark.parametrize(("value", "threads"), [(None, 2), ("1", 1), ("3", 3), ("0", 2), ("x", 2)])
+def test_collectors_take_omp_num_threads_else_two(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, threads: int
+) -> None:
+    """A collector's torch threads: OMP_NUM_THREADS where it is a positive count, else 2."""
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert default_threads() == threads
+    options = CollectOptions(methods=["dspark"], ns=[3], datasets=["gsm8k"], out="o")
+    assert options.threads == threads
