@@ -81,11 +81,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # One OpenMP thread per process: two workers share this machine's two cores, and a torch
 # op on two threads spins its second thread at each op's end, beside the other worker's
 # tests. Set before any test imports torch (this module does not); the processes tests
-# start inherit it.
+# start inherit it (the only place the suite sets it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _one_torch_thread_again() -> None:
+def _torch_on_one_thread() -> None:
     """torch back on one thread with its own ``set_num_threads``, where a test has imported
     it. vLLM's in-process CPU worker (the zoo's tests run it so) binds its OpenMP threads to
     every core and replaces ``torch.set_num_threads`` with a no-op for good
@@ -101,9 +101,9 @@ def _one_torch_thread_again() -> None:
 @pytest.fixture(autouse=True)
 def _one_torch_thread() -> Iterator[None]:
     """Before and after each test (after: before the next module's fixtures are built)."""
-    _one_torch_thread_again()
+    _torch_on_one_thread()
     yield
-    _one_torch_thread_again()
+    _torch_on_one_thread()
 
 
 def make_run_json(**overrides: Any) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,6 @@ from safetensors import safe_open
 
 from dsparklab.engines.reference.markov import MarkovHeadWeights, dspark_markov_step
 from dsparklab.zoo import zoo_path
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @dataclass

@@ -72,7 +72,6 @@ def sources(release: str) -> Path:
 def line_env(line: str) -> dict[str, str]:
     """The environment of a process that imports ``line``'s vLLM (skips when absent)."""
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("DSPARKLAB_TRACE_DIR", None)
     release = RELEASES[line]
     if release is None:

@@ -12,7 +12,6 @@ import json
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 from zoo_helpers import assert_same_or_near_tie, vllm_generate  # noqa: E402
