@@ -259,6 +259,12 @@ FINAL_ARGMAX = "final_argmax"
 DRAFT_IDS = "draft_ids"
 
 
+def _float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, with no call into torch where it is already (``.float()`` on a
+    float32 tensor returns it, but is a dispatch of its own)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(dim=-1)``: the first maximal index over the last dimension (a NaN counts
     as the largest, as in torch). On the CPU through numpy, whose argmax is vectorised where
@@ -269,7 +275,7 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
         return x.argmax(dim=-1)
     # no conversion where there is none to make: each is a dispatch of its own
     x = x.detach() if x.requires_grad else x
-    return torch.from_numpy((x if x.dtype == torch.float32 else x.float()).numpy().argmax(axis=-1))
+    return torch.from_numpy(_float32(x).numpy().argmax(axis=-1))
 
 
 def dense_position_values(
@@ -354,7 +360,9 @@ def write_step(
     if steps == list(range(k)):
         if base is not None and k == base.shape[1]:
             columns["base_logprob"] = logprob_at(base, ids, scale)
-        torch.ne(base_argmax[:rows, :k], final_argmax, out=buffers.markov_flip[:rows, :k])
+        if base_argmax.shape != final_argmax.shape:  # no slicing op where none is needed
+            base_argmax = base_argmax[:rows, :k]
+        torch.ne(base_argmax, final_argmax, out=buffers.markov_flip[:rows, :k])
         buffers.write_floats_(columns, rows, k)
         return
     for j, i in enumerate(steps):
@@ -441,12 +449,13 @@ class HeadColumns:
         where given (a tap buffer's rows)."""
         logit = hidden.new_empty(hidden.shape[0], dtype=torch.float32) if out is None else out
         column = logit.view(-1, 1)
+        hidden = _float32(hidden)
         if self.bias is None:
-            torch.mm(hidden.float(), self.hidden, out=column)
+            torch.mm(hidden, self.hidden, out=column)
         else:
-            torch.addmm(self.bias, hidden.float(), self.hidden, out=column)
+            torch.addmm(self.bias, hidden, self.hidden, out=column)
         if embeds is not None and self.markov.shape[0]:
-            column.addmm_(embeds.float(), self.markov)
+            column.addmm_(_float32(embeds), self.markov)
         return logit.sigmoid_()
 
 

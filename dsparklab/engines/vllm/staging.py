@@ -230,9 +230,10 @@ def wrap_propose(
         if tap is None:
             return original(self, *args, **kwargs)
         slot = None
+        mode = inference_mode()  # asked once: each ask is a few microseconds in a step
         try:
             call = (self, *args)
-            with inference_mode():
+            with mode:
                 slot = before(tap, self, lambda name: reader.get(name, call, kwargs))
         except Exception as err:
             tap.fail(f"{where} (verification copy)", err)
@@ -241,7 +242,7 @@ def wrap_propose(
             try:
                 if check is not None:
                     check(out)
-                with inference_mode():
+                with mode:
                     tap.after(slot, out)
             except Exception as err:
                 tap.fail(f"{where} (draft copy)", err)
