@@ -338,11 +338,19 @@ def draft_pass_in_processes(args: argparse.Namespace) -> pd.DataFrame:
             command += ["--max-num-seqs", str(args.max_num_seqs), "--draft-pass-json", str(path)]
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             frames.append(pd.read_json(path, orient="split"))
+    return median_over_processes(frames)
+
+
+def median_over_processes(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """:func:`draft_pass` tables of several processes (indexed by configuration) as one:
+    each column's median per configuration, and beside each ``+ms`` column its range over
+    the processes (``"min..max"``, in ms)."""
     joined = pd.concat(frames)
-    table = joined.groupby(level=0, sort=False).median()
+    by_config = joined.groupby(level=0, sort=False)
+    table = by_config.median()
     table.index.name = "config"
     for column in [c for c in joined.columns if c.endswith(" +ms")]:
-        spread = joined.groupby(level=0, sort=False)[column].agg(["min", "max"])
+        spread = by_config[column].agg(["min", "max"])
         table[f"{column} processes"] = [f"{a:.2f}..{b:.2f}" for a, b in spread.to_numpy()]
     return table
 

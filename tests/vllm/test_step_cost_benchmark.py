@@ -145,3 +145,26 @@ def test_the_draft_pass_runs_each_traced_speculator_untraced_too(
     finally:
         runs.close_worker()
         patching.uninstall()
+
+
+def test_the_draft_pass_of_several_processes_is_their_median_with_its_range() -> None:
+    """One process can run every pass a fifth to a half slower than the next: the table
+    keeps each configuration's median over the processes and the range beside it."""
+    import pandas as pd
+
+    bench = _module()
+    frames = [
+        pd.DataFrame(
+            {"draft pass ms off": [off, 0.2], "full +ms": [full, 0.1]},
+            index=pd.Index(["dspark-n7", "eagle3-n3"], name="config"),
+        )
+        for off, full in [(0.90, 0.37), (1.35, 0.71), (0.92, 0.40)]
+    ]
+    table = bench.median_over_processes(frames)
+    assert list(table.index) == ["dspark-n7", "eagle3-n3"]
+    assert table.index.name == "config"
+    assert table.loc["dspark-n7", "draft pass ms off"] == pytest.approx(0.92)
+    assert table.loc["dspark-n7", "full +ms"] == pytest.approx(0.40)
+    assert table.loc["dspark-n7", "full +ms processes"] == "0.37..0.71"
+    assert table.loc["eagle3-n3", "full +ms processes"] == "0.10..0.10"
+    assert "draft pass ms off processes" not in table.columns
