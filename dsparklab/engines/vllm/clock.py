@@ -160,11 +160,12 @@ def drop_step() -> None:
 def on_cuda(owner: Any) -> bool:
     """Whether ``owner`` (a model runner) runs on a CUDA device."""
     device = getattr(owner, "device", None)
-    return isinstance(device, torch.device) and _is_cuda(device)
+    return isinstance(device, torch.device) and is_cuda_device(device)
 
 
 @functools.lru_cache(maxsize=16)
-def _is_cuda(device: torch.device) -> bool:
-    # asked once per device: ``torch.device.type`` builds its string through a C++ stream,
-    # ~14 us on the caches an engine step leaves cold (a device hashes without it)
+def is_cuda_device(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device, asked once per device: ``torch.device.type``
+    builds its string through a C++ stream, ~14 us on the caches an engine step leaves
+    cold (timed here), and a device hashes without it."""
     return device.type == "cuda"

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from dsparklab.engines.vllm.clock import StepClock
+from dsparklab.engines.vllm.clock import StepClock, is_cuda_device
 
 # Position fields the DSpark taps fill; NaN (floats) or -1 (flip) means "not computed".
 # In this order in ``TapBuffers.floats``: a dense step writes a leading run of it (light:
@@ -226,9 +226,9 @@ def temperature_scale(temperature: torch.Tensor | None) -> torch.Tensor | None:
     if temperature is None:
         return None
     # on the CPU asked through numpy: three torch ops and a bool cost ~20 us a step there
-    if temperature.is_cpu and not (temperature.float().numpy() > 0).any():
+    if temperature.is_cpu and not (_float32(temperature).numpy() > 0).any():
         return None
-    t = temperature.float().unsqueeze(-1)
+    t = _float32(temperature).unsqueeze(-1)
     return torch.where(t > 0, t, torch.ones_like(t))
 
 
@@ -500,7 +500,7 @@ def affine_map(
 
 
 def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+    return torch.empty(shape, dtype=dtype, pin_memory=is_cuda_device(device))
 
 
 @dataclass
@@ -544,9 +544,7 @@ class StagingRing:
         """``views``: field name -> (block in ``specs``, index), a field read as one row of a
         block that is staged by one copy (:data:`FLOAT_VIEWS`)."""
         self.device = torch.device(device)
-        # kept, not asked per copy: ``torch.device.type`` builds its string through a C++
-        # stream, ~14 us on the caches an engine step leaves cold (measured here)
-        self.is_cuda = self.device.type == "cuda"
+        self.is_cuda = is_cuda_device(self.device)  # kept: asked at every copy
         self.specs = dict(specs)
         self.slots = []
         for _ in range(num_slots):
