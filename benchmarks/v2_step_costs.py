@@ -12,9 +12,11 @@ V2 runner's method order) with the plugin's own wrappers around it. This script:
    of the whole process's CPU and of the wall time (see ``overhead_table``), too noisy on
    this machine to tell a few percent apart;
 3. so it also times what tracing adds, where it can be told from noise: the taps on the
-   draft pass alone (``draft_pass``, the median of ``--pass-processes`` fresh processes)
-   and the plugin's host work per engine step outside it (``host_work``), and gives their
-   sum as a share of the untraced step (goal: <= 3 %);
+   draft pass alone (``draft_pass``, the median of ``--pass-processes`` fresh processes),
+   the plugin's host work per engine step outside it (``host_work``) and what the
+   recorder's flush thread, which holds the interpreter lock while it turns slots into
+   rows, stalls the engine's steps (``flush_stall``, from step 2's traced runs), and gives
+   their sum as a share of the untraced step (goal: <= 3 %);
 4. checks the recorded costs against the driver's own clock: for every engine step that
    verified a draft, batch_size x (draft + verify + other) of its rows against the wall
    time the driver measured around ``execute_model`` + ``sample_tokens`` (goal: within 5 %);
@@ -168,9 +170,11 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
                 levels.reverse()
             for level in levels:
                 gc.collect()  # the previous run's garbage is not this run's to collect
-                run = serve_run(args, opts, prompt_sets, models, spec, level)
+                with timing_flush_turns() as turns:
+                    run = serve_run(args, opts, prompt_sets, models, spec, level)
                 config = spec.name.rsplit("/", 1)[1]  # <method>-n<k>
                 for index, step in enumerate(run.timeline):
+                    end = step.started_s + step.wall_s
                     rows.append(
                         {
                             "config": config,
@@ -181,6 +185,8 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
                             "cpu_s": step.cpu_s,
                             # the whole run's CPU, every thread (the flush thread's parsing)
                             "process_cpu_s": run.process_cpu_s if index == 0 else 0.0,
+                            # the recorder's flush thread ran while this step did
+                            "in_flush": any(a < end and b > step.started_s for a, b in turns),
                         }
                     )
     patching.uninstall()
@@ -193,6 +199,67 @@ def paired_order(round_index: int) -> tuple[bool, bool]:
     return (True, False) if round_index % 2 else (False, True)
 
 
+@contextlib.contextmanager
+def timing_flush_turns() -> Iterator[list[tuple[float, float]]]:
+    """While the block runs, the ``(start, end)`` (``time.perf_counter``) of each turn of a
+    recorder's flush thread: processing the staged slots into rows, writing them, renewing
+    the lease (:meth:`~dsparklab.engines.vllm.recorder.TraceRecorder._flush_once`)."""
+    import time
+
+    from dsparklab.engines.vllm.recorder import TraceRecorder
+
+    turns: list[tuple[float, float]] = []
+    original = TraceRecorder._flush_once
+
+    @functools.wraps(original)
+    def flush_once(self: TraceRecorder) -> bool:
+        started = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            turns.append((started, time.perf_counter()))
+
+    TraceRecorder._flush_once = flush_once  # type: ignore[method-assign]
+    try:
+        yield turns
+    finally:
+        TraceRecorder._flush_once = original  # type: ignore[method-assign]
+
+
+def flush_stall(times: pd.DataFrame, level: str = "full") -> pd.DataFrame:
+    r"""Per configuration, what the recorder's flush thread costs the engine's steps at
+    ``level``. The flush thread turns staged slots into rows in Python, so it holds the
+    interpreter lock the engine's thread needs between its torch calls: a step that runs
+    during a flush turn waits. Greedy decoding makes the same steps every round, so a step
+    that ran during a flush (``in_flush``) is compared with the same step in the rounds
+    where it did not (the median of those; a step with none is left out):
+
+    .. math::
+
+        \text{stall per step} = \frac{1}{N} \sum_{s \in \text{flushed}}
+        \bigl(w_s - \operatorname{median}_{r \notin \text{flushed}} w_{s, r}\bigr)
+
+    over the steady steps (the first left out, as in :func:`overhead_table`), ``N`` of them
+    over all rounds. Columns: ``flushed steps`` (their share), ``ms per flushed step`` (the
+    mean excess) and ``flush stall ms/step``."""
+    traced = times[(times["traced"] == level) & (times["step"] > 0)]
+    flushed = traced[traced["in_flush"]]
+    clear = traced[~traced["in_flush"]].groupby(["config", "step"])["wall_s"].median()
+    keys = pd.MultiIndex.from_frame(flushed[["config", "step"]])
+    excess = pd.Series(
+        flushed["wall_s"].to_numpy() - clear.reindex(keys).to_numpy(), index=flushed["config"]
+    ).dropna()
+    steps = traced.groupby("config").size()
+    by_config = excess.groupby(level=0)
+    return pd.DataFrame(
+        {
+            "flushed steps": (by_config.size() / steps).fillna(0.0),
+            "ms per flushed step": by_config.mean() * 1e3,
+            "flush stall ms/step": (by_config.sum() / steps).fillna(0.0) * 1e3,
+        }
+    ).rename_axis("config")
+
+
 def overhead_table(times: pd.DataFrame) -> pd.DataFrame:
     """Per configuration and tap level, the cost of tracing, three ways (steady state: the
     first step, where a lazily made tap writes its run.json, is left out):
@@ -200,10 +267,12 @@ def overhead_table(times: pd.DataFrame) -> pd.DataFrame:
     - ``cpu %``: the driving thread's CPU time (what the engine's own thread pays: taps,
       clock, staging), each step's best over the rounds, summed: on / off - 1;
     - ``all threads %``: the whole process's CPU while serving (adds the flush thread that
-      parses the slots and writes parquet, which a GPU server runs on a spare core), the
-      best round: on / off - 1;
+      parses the slots and writes parquet: on a spare core, but under the interpreter lock
+      the engine's thread needs, see :func:`flush_stall`), the best round: on / off - 1;
     - ``wall %``: each step's best wall time, summed (this 2-core machine's noise: the
-      spread over rounds is shown beside it).
+      spread over rounds is shown beside it). The best of the rounds leaves out the steps
+      the flush thread stalled, which fall on other steps each round: :func:`flush_stall`
+      counts them.
     """
     steady = times[times["step"] > 0]
     best = steady.groupby(["config", "traced", "step"])[["wall_s", "cpu_s"]].min()
@@ -512,13 +581,25 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(passes.reset_index(), digits=3))
     print(
         "\n## tracing plus the clock per engine step, level full: the taps on the draft "
-        "pass (above) and the plugin's host work outside it (staging, hand-off, the clock's "
-        "marks, request bookkeeping; timed in a traced run)\n"
+        "pass (above), the plugin's host work outside it (staging, hand-off, the clock's "
+        "marks, request bookkeeping; timed in a traced run) and the flush thread's stall "
+        "(above)\n"
     )
+    stall = flush_stall(times)
+    print(
+        "\n## the recorder's flush thread, level full: a step that ran during one of its turns "
+        "against the same step in the rounds where it did not (the thread holds the "
+        "interpreter lock the engine's thread needs)\n"
+    )
+    print(markdown_table(stall.reset_index(), digits=3))
     totals = host.assign(**{"ms/step off": steps_off.reindex(host.index)})
     totals["host work % of a step"] = totals["host work ms/step"] / steps_off * 100
     totals["draft pass % of a step"] = passes["full % of a step"].reindex(totals.index).fillna(0.0)
-    totals["total % of a step"] = totals["host work % of a step"] + totals["draft pass % of a step"]
+    stall_ms = stall["flush stall ms/step"].reindex(totals.index).fillna(0.0)
+    totals["flush stall % of a step"] = stall_ms / steps_off * 100
+    totals["total % of a step"] = totals[
+        ["host work % of a step", "draft pass % of a step", "flush stall % of a step"]
+    ].sum(axis=1)
     print(markdown_table(totals.reset_index(names="config"), digits=3))
     print("\n## batch_size x (draft + verify + other) against the driver's wall, per engine step\n")
     errors = by_run.assign(median=by_run["median"] * 100, max=by_run["max"] * 100)

@@ -168,3 +168,74 @@ def test_the_draft_pass_of_several_processes_is_their_median_with_its_range() ->
     assert table.loc["dspark-n7", "full +ms processes"] == "0.37..0.71"
     assert table.loc["eagle3-n3", "full +ms processes"] == "0.10..0.10"
     assert "draft pass ms off processes" not in table.columns
+
+
+def test_flush_stall_compares_a_flushed_step_with_the_same_step_unflushed() -> None:
+    """A step that ran during a flush turn costs its excess over the same step's median in
+    the rounds where it did not, spread over every steady step of the configuration; a step
+    flushed in every round, the first step and the untraced runs count nothing."""
+    import pandas as pd
+
+    bench = _module()
+    rows = []
+    for round_ in range(3):
+        for step in range(4):
+            wall = {1: 0.010, 2: [0.020, 0.030, 0.022][round_], 3: 0.015}.get(step, 0.050)
+            rows.append(
+                {
+                    "config": "dspark-n7",
+                    "round": round_,
+                    "traced": "full",
+                    "step": step,
+                    "wall_s": wall,
+                    # step 2 flushed in round 1; step 3 in every round (no counterpart);
+                    # the first step is left out as the overhead table leaves it out
+                    "in_flush": (step == 2 and round_ == 1) or step in (0, 3),
+                }
+            )
+            rows.append({**rows[-1], "traced": "off", "in_flush": True, "wall_s": 1.0})
+            rows.append({**rows[-2], "config": "eagle3-n3", "in_flush": False})
+    table = bench.flush_stall(pd.DataFrame(rows))
+    # one flushed step with a counterpart: 30 ms against the median of 20 and 22 ms
+    assert table.loc["dspark-n7", "ms per flushed step"] == pytest.approx(9.0)
+    # 9 steady steps (steps 1-3 over three rounds)
+    assert table.loc["dspark-n7", "flush stall ms/step"] == pytest.approx(1.0)
+    assert table.loc["dspark-n7", "flushed steps"] == pytest.approx(1 / 9)
+    assert table.loc["eagle3-n3", "flush stall ms/step"] == 0.0
+    assert table.loc["eagle3-n3", "flushed steps"] == 0.0
+
+
+def test_the_flush_turns_of_a_recorder_are_timed_in_its_thread(tmp_path: Path) -> None:
+    """A recorder's flush thread, staged slots queued: each of its turns is timed, the one
+    that turned the slots into rows among them, and the recorder is as before after."""
+    from dsparklab.engines.vllm.recorder import FLUSH_THREAD, TraceRecorder
+    from dsparklab.store import TraceWriter, new_run_json
+    from tests.vllm.test_tap_core import N, _ring, _slot
+
+    bench = _module()
+    meta = new_run_json(
+        run_id="t", engine={"name": "vllm"}, method="eagle3", num_speculative_tokens=N,
+        target={"name": "t"}, drafter=None, dataset="d", sampling={},
+    )  # fmt: skip
+    writer = TraceWriter(tmp_path, meta, flush_seconds=0.05)
+    recorder = TraceRecorder(N, dataset="d", writer=writer, flush_seconds=0.05)
+    ring = _ring()
+    with bench.timing_flush_turns() as turns:
+        recorder.start_requests(["a"])
+        recorder.stage(
+            _slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0])
+        )
+        recorder.stage(
+            _slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7])
+        )
+        assert recorder._thread is not None and recorder._thread.name == FLUSH_THREAD
+        deadline = time.monotonic() + 30
+        while recorder.queued() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not recorder.queued(), "the flush thread processed the staged slots"
+        time.sleep(0.2)
+    recorder.close()
+    assert len(turns) >= 2
+    assert all(0 <= end - start < 30 for start, end in turns)
+    assert TraceRecorder._flush_once.__name__ == "_flush_once"
+    assert not hasattr(TraceRecorder._flush_once, "__wrapped__")

@@ -254,6 +254,7 @@ class EngineStep(NamedTuple):
     cpu_s: float  # the driving thread's CPU time (other threads and processes left out)
     batch_size: int
     verified: list[tuple[str, int]]  # (internal request id, the request's step number)
+    started_s: float  # time.perf_counter() when the driver started it
 
 
 # -- the runner ----------------------------------------------------------------------------
@@ -516,7 +517,7 @@ def run_requests(
             for r in runner.batch
             if r.verified_steps > before.get(r.req_id, 0)
         ]
-        timeline.append(EngineStep(wall, cpu, len(runner.batch), verified))
+        timeline.append(EngineStep(wall, cpu, len(runner.batch), verified, started))
         finished = {r.req_id for r in runner.batch if r.done}
     runner.execute_model(_scheduler_output([], finished))  # the last requests leave
     return timeline

@@ -78,6 +78,10 @@ from dsparklab.store.sampling import request_sampled
 
 logger = logging.getLogger(__name__)
 
+# the thread that processes staged slots and writes rows (off the engine's thread, under
+# the same interpreter lock)
+FLUSH_THREAD = "dsparklab-trace-flush"
+
 # vLLM appends "-" + 8 random hex characters to the caller's request id.
 _INTERNAL_SUFFIX = re.compile(r"^(?P<external>.+)-[0-9a-f]{8}$")
 
@@ -548,9 +552,7 @@ class TraceRecorder:
     def _start_thread(self) -> None:
         if self._thread is not None or not self._flush_seconds or self.writer is None:
             return
-        self._thread = threading.Thread(
-            target=self._flush_loop, name="dsparklab-trace-flush", daemon=True
-        )
+        self._thread = threading.Thread(target=self._flush_loop, name=FLUSH_THREAD, daemon=True)
         self._thread.start()
 
     def _flush_loop(self) -> None:
@@ -558,22 +560,30 @@ class TraceRecorder:
         interval = min(0.5, self._flush_seconds)
         while not self._stop.wait(interval):
             try:
-                with self._lock:
-                    if self.closed:
-                        return
-                    self.process_ready()
-                    now = time.monotonic()
-                    if self._writer_open and now - self._last_write >= self._flush_seconds:
-                        assert self.writer is not None
-                        self.writer.flush()
-                        self._last_write = now
-                    self._settle()
-                    if self._writer_open and self.writer is not None:
-                        self.writer.heartbeat()
+                if not self._flush_once():
+                    return
             except Exception:  # fail open: the engine keeps running, tracing stops
                 logger.exception("dsparklab: trace flush failed; tracing disabled")
                 self.fail("flush failed")
                 return
+
+    def _flush_once(self) -> bool:
+        """One turn of the flush thread: process the ready slots, write rows when due, settle,
+        renew the lease. False once the recorder is closed."""
+        assert self._flush_seconds is not None
+        with self._lock:
+            if self.closed:
+                return False
+            self.process_ready()
+            now = time.monotonic()
+            if self._writer_open and now - self._last_write >= self._flush_seconds:
+                assert self.writer is not None
+                self.writer.flush()
+                self._last_write = now
+            self._settle()
+            if self._writer_open and self.writer is not None:
+                self.writer.heartbeat()
+        return True
 
     def _settle(self) -> None:
         """Write everything and leave the marker once no request is in flight (under _lock)."""
