@@ -579,12 +579,6 @@ def main(argv: list[str] | None = None) -> int:
         level = column.split()[0]
         passes[f"{level} % of a step"] = passes[column] / steps_off.reindex(passes.index) * 100
     print(markdown_table(passes.reset_index(), digits=3))
-    print(
-        "\n## tracing plus the clock per engine step, level full: the taps on the draft "
-        "pass (above), the plugin's host work outside it (staging, hand-off, the clock's "
-        "marks, request bookkeeping; timed in a traced run) and the flush thread's stall "
-        "(above)\n"
-    )
     stall = flush_stall(times)
     print(
         "\n## the recorder's flush thread, level full: a step that ran during one of its turns "
@@ -592,6 +586,12 @@ def main(argv: list[str] | None = None) -> int:
         "interpreter lock the engine's thread needs)\n"
     )
     print(markdown_table(stall.reset_index(), digits=3))
+    print(
+        "\n## tracing plus the clock per engine step, level full: the taps on the draft "
+        "pass (above), the plugin's host work outside it (staging, hand-off, the clock's "
+        "marks, request bookkeeping; timed in a traced run) and the flush thread's stall "
+        "(above)\n"
+    )
     totals = host.assign(**{"ms/step off": steps_off.reindex(host.index)})
     totals["host work % of a step"] = totals["host work ms/step"] / steps_off * 100
     totals["draft pass % of a step"] = passes["full % of a step"].reindex(totals.index).fillna(0.0)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,7 +32,9 @@ from dsparklab.engines.vllm import (
     temperature_scale,
     write_step,
 )
+from dsparklab.engines.vllm.core import FLIP_UNSET
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
+from dsparklab.engines.vllm.recorder import tap_rows
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 from dsparklab.store.reader import store_runs
@@ -275,6 +278,33 @@ def test_staging_ring_hands_out_each_slot_once() -> None:
     assert ring.acquire() is a
 
 
+def test_a_slots_arrays_are_its_tensors_memory() -> None:
+    """The recorder reads a slot through numpy views made once: what a copy writes into the
+    slot's tensors is what they read, for every field, the float block's rows included."""
+    ring = StagingRing(
+        {"x": ((4,), torch.int64), "floats": ((2, 4, 3), torch.float32)},
+        "cpu",
+        views={"a": ("floats", 0), "b": ("floats", 1)},
+        num_slots=1,
+    )
+    slot = ring.acquire()
+    assert slot is not None
+    ring.copy_in(slot, "x", torch.tensor([7, 8]))
+    ring.copy_in(slot, "floats", torch.arange(12.0).view(2, 2, 3))
+    assert slot.arrays["x"][:2].tolist() == [7, 8]
+    assert slot.arrays["b"][:2].tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
+    assert set(slot.arrays) == set(slot.tensors)
+
+
+def test_tap_rows_reads_not_computed_as_none() -> None:
+    flip = np.array([[1, 0, FLIP_UNSET]], dtype=np.int8)
+    assert tap_rows("markov_flip", flip) == [[True, False, None]]
+    values = np.array([[-0.5, np.nan], [np.float32(-0.1), 2.0]], dtype=np.float32)
+    rows = tap_rows("draft_logprob", values)
+    assert rows == [[-0.5, None], [float(np.float32(-0.1)), 2.0]]
+    assert all(type(v) is float for v in (rows[0][0], rows[1][0]))
+
+
 # -- recorder ---------------------------------------------------------------------------
 N = 3
 
@@ -422,6 +452,15 @@ def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
     positions = read_trace(tmp_path / "run", "positions")
     assert positions["accepted"].tolist() == [True, True, False]
     assert math.isnan(positions["markov_bias"].iloc[0])
+
+
+def test_a_recorder_opens_its_run_when_made(tmp_path: Path) -> None:
+    """The run directory and run.json (running) exist before any row: the flush thread's
+    first turn, beside an engine step, writes no run.json of its own."""
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
+    assert read_run_json(tmp_path / "run")["status"] == "running"
+    rec.close()
+    assert read_run_json(tmp_path / "run")["status"] == "complete"
 
 
 def test_recorder_fail_marks_the_run_failed(tmp_path: Path) -> None:

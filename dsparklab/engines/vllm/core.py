@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from dsparklab.engines.vllm.clock import StepClock, is_cuda_device
@@ -513,6 +514,13 @@ class HostSlot:
     clock: StepClock | None = None
     busy: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # req_ids, num_reqs, ... (host)
+    # ``tensors``' memory as numpy arrays, made once: the recorder reads a slot through
+    # them, as a slice of a tensor is a torch call (5-10 us each, about 20 a slot) made
+    # under the interpreter lock the engine's thread needs
+    arrays: dict[str, np.ndarray] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.arrays = {name: tensor.numpy() for name, tensor in self.tensors.items()}
 
     def ready(self) -> bool:
         copied = self.event is None or bool(self.event.query())

@@ -56,7 +56,6 @@ dies first: :mod:`~dsparklab.engines.vllm.closing`.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import time
@@ -66,6 +65,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.closing import settled_marker
@@ -113,11 +114,13 @@ class StepRows:
     requests: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _tap_value(name: str, value: Any) -> Any:
-    if name == "markov_flip":
-        return None if int(value) == FLIP_UNSET else bool(value)
-    value = float(value)
-    return None if math.isnan(value) else value
+def tap_rows(name: str, values: np.ndarray) -> list[list[Any]]:
+    """A staged tap field's ``[R, k]`` values as Python rows, "not computed" as None (NaN,
+    or the flip's -1), the flip as bools: one numpy pass per field, not a call per value."""
+    unset = values == FLIP_UNSET if name == "markov_flip" else np.isnan(values)
+    rows = (values != 0 if name == "markov_flip" else values).astype(object)
+    rows[unset] = None
+    return rows.tolist()
 
 
 class TraceRecorder:
@@ -178,7 +181,11 @@ class TraceRecorder:
         self._seq_staged = 0
         self._seq_done = 0
         self._warned: set[str] = set()
-        self._writer_open = False
+        # the run opens now (its directory, run.json), not in the flush thread's first turn,
+        # whose file writes and encoding, under the interpreter lock, would stall the engine
+        # step that runs beside it
+        if writer is not None:
+            writer.__enter__()
         self._flush_seconds = flush_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -323,7 +330,7 @@ class TraceRecorder:
         if num_reqs == 0:
             return
         cost = StepCost.of(slot, num_reqs)
-        t = slot.tensors
+        t = slot.arrays  # numpy views: no torch call per slice
         if meta.get("target_only"):
             # V1 knows the sampled counts on the host; V2 staged them from the device
             sampled = meta.get("num_sampled") or t["num_sampled"][:num_reqs].tolist()
@@ -347,7 +354,7 @@ class TraceRecorder:
         num_drafted = int(meta.get("num_drafted", 0))
         drafts = t["draft_tokens"][:num_reqs, :num_drafted].tolist() if num_drafted else None
         taps = {
-            name: t[name][:num_reqs, :num_drafted].tolist()
+            name: tap_rows(name, t[name][:num_reqs, :num_drafted])
             for name in TAP_FIELDS
             if name in t and num_drafted
         }
@@ -392,10 +399,7 @@ class TraceRecorder:
             if drafts is not None:
                 self._pending[req_id] = PendingDraft(
                     tokens=[int(x) for x in drafts[row]],
-                    taps={
-                        name: [_tap_value(name, v) for v in values[row]]
-                        for name, values in taps.items()
-                    },
+                    taps={name: values[row] for name, values in taps.items()},
                     context_len=int(context_len[row]) if sampled > 0 else None,
                     owned=self._samples_row(row, sharded_over),
                 )
@@ -524,9 +528,6 @@ class TraceRecorder:
         if self.writer is None:
             getattr(self.rows, table).extend(rows)
             return
-        if not self._writer_open:
-            self.writer.__enter__()
-            self._writer_open = True
         self.writer.add_many(table, rows)
 
     def _retire_finished(self) -> None:
@@ -576,18 +577,17 @@ class TraceRecorder:
                 return False
             self.process_ready()
             now = time.monotonic()
-            if self._writer_open and now - self._last_write >= self._flush_seconds:
-                assert self.writer is not None
+            if self.writer is not None and now - self._last_write >= self._flush_seconds:
                 self.writer.flush()
                 self._last_write = now
             self._settle()
-            if self._writer_open and self.writer is not None:
+            if self.writer is not None:
                 self.writer.heartbeat()
         return True
 
     def _settle(self) -> None:
         """Write everything and leave the marker once no request is in flight (under _lock)."""
-        if self._settled or not self._writer_open or self.writer is None:
+        if self._settled or self.writer is None:
             return
         with self._qlock:
             if self._queue or self._finished:
@@ -610,7 +610,7 @@ class TraceRecorder:
         """Wait for and process every queued slot, then write buffered rows."""
         with self._lock:
             self.process_ready(block=True)
-            if self._writer_open and self.writer is not None:
+            if self.writer is not None:
                 self.writer.update_meta(**self._tallies())
                 self.writer.flush()
 
@@ -654,9 +654,6 @@ class TraceRecorder:
         self.writer.update_meta(**self._tallies())
         if self.failed:
             self.writer.update_meta(error=self.failed)
-        if not self._writer_open:
-            self.writer.__enter__()
-            self._writer_open = True
         if status != "complete":
             try:  # keep what was recorded (a failing flush is why it failed: give up)
                 self.writer.flush()
