@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -27,11 +29,24 @@ def _smoke_zoo(root, smol_target):
     return zoo
 
 
+def _distill_in_its_own_process(target, out):
+    """The smoke distillation in a process of its own, as the recipe runs it (``dsparklab zoo
+    distill``, then ``dsparklab zoo train``): a vLLM engine changes process-wide state (its
+    CPU worker's settings), and on a CPU with AMX a stage trained afterwards in the same
+    process comes out with other bits than in a fresh process (seen 2026-12-06)."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "from dsparklab.zoo.distill import generate_chunks; "
+        "from dsparklab.zoo.smol.config import SmolConfig; "
+        "generate_chunks(Path(sys.argv[1]), SmolConfig.smoke().distill, Path(sys.argv[2]))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(target), str(out)], check=True)
+
+
 def test_recipe_smoke(smol_target, tmp_path):
     """The whole recipe at smoke size: data, both drafters in parallel, eval, cards; a
     rerun skips every finished stage; a fresh run reproduces a drafter bit for bit."""
     from dsparklab.zoo.calibrate import read_temperatures
-    from dsparklab.zoo.distill import generate_chunks
     from dsparklab.zoo.smol.config import SmolConfig
     from dsparklab.zoo.smol.train import train_smol
 
@@ -39,7 +54,7 @@ def test_recipe_smoke(smol_target, tmp_path):
     cache = tmp_path / "a" / "cache"
     cfg = SmolConfig.smoke()
     distill = tmp_path / "distill"
-    generate_chunks(zoo / prepare.TARGET_NAME, cfg.distill, distill)
+    _distill_in_its_own_process(zoo / prepare.TARGET_NAME, distill)
     result = train_smol(cfg, zoo, cache=cache, command="pytest smoke", distill_dir=distill)
     assert result["data"]["prompts"] == 8
     assert result["data"]["chunks"] == 2
