@@ -32,9 +32,8 @@ from dsparklab.engines.vllm import (
     temperature_scale,
     write_step,
 )
-from dsparklab.engines.vllm.core import FLIP_UNSET
+from dsparklab.engines.vllm.core import FLIP_UNSET, tap_rows
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
-from dsparklab.engines.vllm.recorder import tap_rows
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 from dsparklab.store.reader import store_runs

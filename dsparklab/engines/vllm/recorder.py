@@ -66,11 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.closing import settled_marker
-from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS, HostSlot
+from dsparklab.engines.vllm.core import TAP_FIELDS, HostSlot, tap_rows
 from dsparklab.engines.vllm.coverage import null, partial
 from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
 from dsparklab.store import TraceWriter
@@ -112,15 +110,6 @@ class StepRows:
     steps: list[dict[str, Any]] = field(default_factory=list)
     positions: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
-
-
-def tap_rows(name: str, values: np.ndarray) -> list[list[Any]]:
-    """A staged tap field's ``[R, k]`` values as Python rows, "not computed" as None (NaN,
-    or the flip's -1), the flip as bools: one numpy pass per field, not a call per value."""
-    unset = values == FLIP_UNSET if name == "markov_flip" else np.isnan(values)
-    rows = (values != 0 if name == "markov_flip" else values).astype(object)
-    rows[unset] = None
-    return rows.tolist()
 
 
 class TraceRecorder:
