@@ -41,7 +41,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -185,8 +185,12 @@ def overhead(args: argparse.Namespace, models: ModelSet) -> pd.DataFrame:
                             "cpu_s": step.cpu_s,
                             # the whole run's CPU, every thread (the flush thread's parsing)
                             "process_cpu_s": run.process_cpu_s if index == 0 else 0.0,
+                            # the flush thread's own CPU over the run
+                            "flush_cpu_s": sum(t.cpu_s for t in turns) if index == 0 else 0.0,
                             # the recorder's flush thread ran while this step did
-                            "in_flush": any(a < end and b > step.started_s for a, b in turns),
+                            "in_flush": any(
+                                t.start < end and t.end > step.started_s for t in turns
+                            ),
                         }
                     )
     patching.uninstall()
@@ -199,25 +203,34 @@ def paired_order(round_index: int) -> tuple[bool, bool]:
     return (True, False) if round_index % 2 else (False, True)
 
 
+class FlushTurn(NamedTuple):
+    """One turn of a recorder's flush thread: its span (``time.perf_counter``) and the
+    thread's CPU time in it."""
+
+    start: float
+    end: float
+    cpu_s: float
+
+
 @contextlib.contextmanager
-def timing_flush_turns() -> Iterator[list[tuple[float, float]]]:
-    """While the block runs, the ``(start, end)`` (``time.perf_counter``) of each turn of a
-    recorder's flush thread: processing the staged slots into rows, writing them, renewing
-    the lease (:meth:`~dsparklab.engines.vllm.recorder.TraceRecorder._flush_once`)."""
+def timing_flush_turns() -> Iterator[list[FlushTurn]]:
+    """While the block runs, each turn of a recorder's flush thread: processing the staged
+    slots into rows, writing them, renewing the lease
+    (:meth:`~dsparklab.engines.vllm.recorder.TraceRecorder._flush_once`)."""
     import time
 
     from dsparklab.engines.vllm.recorder import TraceRecorder
 
-    turns: list[tuple[float, float]] = []
+    turns: list[FlushTurn] = []
     original = TraceRecorder._flush_once
 
     @functools.wraps(original)
     def flush_once(self: TraceRecorder) -> bool:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return original(self)
         finally:
-            turns.append((started, time.perf_counter()))
+            turns.append(FlushTurn(started, time.perf_counter(), time.thread_time() - cpu))
 
     TraceRecorder._flush_once = flush_once  # type: ignore[method-assign]
     try:
@@ -241,7 +254,9 @@ def flush_stall(times: pd.DataFrame, level: str = "full") -> pd.DataFrame:
 
     over the steady steps (the first left out, as in :func:`overhead_table`), ``N`` of them
     over all rounds. Columns: ``flushed steps`` (their share), ``ms per flushed step`` (the
-    mean excess) and ``flush stall ms/step``."""
+    mean excess), ``flush stall ms/step`` and, beside it, ``flush cpu ms/step``: the flush
+    thread's own CPU time over the runs per engine step (what the stall amplifies; far
+    steadier than the stall, which rests on a few steps)."""
     traced = times[(times["traced"] == level) & (times["step"] > 0)]
     flushed = traced[traced["in_flush"]]
     clear = traced[~traced["in_flush"]].groupby(["config", "step"])["wall_s"].median()
@@ -251,11 +266,13 @@ def flush_stall(times: pd.DataFrame, level: str = "full") -> pd.DataFrame:
     ).dropna()
     steps = traced.groupby("config").size()
     by_config = excess.groupby(level=0)
+    every = times[times["traced"] == level].groupby("config")
     return pd.DataFrame(
         {
             "flushed steps": (by_config.size() / steps).fillna(0.0),
             "ms per flushed step": by_config.mean() * 1e3,
             "flush stall ms/step": (by_config.sum() / steps).fillna(0.0) * 1e3,
+            "flush cpu ms/step": every["flush_cpu_s"].sum() / every.size() * 1e3,
         }
     ).rename_axis("config")
 

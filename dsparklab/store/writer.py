@@ -192,6 +192,8 @@ class TraceWriter:
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s
         self._buffers: dict[str, list[Mapping[str, Any]]] = {name: [] for name in ALL_TABLES}
+        # rows already in columns (add_table), written after the buffered rows
+        self._tables: dict[str, list[pa.Table]] = {name: [] for name in ALL_TABLES}
         self._next_part: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
         self._rows_written: dict[str, int] = dict.fromkeys(ALL_TABLES, 0)
         self._last_flush = self._last_meta = time.monotonic()
@@ -271,19 +273,41 @@ class TraceWriter:
         self.add_many(table, (row,))
 
     def add_many(self, table: str, rows: Any) -> None:
+        self._check_table(table)
+        self._buffers[table].extend(rows)
+        if not self._held:
+            self._flush_if_due()
+
+    def add_table(self, table: str, arrow: pa.Table) -> None:
+        """Rows already in columns, in the table's schema exactly (a writer that makes many
+        rows at once builds them so: no Python object per row)."""
+        self._check_table(table)
+        schema = ALL_TABLES[table]
+        if not arrow.schema.equals(schema):
+            theirs = dict(zip(arrow.schema.names, arrow.schema.types, strict=True))
+            wrong = next(f.name for f in schema if theirs.get(f.name) != f.type)
+            raise TraceSchemaError(
+                f"columns do not match the {table} schema", path=self.run_dir, field=wrong
+            )
+        if arrow.num_rows:
+            self._tables[table].append(arrow)
+        if not self._held:
+            self._flush_if_due()
+
+    def _check_table(self, table: str) -> None:
         if not self._open:
             raise RuntimeError("TraceWriter is not open; use it as a context manager")
         if table not in self._buffers:
             raise TraceSchemaError(
                 f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}", field=table
             )
-        self._buffers[table].extend(rows)
-        if not self._held:
-            self._flush_if_due()
+
+    def _buffered_rows(self, table: str) -> int:
+        return len(self._buffers[table]) + sum(t.num_rows for t in self._tables[table])
 
     def _flush_if_due(self) -> None:
         if (
-            sum(len(b) for b in self._buffers.values()) >= self.flush_rows
+            sum(self._buffered_rows(name) for name in self._buffers) >= self.flush_rows
             or time.monotonic() - self._last_flush >= self.flush_seconds
         ):
             self.flush()
@@ -321,11 +345,12 @@ class TraceWriter:
     def flush(self) -> None:
         self._flushes += 1
         wrote = False
-        for name, rows in self._buffers.items():
-            if rows:
-                self._write_part(name, rows)
-                self._rows_written[name] += len(rows)
-                self._buffers[name] = []
+        for name in self._buffers:
+            count = self._buffered_rows(name)
+            if count:
+                self._write_part(name, self._buffers[name], self._tables[name])
+                self._rows_written[name] += count
+                self._buffers[name], self._tables[name] = [], []
                 wrote = True
         self._last_flush = time.monotonic()
         if wrote and self._open and self._publish == "first":
@@ -336,19 +361,23 @@ class TraceWriter:
         """The next part's name: sequence first, so one writer's parts sort in order."""
         return f"{PART_PREFIX}{self._next_part[table]:05d}{part_suffix(self._writer_id)}"
 
-    def _write_part(self, table: str, rows: list[Mapping[str, Any]]) -> None:
+    def _write_part(
+        self, table: str, rows: list[Mapping[str, Any]], tables: list[pa.Table]
+    ) -> None:
         schema = ALL_TABLES[table]
         path = table_location(self.run_dir, table) / self.part_name(table)
         try:
             arrow = pa.Table.from_pylist(list(rows), schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, TypeError) as err:
             raise TraceSchemaError(f"row does not fit the schema: {err}", path=path) from err
+        if tables:
+            arrow = pa.concat_tables([arrow, *tables])
         arrow = self._without_partition_keys(arrow, path)
         data = part_bytes(arrow, table)
         if self._outbox is None:
             path.write_bytes(data)
         else:
-            self._outbox.put(path, data, table=table, rows=len(rows), batch=self._flushes)
+            self._outbox.put(path, data, table=table, rows=arrow.num_rows, batch=self._flushes)
         self._next_part[table] += 1
 
     def _without_partition_keys(self, arrow: pa.Table, path: Location) -> pa.Table:

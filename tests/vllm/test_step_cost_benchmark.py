@@ -191,6 +191,8 @@ def test_flush_stall_compares_a_flushed_step_with_the_same_step_unflushed() -> N
                     # step 2 flushed in round 1; step 3 in every round (no counterpart);
                     # the first step is left out as the overhead table leaves it out
                     "in_flush": (step == 2 and round_ == 1) or step in (0, 3),
+                    # the flush thread's CPU over the run, on its first step's row
+                    "flush_cpu_s": 0.004 if step == 0 else 0.0,
                 }
             )
             rows.append({**rows[-1], "traced": "off", "in_flush": True, "wall_s": 1.0})
@@ -203,6 +205,8 @@ def test_flush_stall_compares_a_flushed_step_with_the_same_step_unflushed() -> N
     assert table.loc["dspark-n7", "flushed steps"] == pytest.approx(1 / 9)
     assert table.loc["eagle3-n3", "flush stall ms/step"] == 0.0
     assert table.loc["eagle3-n3", "flushed steps"] == 0.0
+    # 4 ms of flush CPU a run over its 4 steps, the first step counted
+    assert table.loc["dspark-n7", "flush cpu ms/step"] == pytest.approx(1.0)
 
 
 def test_the_flush_turns_of_a_recorder_are_timed_in_its_thread(tmp_path: Path) -> None:
@@ -237,6 +241,8 @@ def test_the_flush_turns_of_a_recorder_are_timed_in_its_thread(tmp_path: Path) -
         time.sleep(0.2)
     recorder.close()
     assert len(turns) >= 2
-    assert all(0 <= end - start < 30 for start, end in turns)
+    assert all(0 <= turn.end - turn.start < 30 for turn in turns)
+    assert all(0 <= turn.cpu_s <= turn.end - turn.start + 0.01 for turn in turns)
+    assert sum(turn.cpu_s for turn in turns) > 0
     assert TraceRecorder._flush_once is unwrapped
     assert not hasattr(TraceRecorder._flush_once, "__wrapped__")

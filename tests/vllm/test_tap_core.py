@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -32,11 +33,13 @@ from dsparklab.engines.vllm import (
     temperature_scale,
     write_step,
 )
-from dsparklab.engines.vllm.core import FLIP_UNSET, tap_rows
+from dsparklab.engines.vllm.core import FLIP_UNSET
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
+from dsparklab.engines.vllm.verified import DraftBlock, VerifiedDrafts, tap_column
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 from dsparklab.store.reader import store_runs
+from dsparklab.store.schema import POSITIONS_SCHEMA
 
 
 def test_dense_position_matches_the_formulas() -> None:
@@ -295,13 +298,49 @@ def test_a_slots_arrays_are_its_tensors_memory() -> None:
     assert set(slot.arrays) == set(slot.tensors)
 
 
-def test_tap_rows_reads_not_computed_as_none() -> None:
-    flip = np.array([[1, 0, FLIP_UNSET]], dtype=np.int8)
-    assert tap_rows("markov_flip", flip) == [[True, False, None]]
-    values = np.array([[-0.5, np.nan], [np.float32(-0.1), 2.0]], dtype=np.float32)
-    rows = tap_rows("draft_logprob", values)
-    assert rows == [[-0.5, None], [float(np.float32(-0.1)), 2.0]]
-    assert all(type(v) is float for v in (rows[0][0], rows[1][0]))
+def test_tap_column_reads_not_computed_as_null() -> None:
+    flip = np.array([1, 0, FLIP_UNSET], dtype=np.int8)
+    assert tap_column("markov_flip", flip).to_pylist() == [True, False, None]
+    values = np.array([-0.5, np.nan, np.float32(-0.1), 2.0], dtype=np.float32)
+    column = tap_column("draft_logprob", values)
+    assert column.type == pa.float32()
+    assert column.to_pylist() == [-0.5, None, float(np.float32(-0.1)), 2.0]
+
+
+def test_verified_drafts_become_positions_rows_in_the_order_added() -> None:
+    """Drafts of two widths from three blocks (one without tap fields), added out of their
+    blocks' order: one table, rows in the order added, the target token as the verifier
+    gave it, "not computed" null."""
+    floats = np.arange(16, dtype=np.float32).reshape(2, 8)
+    floats[1, 1] = np.nan
+    flip = np.array([[0, 1, FLIP_UNSET, 0, 1, 1, 0, 0]] * 2, dtype=np.int8)
+    wide = DraftBlock.of(
+        {"draft_tokens": np.arange(16).reshape(2, 8), "markov_bias": floats, "markov_flip": flip},
+        num_reqs=2,
+        k=3,
+    )
+    narrow = DraftBlock.of({"draft_tokens": np.full((4, 8), 7)}, num_reqs=1, k=2)
+    wide_again = DraftBlock.of({"draft_tokens": np.full((1, 8), 5)}, num_reqs=1, k=3)
+    drafts = VerifiedDrafts()
+    drafts.add("b", 4, wide, 1, accepted=1, emitted=99)
+    drafts.add("c", 0, narrow, 0, accepted=2, emitted=98)
+    drafts.add("a", 2, wide, 0, accepted=0, emitted=97)
+    drafts.add("d", 1, wide_again, 0, accepted=3, emitted=96)
+    table = drafts.take_table()
+    assert table.schema.equals(POSITIONS_SCHEMA)
+    rows = table.to_pylist()
+    assert [(r["request_id"], r["step"], r["position"]) for r in rows] == [
+        ("b", 4, 0), ("b", 4, 1), ("b", 4, 2), ("c", 0, 0), ("c", 0, 1),
+        ("a", 2, 0), ("a", 2, 1), ("a", 2, 2), ("d", 1, 0), ("d", 1, 1), ("d", 1, 2),
+    ]  # fmt: skip
+    assert [r["draft_token"] for r in rows] == [8, 9, 10, 7, 7, 0, 1, 2, 5, 5, 5]
+    assert [r["target_token"] for r in rows] == [8, 99, None, 7, 7, 97, None, None, 5, 5, 5]
+    assert [r["accepted"] for r in rows[:3]] == [True, False, False]
+    assert [r["markov_bias"] for r in rows[:3]] == [8.0, None, 10.0]
+    assert [r["markov_flip"] for r in rows[5:8]] == [False, True, None]
+    assert {r["markov_bias"] for r in rows[3:5] + rows[8:]} == {None}
+    assert {r["draft_logprob"] for r in rows} == {None}  # no block staged it
+    assert len(drafts) == 0 and drafts.take_table().num_rows == 0
 
 
 # -- recorder ---------------------------------------------------------------------------

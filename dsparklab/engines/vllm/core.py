@@ -504,17 +504,6 @@ def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
     return torch.empty(shape, dtype=dtype, pin_memory=is_cuda_device(device))
 
 
-def tap_rows(name: str, values: np.ndarray) -> list[list[Any]]:
-    """A staged tap field's ``[R, k]`` values as Python rows, "not computed" as None (NaN,
-    or the flip's -1), the flip as bools: one numpy pass per field, not a call per value."""
-    if name == "markov_flip":
-        unset, rows = values == FLIP_UNSET, (values != 0).astype(object)
-    else:
-        unset, rows = np.isnan(values), values.astype(object)
-    rows[unset] = None
-    return rows.tolist()
-
-
 @dataclass
 class HostSlot:
     """Host copies of one draft step: verification results and the new drafts."""

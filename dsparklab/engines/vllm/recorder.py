@@ -68,9 +68,10 @@ from typing import Any
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.closing import settled_marker
-from dsparklab.engines.vllm.core import TAP_FIELDS, HostSlot, tap_rows
+from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.coverage import null, partial
 from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
+from dsparklab.engines.vllm.verified import DraftBlock, VerifiedDrafts
 from dsparklab.store import TraceWriter
 from dsparklab.store.location import Location
 from dsparklab.store.sampling import request_sampled
@@ -95,8 +96,8 @@ def external_request_id(internal_id: str) -> str:
 class PendingDraft:
     """A request's draft waiting for its verification (host values)."""
 
-    tokens: list[int]  # [num_drafted] target-vocabulary ids
-    taps: dict[str, list[Any]]  # field -> [num_drafted] (None where not computed)
+    block: DraftBlock  # the drafts of the engine step that proposed it
+    row: int  # its batch row there
     context_len: int | None
     # this writer writes the draft's position rows (in a run several ranks write, the rank
     # that sampled the row does)
@@ -158,6 +159,7 @@ class TraceRecorder:
         self._qlock = threading.Lock()
         self._queue: deque[tuple[HostSlot, Callable[[HostSlot], None] | None]] = deque()
         self._pending: dict[str, PendingDraft] = {}
+        self._verified = VerifiedDrafts()  # verified drafts whose positions rows are due
         self._step_count: dict[str, int] = {}
         self._seen: set[str] = set()
         # target-only: requests whose first (prefill) token was sampled
@@ -209,27 +211,30 @@ class TraceRecorder:
     def process_ready(self, *, block: bool = False) -> int:
         """Process queued slots in order while their copies are complete; returns count."""
         done = 0
-        with self._lock:
-            while True:
-                with self._qlock:
-                    if not self._queue:
-                        break
-                    slot, release = self._queue[0]
-                    if not slot.ready() and not block:
-                        break
-                    self._queue.popleft()
-                slot.wait()
-                seq = int(slot.meta.get("seq", self._seq_done))
-                try:
-                    with self.writer.together() if self.writer is not None else nullcontext():
+        # the turn's steps rows and their positions rows (made at its end) in one flush
+        with self._lock, self.writer.together() if self.writer is not None else nullcontext():
+            try:
+                while True:
+                    with self._qlock:
+                        if not self._queue:
+                            break
+                        slot, release = self._queue[0]
+                        if not slot.ready() and not block:
+                            break
+                        self._queue.popleft()
+                    slot.wait()
+                    seq = int(slot.meta.get("seq", self._seq_done))
+                    try:
                         self._process(slot)
-                finally:
-                    if release is not None:
-                        release(slot)
-                self._seq_done = seq
-                done += 1
-                # at once: a preempted request that resumed in a later slot keeps its draft
-                self._retire_finished()
+                    finally:
+                        if release is not None:
+                            release(slot)
+                    self._seq_done = seq
+                    done += 1
+                    # at once: a preempted request that resumed in a later slot keeps its draft
+                    self._retire_finished()
+            finally:
+                self._write_verified()
             self._retire_finished()
         return done
 
@@ -341,12 +346,8 @@ class TraceRecorder:
             seq_lens = [int(x) for x in t["seq_lens"][:num_reqs].tolist()]
         context_len = [s - r + 1 for s, r in zip(seq_lens, num_rejected, strict=True)]
         num_drafted = int(meta.get("num_drafted", 0))
-        drafts = t["draft_tokens"][:num_reqs, :num_drafted].tolist() if num_drafted else None
-        taps = {
-            name: tap_rows(name, t[name][:num_reqs, :num_drafted])
-            for name in TAP_FIELDS
-            if name in t and num_drafted
-        }
+        # copied: the slot's memory is reused once it is released
+        block = DraftBlock.of(t, num_reqs, num_drafted) if num_drafted else None
         # the tokens each row scheduled this step (V1 and V2 stage them from the host)
         scheduled = meta.get("num_scheduled")
         # batch-sharded sampling: row r was sampled by TP rank r mod this size
@@ -371,7 +372,7 @@ class TraceRecorder:
                 accepted = sampled - 1
                 verified = accepted + int(num_rejected[row])
                 if verified > 0:
-                    if verified > len(pending.tokens) or accepted > verified:
+                    if verified > pending.block.width or accepted > verified:
                         self._warn_once(
                             "mismatch",
                             "dsparklab: request %s verified %d positions (%d accepted) of a "
@@ -380,15 +381,15 @@ class TraceRecorder:
                             req_id,
                             verified,
                             accepted,
-                            len(pending.tokens),
+                            pending.block.width,
                         )
                     else:
                         self._emit(req_id, pending, accepted, verified, int(last_token[row]), cost)
                         resolved += 1
-            if drafts is not None:
+            if block is not None:
                 self._pending[req_id] = PendingDraft(
-                    tokens=[int(x) for x in drafts[row]],
-                    taps={name: values[row] for name, values in taps.items()},
+                    block=block,
+                    row=row,
                     context_len=int(context_len[row]) if sampled > 0 else None,
                     owned=self._samples_row(row, sharded_over),
                 )
@@ -486,32 +487,21 @@ class TraceRecorder:
                 "dsparklab: a verified draft had no context length; recorded as -1",
             )
         context = pending.context_len if pending.context_len is not None else -1
-        step = self._add_step(req_id, context, len(pending.tokens), verified, accepted, cost)
+        step = self._add_step(req_id, context, pending.block.width, verified, accepted, cost)
         if self.writes_steps:
             self.stats.observe_draft(min(verified, self.n), min(accepted, self.n))
-        if not pending.owned:
+        if pending.owned:  # its rows are made with the turn's others (_write_verified)
+            self._verified.add(req_id, step, pending.block, pending.row, accepted, emitted)
+
+    def _write_verified(self) -> None:
+        """The positions rows of the drafts verified since the last call, at once."""
+        if not len(self._verified):
             return
-        positions = []
-        for pos, token in enumerate(pending.tokens):
-            if pos < accepted:
-                target: int | None = token
-            elif pos == accepted:
-                target = emitted
-            else:
-                target = None
-            row: dict[str, Any] = {
-                "request_id": req_id,
-                "step": step,
-                "position": pos,
-                "draft_token": token,
-                "target_token": target,
-                "accepted": pos < accepted,
-            }
-            for name in TAP_FIELDS:
-                values = pending.taps.get(name)
-                row[name] = values[pos] if values is not None else None
-            positions.append(row)
-        self._add("positions", positions)
+        table = self._verified.take_table()
+        if self.writer is None:
+            self.rows.positions.extend(table.to_pylist())
+        else:
+            self.writer.add_table("positions", table)
 
     def _add(self, table: str, rows: list[dict[str, Any]]) -> None:
         if self.writer is None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,8 +20,8 @@ from dsparklab.store import (
     validate_trace,
 )
 from dsparklab.store.layout import table_location
-from dsparklab.store.schema import SCHEMA_VERSION_KEY
-from tests.conftest import make_run_json, step_rows, write_run
+from dsparklab.store.schema import POSITIONS_SCHEMA, SCHEMA_VERSION_KEY
+from tests.conftest import make_run_json, request_row, step_rows, write_run
 
 
 def test_round_trip_joins_run_columns(good_run: Path) -> None:
@@ -92,6 +93,38 @@ def test_bad_row_is_a_schema_error(tmp_path: Path) -> None:
         with TraceWriter(tmp_path / "run", make_run_json()) as writer:
             writer.add("positions", {"request_id": "r0", "step": "zero"})
             writer.flush()
+
+
+def test_rows_in_columns_are_written_with_the_buffered_rows(tmp_path: Path) -> None:
+    """add_table: rows already in columns land in the same part as the rows added one by
+    one, counted in run.json and read back as if added as rows."""
+    steps, positions = step_rows([2, 0], n=3)
+    with TraceWriter(tmp_path / "store", make_run_json(), flush_rows=1000) as writer:
+        writer.add("requests", request_row(n_output=1 + sum(s["emitted"] for s in steps)))
+        writer.add_many("steps", steps)
+        writer.add_many("positions", positions[:3])
+        writer.add_table("positions", pa.Table.from_pylist(positions[3:], schema=POSITIONS_SCHEMA))
+        writer.add_table("positions", POSITIONS_SCHEMA.empty_table())
+    run = writer.run_dir
+    (part,) = Path(table_location(run, "positions").path).glob("part-*.parquet")
+    assert pq.read_table(part).num_rows == 6
+    assert json.loads((Path(run.path) / "run.json").read_text())["rows"]["positions"] == 6
+    got = read_trace(tmp_path / "store", "positions").sort_values(["step", "position"])
+    assert got["accepted"].tolist() == [p["accepted"] for p in positions]
+    (report,) = validate_trace(tmp_path / "store")
+    assert report.ok and report.complete
+
+
+def test_columns_of_another_schema_name_the_field(tmp_path: Path) -> None:
+    _, positions = step_rows([1], n=3)
+    wrong = pa.Table.from_pylist(positions, schema=POSITIONS_SCHEMA)
+    wrong = wrong.set_column(1, "step", wrong.column("step").cast(pa.int64()))
+    with TraceWriter(tmp_path / "store", make_run_json()) as writer:
+        with pytest.raises(TraceSchemaError, match="positions schema") as err:
+            writer.add_table("positions", wrong)
+        assert err.value.field == "step"
+        writer.add_many("positions", positions)  # nothing of the refused table was kept
+    assert len(read_trace(tmp_path / "store", "positions")) == 3
 
 
 def test_existing_run_is_not_overwritten(good_run: Path) -> None:

@@ -1,0 +1,153 @@
+r"""Verified drafts into ``positions`` rows, built as columns.
+
+The recorder's flush thread turns staged slots into rows under the interpreter lock the
+engine's thread needs between its torch calls, so what it does per drafted position in
+Python, the engine pays for (docs/vllm-plugin.md, "What it costs"). So a slot's drafts are
+kept as the arrays they came in (:class:`DraftBlock`, one copy per field), a verified
+draft is one record (:class:`VerifiedDrafts`), and a flush turn's records become one arrow
+table at once: a few numpy calls per turn, not a dictionary per position.
+
+For a draft of :math:`k` tokens :math:`d_0 \dots d_{k-1}` of which the verifier accepted
+:math:`a` and then emitted token :math:`e`, position :math:`i`'s row has
+``accepted`` :math:`= [i < a]` and ``target_token`` :math:`= d_i` for :math:`i < a`,
+:math:`e` for :math:`i = a`, null for :math:`i > a` (the target's choice is unknown past
+the first rejection). A tap field "not computed" (NaN, or the flip's
+:data:`~dsparklab.engines.vllm.core.FLIP_UNSET`) is null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS
+from dsparklab.store.schema import POSITIONS_SCHEMA
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """The drafts one engine step proposed for its batch rows, copied out of the host slot
+    (which the next steps reuse): ``tokens`` ``[R, k]`` target-vocabulary ids, ``taps``
+    each staged tap field's ``[R, k]`` values (a field not staged is absent)."""
+
+    tokens: np.ndarray
+    taps: Mapping[str, np.ndarray]
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, np.ndarray], num_reqs: int, k: int) -> DraftBlock:
+        """The block of a slot's arrays (``draft_tokens`` and the tap fields), its first
+        ``num_reqs`` rows and ``k`` positions."""
+        return cls(
+            tokens=arrays["draft_tokens"][:num_reqs, :k].astype(np.int64),
+            taps={
+                name: arrays[name][:num_reqs, :k].copy() for name in TAP_FIELDS if name in arrays
+            },
+        )
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def tap_column(name: str, values: np.ndarray) -> pa.Array:
+    """A tap field's values as its ``positions`` column: "not computed" (NaN, or the
+    flip's -1) null, the flip a bool."""
+    if name == "markov_flip":
+        return pa.array(values != 0, mask=values == FLIP_UNSET)
+    return pa.array(values, type=pa.float32(), mask=np.isnan(values))
+
+
+class VerifiedDrafts:
+    """Verified drafts waiting to be written, one record each (:meth:`add`), turned into
+    ``positions`` rows all at once (:meth:`take_table`), in the order they were added."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self._request_ids: list[str] = []
+        self._steps: list[int] = []
+        self._blocks: list[DraftBlock] = []
+        self._rows: list[int] = []
+        self._accepted: list[int] = []
+        self._emitted: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(
+        self, request_id: str, step: int, block: DraftBlock, row: int, accepted: int, emitted: int
+    ) -> None:
+        """Request ``request_id``'s draft in batch row ``row`` of ``block``, verified at its
+        step ``step``: ``accepted`` tokens accepted, then token ``emitted``."""
+        self._request_ids.append(request_id)
+        self._steps.append(step)
+        self._blocks.append(block)
+        self._rows.append(row)
+        self._accepted.append(accepted)
+        self._emitted.append(emitted)
+
+    def take_table(self) -> pa.Table:
+        """The ``positions`` rows of every draft added since the last call (then forgotten),
+        one table in :data:`~dsparklab.store.schema.POSITIONS_SCHEMA`."""
+        widths = np.array([block.width for block in self._blocks], dtype=np.int64)
+        groups = [np.flatnonzero(widths == k) for k in np.unique(widths)]
+        tables = [self._same_width(group) for group in groups]
+        self._clear()
+        if not tables:
+            return POSITIONS_SCHEMA.empty_table()
+        if len(tables) == 1:
+            return tables[0]
+        # drafts of several widths (vLLM's draft length per batch size): back in order
+        order = np.argsort(np.concatenate([np.repeat(g, widths[g]) for g in groups]), kind="stable")
+        return pa.concat_tables(tables).take(pa.array(order))
+
+    def _same_width(self, drafts: np.ndarray) -> pa.Table:
+        """The rows of the drafts numbered ``drafts``, all of one width."""
+        blocks: dict[int, tuple[int, DraftBlock]] = {}  # id -> (first row in the stack, block)
+        start = 0
+        for index in drafts:
+            block = self._blocks[index]
+            if id(block) not in blocks:
+                blocks[id(block)] = (start, block)
+                start += len(block.tokens)
+        stacked = [block for _, block in blocks.values()]
+        rows = np.array(
+            [blocks[id(self._blocks[i])][0] + self._rows[i] for i in drafts], dtype=np.int64
+        )
+        k = stacked[0].width
+        position = np.arange(k, dtype=np.int32)
+        accepted = np.array(self._accepted, dtype=np.int64)[drafts, None]
+        emitted = np.array(self._emitted, dtype=np.int64)[drafts, None]
+        tokens = np.concatenate([block.tokens for block in stacked])[rows]
+        is_accepted = position < accepted
+        target = np.where(is_accepted, tokens, emitted)
+        request_ids = np.array(self._request_ids, dtype=object)[drafts]
+        columns: dict[str, pa.Array] = {
+            "request_id": pa.array(np.repeat(request_ids, k), type=pa.string()),
+            "step": pa.array(np.repeat(np.array(self._steps, dtype=np.int32)[drafts], k)),
+            "position": pa.array(np.tile(position, len(drafts))),
+            "draft_token": pa.array(tokens.ravel()),
+            "target_token": pa.array(target.ravel(), mask=(position > accepted).ravel()),
+            "accepted": pa.array(is_accepted.ravel()),
+        }
+        for name in TAP_FIELDS:
+            parts = [block.taps.get(name) for block in stacked]
+            if all(part is None for part in parts):
+                columns[name] = pa.nulls(len(rows) * k, POSITIONS_SCHEMA.field(name).type)
+                continue
+            unset, dtype = (FLIP_UNSET, np.int8) if name == "markov_flip" else (np.nan, np.float32)
+            filled = [
+                part if part is not None else np.full(block.tokens.shape, unset, dtype=dtype)
+                for part, block in zip(parts, stacked, strict=True)
+            ]
+            columns[name] = tap_column(name, np.concatenate(filled)[rows].ravel())
+        return pa.Table.from_arrays(
+            [columns[f.name] for f in POSITIONS_SCHEMA], schema=POSITIONS_SCHEMA
+        )
+
+
+__all__ = ["DraftBlock", "VerifiedDrafts", "tap_column"]
