@@ -33,7 +33,7 @@ from dsparklab.engines.vllm import (
     temperature_scale,
     write_step,
 )
-from dsparklab.engines.vllm.core import FLIP_UNSET
+from dsparklab.engines.vllm.core import FLIP_UNSET, FLOAT_FIELDS
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
 from dsparklab.engines.vllm.verified import DraftBlock, VerifiedDrafts, tap_column
 from dsparklab.errors import DSparkLabError
@@ -341,6 +341,26 @@ def test_verified_drafts_become_positions_rows_in_the_order_added() -> None:
     assert {r["markov_bias"] for r in rows[3:5] + rows[8:]} == {None}
     assert {r["draft_logprob"] for r in rows} == {None}  # no block staged it
     assert len(drafts) == 0 and drafts.take_table().num_rows == 0
+
+
+def test_a_draft_block_reads_a_dspark_slot_through_its_float_block() -> None:
+    """A DSpark slot stages its float fields as one block (:data:`FLOAT_VIEWS`): the block
+    copies it once, and each field's column comes from its own row of it."""
+    buffers = TapBuffers.allocate(4, N, "cpu")
+    for i, name in enumerate(FLOAT_FIELDS):
+        getattr(buffers, name).copy_(torch.full((4, N), float(i)))
+    buffers.markov_flip.fill_(1)
+    arrays = {name: t.numpy() for name, t in buffers.staged().items()}
+    arrays["draft_tokens"] = np.zeros((4, N), dtype=np.int64)
+    block = DraftBlock.of(arrays, num_reqs=2, k=N)
+    buffers.floats.fill_(-1.0)  # the slot reused: the block kept its copy
+    drafts = VerifiedDrafts()
+    drafts.add("r", 0, block, 1, accepted=0, emitted=3)
+    (row, *_) = drafts.take_table().to_pylist()
+    assert {name: row[name] for name in FLOAT_FIELDS} == {
+        name: float(i) for i, name in enumerate(FLOAT_FIELDS)
+    }
+    assert row["markov_flip"] is True
 
 
 # -- recorder ---------------------------------------------------------------------------

@@ -23,28 +23,42 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from dsparklab.engines.vllm.core import FLIP_UNSET, TAP_FIELDS
+from dsparklab.engines.vllm.core import FLIP_UNSET, FLOAT_FIELDS
 from dsparklab.store.schema import POSITIONS_SCHEMA
 
 
 @dataclass(frozen=True)
 class DraftBlock:
     """The drafts one engine step proposed for its batch rows, copied out of the host slot
-    (which the next steps reuse): ``tokens`` ``[R, k]`` target-vocabulary ids, ``taps``
-    each staged tap field's ``[R, k]`` values (a field not staged is absent)."""
+    (which later steps reuse): ``tokens`` ``[R, k]`` target-vocabulary ids, ``floats``
+    ``[len(FLOAT_FIELDS), R, k]`` and ``flip`` ``[R, k]`` the tap fields, "not computed"
+    (NaN, :data:`~dsparklab.engines.vllm.core.FLIP_UNSET`) where a field was not staged."""
 
     tokens: np.ndarray
-    taps: Mapping[str, np.ndarray]
+    floats: np.ndarray
+    flip: np.ndarray
 
     @classmethod
     def of(cls, arrays: Mapping[str, np.ndarray], num_reqs: int, k: int) -> DraftBlock:
-        """The block of a slot's arrays (``draft_tokens`` and the tap fields), its first
-        ``num_reqs`` rows and ``k`` positions."""
+        """The block of a slot's arrays (``draft_tokens``, the tap fields: a DSpark slot's
+        float fields as its one ``floats`` block), first ``num_reqs`` rows, ``k`` positions."""
+        shape = (num_reqs, k)
+        if "floats" in arrays:  # one copy for every float field
+            floats = arrays["floats"][:, :num_reqs, :k].copy()
+        else:
+            floats = np.full((len(FLOAT_FIELDS), *shape), np.nan, dtype=np.float32)
+            for i, name in enumerate(FLOAT_FIELDS):
+                if name in arrays:
+                    floats[i] = arrays[name][:num_reqs, :k]
+        flip = arrays.get("markov_flip")
         return cls(
             tokens=arrays["draft_tokens"][:num_reqs, :k].astype(np.int64),
-            taps={
-                name: arrays[name][:num_reqs, :k].copy() for name in TAP_FIELDS if name in arrays
-            },
+            floats=floats,
+            flip=(
+                flip[:num_reqs, :k].copy()
+                if flip is not None
+                else np.full(shape, FLIP_UNSET, dtype=np.int8)
+            ),
         )
 
     @property
@@ -134,17 +148,11 @@ class VerifiedDrafts:
             "target_token": pa.array(target.ravel(), mask=(position > accepted).ravel()),
             "accepted": pa.array(is_accepted.ravel()),
         }
-        for name in TAP_FIELDS:
-            parts = [block.taps.get(name) for block in stacked]
-            if all(part is None for part in parts):
-                columns[name] = pa.nulls(len(rows) * k, POSITIONS_SCHEMA.field(name).type)
-                continue
-            unset, dtype = (FLIP_UNSET, np.int8) if name == "markov_flip" else (np.nan, np.float32)
-            filled = [
-                part if part is not None else np.full(block.tokens.shape, unset, dtype=dtype)
-                for part, block in zip(parts, stacked, strict=True)
-            ]
-            columns[name] = tap_column(name, np.concatenate(filled)[rows].ravel())
+        floats = np.concatenate([block.floats for block in stacked], axis=1)[:, rows]
+        for i, name in enumerate(FLOAT_FIELDS):
+            columns[name] = tap_column(name, floats[i].ravel())
+        flip = np.concatenate([block.flip for block in stacked])[rows]
+        columns["markov_flip"] = tap_column("markov_flip", flip.ravel())
         return pa.Table.from_arrays(
             [columns[f.name] for f in POSITIONS_SCHEMA], schema=POSITIONS_SCHEMA
         )
