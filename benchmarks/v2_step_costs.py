@@ -363,7 +363,11 @@ def draft_pass(
             trace_dir = Location.of(tempfile.mkdtemp(prefix="v2-pass-"))
             patching.uninstall()
             patching.configure(TapConfig(trace_dir=trace_dir, run_name="pass", level=level))  # type: ignore[arg-type]
-            vllm_config = harness.cpu_vllm_config(zoo_path("tiny-target"), method, drafter, n, 8)
+            # room for 8 requests, as every run so far, or for the rows asked where more
+            max_reqs = max(rows, 8)
+            vllm_config = harness.cpu_vllm_config(
+                zoo_path("tiny-target"), method, drafter, n, max_reqs
+            )
             spec = harness.load_speculator(vllm_config, method)
             if hidden is None:
                 hidden = torch.randn(rows * n, spec.model.config.hidden_size)

@@ -246,3 +246,15 @@ def test_the_flush_turns_of_a_recorder_are_timed_in_its_thread(tmp_path: Path) -
     assert sum(turn.cpu_s for turn in turns) > 0
     assert TraceRecorder._flush_once is unwrapped
     assert not hasattr(TraceRecorder._flush_once, "__wrapped__")
+
+
+def test_the_draft_pass_is_timed_for_more_rows_than_eight() -> None:
+    """The draft-pass measure builds its speculators with room for the rows asked (a run
+    with 16 requests in flight asked for 16 rows of a speculator sized for 8)."""
+    bench = _module()
+    try:
+        passes = bench.draft_pass(1, ["full"], rows=12, reps=1, copies=1)
+    finally:
+        patching.uninstall()
+    assert set(passes.index) == {"dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"}
+    assert (passes["draft pass ms off"] > 0).all()
