@@ -33,13 +33,14 @@ from dsparklab.engines.vllm import (
     temperature_scale,
     write_step,
 )
+from dsparklab.engines.vllm.columns import DraftBlock, StepRecords, VerifiedDrafts, tap_column
 from dsparklab.engines.vllm.core import FLIP_UNSET, FLOAT_FIELDS
 from dsparklab.engines.vllm.metrics import stats_from_vllm_metrics
-from dsparklab.engines.vllm.verified import DraftBlock, VerifiedDrafts, tap_column
+from dsparklab.engines.vllm.step_cost import StepCost
 from dsparklab.errors import DSparkLabError
 from dsparklab.store import TraceWriter, new_run_json, read_run_json, read_trace, validate_trace
 from dsparklab.store.reader import store_runs
-from dsparklab.store.schema import POSITIONS_SCHEMA
+from dsparklab.store.schema import POSITIONS_SCHEMA, STEPS_SCHEMA
 
 
 def test_dense_position_matches_the_formulas() -> None:
@@ -341,6 +342,33 @@ def test_verified_drafts_become_positions_rows_in_the_order_added() -> None:
     assert {r["markov_bias"] for r in rows[3:5] + rows[8:]} == {None}
     assert {r["draft_logprob"] for r in rows} == {None}  # no block staged it
     assert len(drafts) == 0 and drafts.take_table().num_rows == 0
+
+
+def test_step_records_become_steps_rows_with_their_shares() -> None:
+    """A steps record per verified draft: one table in the steps schema, in the order
+    added, the run's dataset on every row, ``emitted`` null (the front end cuts the output),
+    the cost columns the request's share of its engine step (other null on V1)."""
+    v2 = StepCost(4, 0.04, 0.008, 0.02, 0.002, 0.005, 0.003)
+    v1 = StepCost(2, 0.02, 0.004, None, 0.002, 0.008, None)
+    records = StepRecords("humaneval")
+    records.add("b-0123abcd", "b", 3, 17, 3, 3, 2, v2)
+    records.add("a-0123abcd", "a", 0, 9, 0, 0, 0, v1)
+    table = records.take_table()
+    assert table.schema.equals(STEPS_SCHEMA)
+    first, second = table.to_pylist()
+    assert first == {
+        "request_id": "b-0123abcd", "prompt_id": "b", "dataset": "humaneval", "step": 3,
+        "context_len": 17, "num_drafted": 3, "num_verified": 3, "accepted_len": 2,
+        "emitted": None, "batch_size": 4, "draft_time_s": 0.002, "verify_time_s": 0.005,
+        "other_time_s": 0.003,
+    }  # fmt: skip
+    assert (second["request_id"], second["verify_time_s"], second["other_time_s"]) == (
+        "a-0123abcd",
+        0.008,
+        None,
+    )
+    assert len(records) == 0
+    assert records.take_table().schema.equals(STEPS_SCHEMA)
 
 
 def test_a_draft_block_reads_a_dspark_slot_through_its_float_block() -> None:

@@ -68,10 +68,10 @@ from typing import Any
 
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.closing import settled_marker
+from dsparklab.engines.vllm.columns import DraftBlock, StepRecords, VerifiedDrafts
 from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.coverage import null, partial
-from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally, cost_columns
-from dsparklab.engines.vllm.verified import DraftBlock, VerifiedDrafts
+from dsparklab.engines.vllm.step_cost import StepCost, StepCostTally
 from dsparklab.store import TraceWriter
 from dsparklab.store.location import Location
 from dsparklab.store.sampling import request_sampled
@@ -159,7 +159,9 @@ class TraceRecorder:
         self._qlock = threading.Lock()
         self._queue: deque[tuple[HostSlot, Callable[[HostSlot], None] | None]] = deque()
         self._pending: dict[str, PendingDraft] = {}
-        self._verified = VerifiedDrafts()  # verified drafts whose positions rows are due
+        # the rows due, made as columns at the end of each processing turn
+        self._step_records = StepRecords(dataset)
+        self._verified = VerifiedDrafts()
         self._step_count: dict[str, int] = {}
         self._seen: set[str] = set()
         # target-only: requests whose first (prefill) token was sampled
@@ -234,7 +236,7 @@ class TraceRecorder:
                     # at once: a preempted request that resumed in a later slot keeps its draft
                     self._retire_finished()
             finally:
-                self._write_verified()
+                self._write_columns()
             self._retire_finished()
         return done
 
@@ -454,22 +456,9 @@ class TraceRecorder:
                 "requests",
                 [{"request_id": req_id, "prompt_id": prompt_id, "dataset": self.dataset}],
             )
-        row = {
-            "request_id": req_id,
-            "prompt_id": prompt_id,
-            "dataset": self.dataset,
-            "step": step,
-            "context_len": context_len,
-            "num_drafted": drafted,
-            "num_verified": verified,
-            "accepted_len": accepted,
-            # the front end cuts the output at max_tokens and stop tokens, out of the
-            # worker's sight: the collector fills it from the response
-            "emitted": None,
-            # the engine step that verified this block (see the module docstring)
-            **cost_columns(cost),
-        }
-        self._add("steps", [row])
+        self._step_records.add(
+            req_id, prompt_id, step, context_len, drafted, verified, accepted, cost
+        )
         return step
 
     def _emit(
@@ -490,18 +479,19 @@ class TraceRecorder:
         step = self._add_step(req_id, context, pending.block.width, verified, accepted, cost)
         if self.writes_steps:
             self.stats.observe_draft(min(verified, self.n), min(accepted, self.n))
-        if pending.owned:  # its rows are made with the turn's others (_write_verified)
+        if pending.owned:  # its rows are made with the turn's others (_write_columns)
             self._verified.add(req_id, step, pending.block, pending.row, accepted, emitted)
 
-    def _write_verified(self) -> None:
-        """The positions rows of the drafts verified since the last call, at once."""
-        if not len(self._verified):
-            return
-        table = self._verified.take_table()
-        if self.writer is None:
-            self.rows.positions.extend(table.to_pylist())
-        else:
-            self.writer.add_table("positions", table)
+    def _write_columns(self) -> None:
+        """The steps and positions rows made since the last call, a table each."""
+        for name, records in (("steps", self._step_records), ("positions", self._verified)):
+            if not len(records):
+                continue
+            table = records.take_table()
+            if self.writer is None:
+                getattr(self.rows, name).extend(table.to_pylist())
+            else:
+                self.writer.add_table(name, table)
 
     def _add(self, table: str, rows: list[dict[str, Any]]) -> None:
         if self.writer is None:

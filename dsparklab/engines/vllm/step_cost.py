@@ -105,14 +105,3 @@ class StepCostTally:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cost_columns(cost: StepCost) -> dict[str, Any]:
-    """A ``steps`` row's cost columns: the request's share of its engine step."""
-    return {
-        "batch_size": cost.batch_size,
-        "draft_time_s": cost.draft_share_s,
-        "verify_time_s": cost.verify_share_s,
-        # null where the runner does not mark its forward and sampler (V1: inside verify)
-        "other_time_s": cost.other_share_s,
-    }

@@ -1,11 +1,12 @@
-r"""Verified drafts into ``positions`` rows, built as columns.
+r"""The recorder's ``steps`` and ``positions`` rows, built as columns.
 
 The recorder's flush thread turns staged slots into rows under the interpreter lock the
-engine's thread needs between its torch calls, so what it does per drafted position in
-Python, the engine pays for (docs/vllm-plugin.md, "What it costs"). So a slot's drafts are
-kept as the arrays they came in (:class:`DraftBlock`, one copy per field), a verified
-draft is one record (:class:`VerifiedDrafts`), and a flush turn's records become one arrow
-table at once: a few numpy calls per turn, not a dictionary per position.
+engine's thread needs between its torch calls, so what it does per row in Python, the
+engine pays for (docs/vllm-plugin.md, "What it costs"). So a slot's drafts are kept as the
+arrays they came in (:class:`DraftBlock`, one copy per field), a verified draft is one
+record (:class:`VerifiedDrafts`), a steps row one tuple (:class:`StepRecords`), and a flush
+turn's records become one arrow table per table at once: a few numpy and arrow calls per
+turn, not a dictionary per row.
 
 For a draft of :math:`k` tokens :math:`d_0 \dots d_{k-1}` of which the verifier accepted
 :math:`a` and then emitted token :math:`e`, position :math:`i`'s row has
@@ -19,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from dsparklab.engines.vllm.core import FLIP_UNSET, FLOAT_FIELDS
-from dsparklab.store.schema import POSITIONS_SCHEMA
+from dsparklab.engines.vllm.step_cost import StepCost
+from dsparklab.store.schema import POSITIONS_SCHEMA, STEPS_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -158,4 +161,78 @@ class VerifiedDrafts:
         )
 
 
-__all__ = ["DraftBlock", "VerifiedDrafts", "tap_column"]
+# A steps record's values, in this order (the rest of the schema: the dataset, one per run,
+# and ``emitted``, null: the front end cuts the output at max_tokens and stop tokens, out of
+# the worker's sight, and the collector fills it from the response)
+STEP_RECORD: tuple[str, ...] = (
+    "request_id",
+    "prompt_id",
+    "step",
+    "context_len",
+    "num_drafted",
+    "num_verified",
+    "accepted_len",
+    # the engine step that verified this block (docs/vllm-plugin.md, "Step costs"); other:
+    # null where the runner does not mark its forward and sampler (V1: inside verify)
+    "batch_size",
+    "draft_time_s",
+    "verify_time_s",
+    "other_time_s",
+)
+
+
+class StepRecords:
+    """``steps`` rows waiting to be written, a tuple each (:meth:`add`), turned into one
+    table at once (:meth:`take_table`), in the order added."""
+
+    def __init__(self, dataset: str) -> None:
+        self.dataset = dataset
+        self._records: list[tuple[Any, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(
+        self,
+        request_id: str,
+        prompt_id: str,
+        step: int,
+        context_len: int,
+        drafted: int,
+        verified: int,
+        accepted: int,
+        cost: StepCost,
+    ) -> None:
+        """Step ``step`` of request ``request_id``; its cost columns are the request's
+        share of the engine step ``cost`` (:class:`StepCost`)."""
+        self._records.append(
+            (
+                request_id,
+                prompt_id,
+                step,
+                context_len,
+                drafted,
+                verified,
+                accepted,
+                cost.batch_size,
+                cost.draft_share_s,
+                cost.verify_share_s,
+                cost.other_share_s,
+            )
+        )
+
+    def take_table(self) -> pa.Table:
+        """The rows added since the last call (then forgotten), in
+        :data:`~dsparklab.store.schema.STEPS_SCHEMA`."""
+        records, self._records = self._records, []
+        count = len(records)
+        values: dict[str, Any] = dict(zip(STEP_RECORD, zip(*records, strict=True), strict=False))
+        values["dataset"] = [self.dataset] * count
+        arrays = [
+            pa.array(values[f.name], type=f.type) if f.name in values else pa.nulls(count, f.type)
+            for f in STEPS_SCHEMA
+        ]
+        return pa.Table.from_arrays(arrays, schema=STEPS_SCHEMA)
+
+
+__all__ = ["STEP_RECORD", "DraftBlock", "StepRecords", "VerifiedDrafts", "tap_column"]
