@@ -3,10 +3,10 @@ r"""The recorder's ``steps`` and ``positions`` rows, built as columns.
 The recorder's flush thread turns staged slots into rows under the interpreter lock the
 engine's thread needs between its torch calls, so what it does per row in Python, the
 engine pays for (docs/vllm-plugin.md, "What it costs"). So a slot's drafts are kept as the
-arrays they came in (:class:`DraftBlock`, one copy per field), a verified draft is one
-record (:class:`VerifiedDrafts`), a steps row one tuple (:class:`StepRecords`), and a flush
-turn's records become one arrow table per table at once: a few numpy and arrow calls per
-turn, not a dictionary per row.
+arrays they came in (:class:`DraftBlock`: the ids, the float fields' block, the flip), a
+verified draft is one record (:class:`VerifiedDrafts`), a steps row one tuple
+(:class:`StepRecords`), and a flush turn's records become one arrow table per table at
+once: a few numpy and arrow calls per turn, not a dictionary per row.
 
 For a draft of :math:`k` tokens :math:`d_0 \dots d_{k-1}` of which the verifier accepted
 :math:`a` and then emitted token :math:`e`, position :math:`i`'s row has
