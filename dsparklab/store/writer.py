@@ -284,10 +284,10 @@ class TraceWriter:
         self._check_table(table)
         schema = ALL_TABLES[table]
         if not arrow.schema.equals(schema):
-            theirs = dict(zip(arrow.schema.names, arrow.schema.types, strict=True))
-            wrong = next(f.name for f in schema if theirs.get(f.name) != f.type)
             raise TraceSchemaError(
-                f"columns do not match the {table} schema", path=self.run_dir, field=wrong
+                f"columns do not match the {table} schema",
+                path=self.run_dir,
+                field=first_difference(schema, arrow.schema),
             )
         if arrow.num_rows:
             self._tables[table].append(arrow)
@@ -437,6 +437,15 @@ class TraceWriter:
         record = {key: self.meta.get(key) for key in keys}
         record.update({key: self.meta[key] for key in extra if key in self.meta})
         return json_bytes({"writer": self._joins, "writer_id": self._writer_id, **record})
+
+
+def first_difference(want: pa.Schema, got: pa.Schema) -> str:
+    """The first column where ``got`` is not ``want`` (name, type or nullability, in order;
+    what ``Schema.equals`` compares), or the first column ``want`` does not have."""
+    for index, field in enumerate(want):
+        if index >= len(got) or not got.field(index).equals(field):
+            return field.name
+    return got.names[len(want)]
 
 
 def write_run_json(run: Where, meta: Mapping[str, Any]) -> None:

@@ -123,6 +123,17 @@ def test_columns_of_another_schema_name_the_field(tmp_path: Path) -> None:
         with pytest.raises(TraceSchemaError, match="positions schema") as err:
             writer.add_table("positions", wrong)
         assert err.value.field == "step"
+        # a difference the types do not show: nullability, or a column the schema lacks
+        loose = wrong.cast(POSITIONS_SCHEMA.set(0, POSITIONS_SCHEMA.field(0).with_nullable(True)))
+        with pytest.raises(TraceSchemaError) as err:
+            writer.add_table("positions", loose)
+        assert err.value.field == "request_id"
+        extra = pa.Table.from_pylist(positions, schema=POSITIONS_SCHEMA).append_column(
+            "note", pa.array(["x"] * 3)
+        )
+        with pytest.raises(TraceSchemaError) as err:
+            writer.add_table("positions", extra)
+        assert err.value.field == "note"
         writer.add_many("positions", positions)  # nothing of the refused table was kept
     assert len(read_trace(tmp_path / "store", "positions")) == 3
 
