@@ -45,6 +45,7 @@ from dsparklab.plots import (
 from dsparklab.plots._common import empty_figure
 from dsparklab.plots.acceptance import ACCEPTANCE_SHORT, visible_token
 from dsparklab.widgets._dashboard import Dashboard
+from dsparklab.widgets.figure_widget import LabFigureWidget
 
 logger = logging.getLogger(__name__)
 
@@ -465,7 +466,7 @@ class Explorer(Dashboard):
         self.losses_view = W.HTML(self.losses_html())
         self.losses_view.add_class("dsparklab-explorer-losses")
         for name, fig in self.figures().items():
-            widget = go.FigureWidget(widget_json(_sized(name, fig)))
+            widget = LabFigureWidget(widget_json(_sized(name, fig)))
             widget.add_class(FIGURE_CLASSES[name])
             self.figure_widgets[name] = widget
         self._bind_clicks()

@@ -28,6 +28,7 @@ from dsparklab.store import read_run_json, read_trace
 from dsparklab.store.location import Location
 from dsparklab.widgets._dashboard import Dashboard
 from dsparklab.widgets.explorer import Explorer, sync_figure, widget_json
+from dsparklab.widgets.figure_widget import LabFigureWidget
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class LiveView(Dashboard):
 
         self.status = W.HTML(self.status_text())
         for name, fig in self.figures().items():
-            widget = go.FigureWidget(widget_json(fig))
+            widget = LabFigureWidget(widget_json(fig))
             widget.add_class(f"{LIVE_CLASS}-{name}")
             self.figure_widgets[name] = widget
         children: list[Any] = [self.status, *self.figure_widgets.values()]

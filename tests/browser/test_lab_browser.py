@@ -33,6 +33,7 @@ from tests.browser.index_screen import check_first_screen
 
 pytestmark = pytest.mark.browser
 
+LAB_OPEN = "window.jupyterapp && document.querySelector('.jp-NotebookPanel .jp-Cell')"
 KERNEL_IDLE = """() => {
     const panel = window.jupyterapp.shell.currentWidget;
     const kernel = panel && panel.sessionContext && panel.sessionContext.session
@@ -79,6 +80,39 @@ SHOW_WIDGET_CELL = """() => {
     notebook.scrollToItem(index, 'start');
     return true;
 }"""
+
+
+# A slow module load with the page idle meanwhile, as on the loaded CI machine where the
+# explorer's heatmap once stayed blank: every JavaScript blob over 1 MB (plotly's widget
+# module; anywidget imports a widget's module from a blob) is imported instead from a URL on
+# the lab's own origin that the test answers only after SLOW_MODULE_S. Past 2 s anywidget
+# refuses the model's messages for good (see dsparklab/widgets/figure_widget.py).
+SLOW_MODULE_S = 4.0
+SLOW_MODULES = """(() => {
+    window.__dsparklabSlowModules = 0;
+    const createObjectURL = URL.createObjectURL.bind(URL);
+    URL.createObjectURL = (blob) => {
+        const url = createObjectURL(blob);
+        if (!(blob.size > 1e6 && blob.type === 'text/javascript')) return url;
+        window.__dsparklabSlowModules += 1;
+        return `${location.origin}/__dsparklab_slow_module/${window.__dsparklabSlowModules}.js`;
+    };
+})()"""
+
+
+def _load_modules_slowly(page) -> None:
+    """Make the page's large module imports slow (:data:`SLOW_MODULES`): plotly's widget
+    module arrives SLOW_MODULE_S after it is asked for. Call before the page is opened."""
+    from plotly.basewidget import BaseFigureWidget
+
+    module = str(BaseFigureWidget._esm).encode()
+
+    def answer(route) -> None:
+        time.sleep(SLOW_MODULE_S)
+        route.fulfill(status=200, body=module, headers={"content-type": "text/javascript"})
+
+    page.add_init_script(SLOW_MODULES)
+    page.route("**/__dsparklab_slow_module/*", answer)
 
 
 def _offline_page(browser, blocked: list[str], errors: list[str]):
@@ -142,6 +176,62 @@ def test_report_renders_offline(browser, report: ReportResult, screenshots: Path
     assert errors == [], errors[:3]
 
 
+# a figure changed in every way plotly's model side applies while its module still loads
+# (traces added, restyled, the layout relaid), shown inside a box as the dashboards do
+CHANGED_WHILE_LOADING = """\
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from dsparklab.widgets.figure_widget import LabFigureWidget
+
+figures = [LabFigureWidget(go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]))) for _ in range(3)]
+for i, figure in enumerate(figures):
+    figure.add_class(f"changed-{i}")
+    figure.add_scatter(x=[0, 1], y=[0, 1], name="added")
+    figure.data[0].name = "restyled"
+    figure.data[1].x = [5, 6]
+    figure.layout.title = f"relaid {i}"
+W.VBox(figures)"""
+
+
+def test_figures_changed_while_plotly_loads_show_every_change(
+    browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Three figures made and changed while plotly's widget module takes SLOW_MODULE_S to
+    load: each draws with every change, in order, and the module is imported once."""
+    import nbformat
+
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CHANGED_WHILE_LOADING)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(notebook, root / "changed.ipynb")
+    _isolate_lab_settings(tmp_path, monkeypatch)
+    server = start_lab(None, root_dir=root, expose_app=True, log=tmp_path / "lab.log")
+    page = browser.new_page(viewport={"width": 1000, "height": 1400})
+    _load_modules_slowly(page)
+    try:
+        page.goto(server.url("lab/tree/changed.ipynb"))
+        page.wait_for_function(LAB_OPEN, timeout=90_000)
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.wait_for_function(RUN_ALL_DONE, timeout=60_000)
+        drawn = """() => [0, 1, 2].map(i => document.querySelector(`.changed-${i}.js-plotly-plot`))
+            .filter(gd => gd && gd.data && gd.data.length === 2).length === 3"""
+        page.wait_for_function(drawn, timeout=60_000)
+        figures = page.evaluate(
+            """() => [0, 1, 2].map(i => document.querySelector(`.changed-${i}`)).map(gd => ({
+                title: gd.layout.title.text, names: gd.data.map(t => t.name), x: gd.data[1].x}))"""
+        )
+        assert figures == [
+            {"title": f"relaid {i}", "names": ["restyled", "added"], "x": [5, 6]} for i in range(3)
+        ]
+        assert page.evaluate("window.__dsparklabSlowModules") == 1
+    finally:
+        page.close()
+        server.stop()
+
+
 def _kernel_ids(server) -> list[str]:
     with urllib.request.urlopen(server.url("api/kernels"), timeout=10) as response:
         return [k["id"] for k in json.loads(response.read())]
@@ -184,16 +274,14 @@ def test_jupyterlab_explorer_follows_the_n_slider(
     server = start_lab(runs_dir, root_dir=root, expose_app=True, log=tmp_path / "lab.log")
     kernels: list[str] = []
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _load_modules_slowly(page)
     try:
         assert server.base_url.startswith(f"http://{LOOPBACK}:")
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.urlopen(f"{server.base_url}/api/kernels", timeout=10)
         assert denied.value.code == 403, "the API needs the token"
         page.goto(server.url("lab/tree/00_explorer.ipynb"))
-        page.wait_for_function(
-            "window.jupyterapp && document.querySelector('.jp-NotebookPanel .jp-Cell')",
-            timeout=90_000,
-        )
+        page.wait_for_function(LAB_OPEN, timeout=90_000)
         page.wait_for_function(KERNEL_IDLE, timeout=120_000)
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         # the three figures are FigureWidgets: anywidget views carrying the explorer's classes
@@ -210,6 +298,7 @@ def test_jupyterlab_explorer_follows_the_n_slider(
         except Exception:
             page.screenshot(path=str(shots / "lab_failure.png"), full_page=True)
             raise
+        assert page.evaluate("window.__dsparklabSlowModules") == 1, "plotly's module, once a page"
         kernels = _kernel_ids(server)
         heatmap = f"document.querySelector('{figures[0]}')"
         strip = f"document.querySelector('{figures[2]}')"

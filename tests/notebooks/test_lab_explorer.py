@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
 from lab_synth import write_synthetic_runs
+from plotly.basewidget import BaseFigureWidget
 from plotly.callbacks import Points
 
 from dsparklab import analysis as A
 from dsparklab.errors import UnknownMethodError
 from dsparklab.lab.notebook import load_runs
 from dsparklab.widgets import Explorer, sync_figure
+from dsparklab.widgets import figure_widget
 from dsparklab.widgets.explorer import FIGURE_CLASSES, LOSSES_SHOWN
+from dsparklab.widgets.figure_widget import LabFigureWidget
 
 pytestmark = pytest.mark.notebooks
 
@@ -62,11 +66,23 @@ def test_headless_explorer_makes_no_widget(explorer: Explorer):
     assert explorer.figure_widgets == {} and explorer._widget is None
 
 
+def test_figure_widgets_load_plotlys_module_through_the_lab_loader():
+    """A LabFigureWidget opens with the small loader as its module and plotly's module as
+    data, and holds every message plotly's own module listens for (read from its source)."""
+    widget = LabFigureWidget(go.Figure(go.Scatter(x=[0, 1], y=[1, 2])))
+    state = widget.get_state()
+    plotly_module = str(BaseFigureWidget._esm)
+    assert state["_esm"] == (Path(figure_widget.__file__).with_name("figure_widget.js")).read_text()
+    assert state["_bundle"] == plotly_module and state["_bundle_key"].startswith("plotly-")
+    listened = set(re.findall(r'"change:(_py2js_\w+)"', plotly_module))
+    assert listened and listened <= set(state["_held_traits"]), listened
+
+
 def test_the_figures_are_linked_figure_widgets(explorer: Explorer):
     box = explorer.widget
     assert "dsparklab-explorer" in box._dom_classes
     for name, widget in explorer.figure_widgets.items():
-        assert isinstance(widget, go.FigureWidget)
+        assert isinstance(widget, LabFigureWidget)
         json.dumps([widget._data, widget._layout], allow_nan=False)  # empty cells: null
         assert FIGURE_CLASSES[name] in widget._dom_classes
         # the widget shows exactly what the static builder draws for the same state

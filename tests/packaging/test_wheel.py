@@ -80,6 +80,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "dsparklab/lab/published/published_verify_costs.csv",
         "dsparklab/lab/profiles/assumed-gpu-like.json",
         "dsparklab/report/templates/dsparklab_offline/index.html.j2",
+        "dsparklab/widgets/figure_widget.js",
     ):
         assert shipped in names, f"{shipped} is not in {wheel.name}"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE not shipped"
