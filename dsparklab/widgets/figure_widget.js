@@ -10,7 +10,12 @@ function plotlyModule(model) {
   if (!bundles.has(key)) {
     const blob = new Blob([model.get("_bundle")], { type: "text/javascript" });
     const url = URL.createObjectURL(blob);
-    bundles.set(key, import(url).finally(() => URL.revokeObjectURL(url)));
+    const imported = import(url).finally(() => URL.revokeObjectURL(url));
+    // a failed import is not kept: the next figure tries again
+    bundles.set(key, imported.catch((error) => {
+      bundles.delete(key);
+      throw error;
+    }));
   }
   return bundles.get(key);
 }
@@ -38,7 +43,12 @@ function holdMessages(model) {
 // plotly's front end for one figure, once its module is in. It sees the model through a
 // proxy that reads a held message back while that message is replayed.
 async function plotlyWidget(model, held) {
-  const module = await plotlyModule(model);
+  let module;
+  try {
+    module = await plotlyModule(model);
+  } finally {
+    held.stop();  // nothing more to hold should the import fail
+  }
   const listeners = new Map();
   let replayed = null;
   const proxy = {
@@ -49,12 +59,23 @@ async function plotlyWidget(model, held) {
       listeners.set(event, [...(listeners.get(event) ?? []), callback]);
     },
   };
+  // plotly 6-7's shape: a factory of {initialize, render}, initialize synchronous (its
+  // listeners are in place when it returns, before any other message can arrive)
+  if (typeof module.default !== "function") {
+    throw new Error("plotly's widget module no longer exports a factory");
+  }
   const widget = module.default();
   widget.initialize({ model: proxy });
-  held.stop();
+  // each message on its own, as it would have come: one that fails loses only itself
   for (const message of held.messages) {
     replayed = message;
-    for (const callback of listeners.get(`change:${message.name}`) ?? []) callback();
+    for (const callback of listeners.get(`change:${message.name}`) ?? []) {
+      try {
+        callback();
+      } catch (error) {
+        console.error(`[dsparklab] replaying ${message.name}`, error);
+      }
+    }
   }
   replayed = null;
   return widget;

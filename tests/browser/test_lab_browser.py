@@ -192,18 +192,28 @@ for i, figure in enumerate(figures):
     figure.data[1].x = [5, 6]
     figure.layout.title = f"relaid {i}"
 W.VBox(figures)"""
+# a figure shown as its cell's value: plotly sends it whole on display, changes included,
+# so the changes held before must not be replayed on top (the trace would come twice)
+SHOWN_WHOLE = """\
+direct = LabFigureWidget(go.Figure(go.Heatmap(z=[[1, 2], [3, 4]])))
+direct.add_class("changed-direct")
+direct.add_scatter(x=[0, 1], y=[0, 1], name="added")
+direct.layout.title = "relaid direct"
+direct"""
 
 
 def test_figures_changed_while_plotly_loads_show_every_change(
     browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """Three figures made and changed while plotly's widget module takes SLOW_MODULE_S to
-    load: each draws with every change, in order, and the module is imported once."""
+    load: each draws with every change, in order; a fourth, shown as its cell's value (sent
+    whole), draws its changes once; the module is imported once."""
     import nbformat
 
     root = tmp_path / "notebooks"
     root.mkdir()
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CHANGED_WHILE_LOADING)])
+    cells = [nbformat.v4.new_code_cell(c) for c in (CHANGED_WHILE_LOADING, SHOWN_WHOLE)]
+    notebook = nbformat.v4.new_notebook(cells=cells)
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     nbformat.write(notebook, root / "changed.ipynb")
     _isolate_lab_settings(tmp_path, monkeypatch)
@@ -226,6 +236,16 @@ def test_figures_changed_while_plotly_loads_show_every_change(
         assert figures == [
             {"title": f"relaid {i}", "names": ["restyled", "added"], "x": [5, 6]} for i in range(3)
         ]
+        page.wait_for_function(
+            "(gd => gd && gd.data && gd.data.length > 1)"
+            "(document.querySelector('.changed-direct.js-plotly-plot'))",
+            timeout=60_000,
+        )
+        shown = page.evaluate(
+            """() => { const gd = document.querySelector('.changed-direct.js-plotly-plot');
+                return gd && gd.data && [gd.layout.title.text, gd.data.map(t => t.name)]; }"""
+        )
+        assert shown == ["relaid direct", [None, "added"]], shown
         assert page.evaluate("window.__dsparklabSlowModules") == 1
     finally:
         page.close()
