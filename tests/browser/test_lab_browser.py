@@ -29,6 +29,7 @@ from dsparklab.lab.runs import shipped_traces
 from dsparklab.lab.server import LOOPBACK, start_lab
 from dsparklab.report import ReportResult
 from dsparklab.widgets.explorer import FIGURE_CLASSES, FIGURES
+from dsparklab.widgets.figure_widget import plotly_widget_module
 from tests.browser.index_screen import check_first_screen
 
 pytestmark = pytest.mark.browser
@@ -103,9 +104,7 @@ SLOW_MODULES = """(() => {
 def _load_modules_slowly(page) -> None:
     """Make the page's large module imports slow (:data:`SLOW_MODULES`): plotly's widget
     module arrives SLOW_MODULE_S after it is asked for. Call before the page is opened."""
-    from plotly.basewidget import BaseFigureWidget
-
-    module = str(BaseFigureWidget._esm).encode()
+    module = plotly_widget_module()[0].encode()
 
     def answer(route) -> None:
         time.sleep(SLOW_MODULE_S)
