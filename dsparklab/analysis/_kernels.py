@@ -219,18 +219,3 @@ def percentile_interval(samples: np.ndarray, ci: float) -> tuple[np.ndarray, np.
         lo = np.nanquantile(samples, alpha, axis=0)
         hi = np.nanquantile(samples, 1.0 - alpha, axis=0)
     return lo, hi
-
-
-def lookup_rows(table_keys: np.ndarray, query_keys: np.ndarray) -> np.ndarray:
-    """Index ``[N]`` of each query key in ``table_keys`` ``[S]`` (unique), -1 if absent."""
-    if len(table_keys) == 0:
-        return np.full(len(query_keys), -1, dtype=np.int64)
-    total = int(max(table_keys.max(), query_keys.max() if len(query_keys) else 0)) + 1
-    if _dense(total, len(query_keys) + len(table_keys)):
-        lookup = np.full(total, -1, dtype=np.int64)
-        lookup[table_keys] = np.arange(len(table_keys))
-        return lookup[query_keys]
-    order = np.argsort(table_keys, kind="stable")
-    sorted_keys = table_keys[order]
-    where = np.clip(np.searchsorted(sorted_keys, query_keys), 0, len(sorted_keys) - 1)
-    return np.where(sorted_keys[where] == query_keys, order[where], -1)

@@ -34,7 +34,6 @@ from dsparklab.errors import MissingInputError, TraceSchemaError, UnknownMethodE
 logger = logging.getLogger(__name__)
 
 COST_COLUMNS = ("profile", "method", "n", "draft_cost", "verify_cost")
-PAYS = ("yes", "no", "unclear")
 
 
 def fitted_cost_table(

@@ -35,3 +35,28 @@ def resolve_model(name_or_path: str | Path) -> ModelRef:
         path = zoo_path(str(name_or_path))
     path = path.resolve()
     return ModelRef(name=path.name, path=path, content_hash=checkpoint_hash(path))
+
+
+CUSTOM_TIER = "custom"
+_ZOO_ROLES = ("target", "dspark", "eagle3")
+
+
+def model_tier(ref: ModelRef) -> str:
+    """The zoo tier of a checkpoint: its card's ``tier``, else the tier its zoo name
+    carries (``smol-target`` -> ``smol``); ``custom`` for anything else."""
+    from dsparklab.zoo.card import read_card
+    from dsparklab.zoo.tiers import CARD_RENDERERS
+
+    tier = read_card(ref.path).get("tier") if ref.path.is_dir() else None
+    if tier:
+        return str(tier)
+    for known in sorted(CARD_RENDERERS, key=len, reverse=True):
+        if ref.name in {f"{known}-{role}" for role in _ZOO_ROLES}:
+            return known
+    return CUSTOM_TIER
+
+
+def models_tier(target: ModelRef, drafter: ModelRef | None) -> str:
+    """The tier a run's models share (``custom`` when they differ or are not the zoo's)."""
+    tiers = {model_tier(ref) for ref in (target, drafter) if ref is not None}
+    return tiers.pop() if len(tiers) == 1 else CUSTOM_TIER

@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,23 +28,15 @@ from dsparklab.errors import DSparkLabError
 from dsparklab.lab.display import HEADLESS_ENV
 from dsparklab.lab.resources import notebooks_dir
 from dsparklab.lab.runs import RUNS_ENV, SHIPPED_ENV, resolve_runs
+from dsparklab.ports import LOOPBACK, free_port
 from dsparklab.store.location import Location
 from dsparklab.zoo.load import ZOO_DIR, ZOO_ENV
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
-
 
 class LabError(DSparkLabError):
     """JupyterLab did not come up."""
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def lab_command(

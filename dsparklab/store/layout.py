@@ -110,12 +110,6 @@ def run_tables(run: Where, tables: tuple[str, ...]) -> list[Location]:
     return [run, *(table_location(run, t) for t in (*tables, RUNS_TABLE))]
 
 
-def holds_dataset_column(run: Where) -> bool:
-    """Whether ``run``'s parts of steps and requests hold ``dataset`` (legacy runs do; in
-    the table layout the partition holds it)."""
-    return not is_partitioned(Location.of(run))
-
-
 def partition_values(run: Location) -> dict[str, str]:
     """The partition keys' values of a run in the table layout, unescaped."""
     parts = run.path.rstrip("/").split("/")[-len(PARTITION_KEYS) :]

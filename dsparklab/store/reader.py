@@ -36,6 +36,7 @@ from dsparklab.store.schema import (
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
+    RUN_OPTIONAL_FIELDS,
     RUN_REQUIRED_FIELDS,
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
@@ -89,6 +90,7 @@ def read_run_json(
                 path=path,
                 field=field,
             )
+    _check_optional_fields(meta, path)
     if meta["schema_version"] != SCHEMA_VERSION:
         raise TraceSchemaError(
             f"schema version {meta['schema_version']} is not supported (this dsparklab reads "
@@ -247,6 +249,23 @@ def _lease_expired(meta: Mapping[str, Any]) -> bool:
 def run_granularity(meta: Mapping[str, Any]) -> str:
     """What a run holds (``token`` for runs written before granularities existed)."""
     return str(meta.get("granularity", DEFAULT_GRANULARITY))
+
+
+def _check_optional_fields(meta: Mapping[str, Any], path: Location) -> None:
+    """:data:`RUN_OPTIONAL_FIELDS` present in ``meta`` have their types; TraceSchemaError
+    naming the dotted field otherwise."""
+    for field, expected in RUN_OPTIONAL_FIELDS.items():
+        parent, _, key = field.rpartition(".")
+        holder = meta.get(parent) if parent else meta
+        if not isinstance(holder, dict) or key not in holder:
+            continue
+        value = holder[key]
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise TraceSchemaError(
+                f"expected {_type_names(expected)}, got {type(value).__name__}",
+                path=path,
+                field=field,
+            )
 
 
 def _type_names(expected: type | tuple[type, ...]) -> str:

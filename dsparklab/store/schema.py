@@ -216,6 +216,17 @@ RUN_REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "dataset": str,
     "sampling": dict,
 }
+# Optional run.json values the readers join onto every row (``run_columns``), by dotted
+# path: absent is fine, present must have this type (a bool is never a number here).
+RUN_OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "engine.name": str,
+    "target.name": str,
+    "drafter.name": str,
+    "tier": str,
+    "sampling.temperature": (int, float, type(None)),
+    "load": (dict, type(None)),
+    "load.concurrency": (int, type(None)),
+}
 
 # The runs table of the table layout (dsparklab/store/layout.py): one row per run, written
 # with run.json when the run opens and at each status change; its partition keys (dataset,

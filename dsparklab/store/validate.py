@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dsparklab.analysis.definitions import AL_DEFINITIONS
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store.layout import is_partitioned, partition_values, run_tables, table_location
 from dsparklab.store.location import Location, Where
@@ -362,6 +363,20 @@ def _check_totals(
         frame[frame["reported_accept_len"] < 0],
         "reported_accept_len",
         "reported_accept_len {reported_accept_len} is negative",
+    )
+    definition = frame["reported_accept_len_definition"]
+    _flag(
+        report,
+        frame[definition.notna() & ~definition.isin(list(AL_DEFINITIONS))],
+        "reported_accept_len_definition",
+        "reported_accept_len_definition {reported_accept_len_definition!r} is not one of "
+        f"{list(AL_DEFINITIONS)}",
+    )
+    _flag(
+        report,
+        frame[frame["reported_accept_len"].notna() & definition.isna()],
+        "reported_accept_len_definition",
+        "reported_accept_len {reported_accept_len} says nothing of how it was computed",
     )
     _flag(
         report,

@@ -255,11 +255,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def answer_tokens(out_dir: Path) -> int:
-    """Answer tokens in the chunks written so far (from the manifest)."""
-    return sum(c["response_tokens"] for c in read_manifest(out_dir).get("chunks", {}).values())
-
-
 def generate_chunks(target_dir: Path, cfg: DistillConfig, out_dir: Path) -> dict[str, Any]:
     """Answer the pool chunk by chunk until ``cfg.token_goal`` answer tokens; resumable.
 

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
             "prompts",
             "prometheus",
             "environment",
+            "ports",
         ],
         1,
     ),

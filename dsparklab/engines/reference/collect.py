@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 import dsparklab
-from dsparklab.engines.checkpoints import ModelRef, resolve_model
+from dsparklab.engines.checkpoints import ModelRef, models_tier, resolve_model
 from dsparklab.engines.plan import DEFAULT_DRAFTERS, CollectOptions, RunSpec, load_block
 from dsparklab.engines.reference.config import Method, ReferenceConfig
 from dsparklab.engines.reference.core import ENGINE_NAME, ReferenceEngine, record_row
@@ -35,12 +35,6 @@ from dsparklab.store import TraceWriter, new_run_json
 from dsparklab.store.location import Location
 
 logger = logging.getLogger(__name__)
-
-
-def model_tier(name: str) -> str:
-    """The zoo tier of a checkpoint name (``tiny-target`` -> ``tiny``); ``custom`` otherwise."""
-    prefix, sep, _ = name.partition("-")
-    return prefix if sep else "custom"
 
 
 class ModelSet:
@@ -124,7 +118,7 @@ class RunRecorder:
             drafter=None if drafter_ref is None else _drafter_json(drafter_ref),
             dataset=spec.dataset_dir,
             sampling={"temperature": config.temperature, "seed": config.seed},
-            tier=tier or model_tier(models.target_ref.name),
+            tier=tier or models_tier(models.target_ref, drafter_ref),
             hardware={
                 "device": "cpu",
                 "torch_threads": torch.get_num_threads(),

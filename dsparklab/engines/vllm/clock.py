@@ -49,17 +49,6 @@ from typing import Any
 
 import torch
 
-MARKS: tuple[str, ...] = (
-    "step_start",
-    "forward_start",
-    "forward_end",
-    "sample_start",
-    "sample_end",
-    "draft_start",
-    "draft_end",
-    "step_end",
-)
-
 
 class StepClock:
     """The marks of one engine step (host seconds, or CUDA events on the current stream)."""

@@ -16,7 +16,6 @@ from collections.abc import Collection
 from dsparklab.engines.vllm.core import LEVEL_FIELDS, TAP_FIELDS
 
 RECORDED = "recorded"
-STEP_COST_FIELDS = ("draft_time_s", "verify_time_s", "other_time_s")
 
 
 def null(why: str) -> str:

@@ -33,7 +33,6 @@ import functools
 import inspect
 import logging
 import random
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -66,6 +65,7 @@ from dsparklab.engines.vllm.patch_table import (
     wrapper_of,
 )
 from dsparklab.errors import ConfigError
+from dsparklab.ports import free_port
 from dsparklab.prompts import Prompt, encode_prompt, load_prompts
 from dsparklab.store.layout import runs_named
 from dsparklab.store.location import Location
@@ -108,12 +108,6 @@ def allow_cpu_build() -> None:
     gpu_buffers.UvaBuffer = cpu_buffers.UvaBuffer  # type: ignore[misc,assignment]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def ensure_single_rank() -> None:
     """A single-process gloo group (again after an in-process engine tore it down)."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -126,7 +120,7 @@ def ensure_single_rank() -> None:
         rank=0,
         local_rank=0,
         backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
     )
     initialize_model_parallel(1, 1)
 

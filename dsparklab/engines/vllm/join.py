@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 import dsparklab
-from dsparklab.engines.checkpoints import ModelRef
+from dsparklab.engines.checkpoints import ModelRef, models_tier
 from dsparklab.engines.plan import CollectOptions, RunSpec, load_block
 from dsparklab.engines.stats import DraftStats
 from dsparklab.engines.vllm.served import (
@@ -529,31 +529,6 @@ def read_tap_runs(run_dirs: Iterable[Where]) -> TapTables:
     if not steps:
         return TapTables(pd.DataFrame(), pd.DataFrame())
     return TapTables(pd.concat(steps, ignore_index=True), pd.concat(positions, ignore_index=True))
-
-
-CUSTOM_TIER = "custom"
-_ZOO_ROLES = ("target", "dspark", "eagle3")
-
-
-def model_tier(ref: ModelRef) -> str:
-    """The zoo tier of a checkpoint: its card's ``tier``, else the tier its zoo name
-    carries (``smol-target`` -> ``smol``); ``custom`` for anything else."""
-    from dsparklab.zoo.card import read_card
-    from dsparklab.zoo.tiers import CARD_RENDERERS
-
-    tier = read_card(ref.path).get("tier") if ref.path.is_dir() else None
-    if tier:
-        return str(tier)
-    for known in sorted(CARD_RENDERERS, key=len, reverse=True):
-        if ref.name in {f"{known}-{role}" for role in _ZOO_ROLES}:
-            return known
-    return CUSTOM_TIER
-
-
-def models_tier(target: ModelRef, drafter: ModelRef | None) -> str:
-    """The tier a run's models share (``custom`` when they differ or are not the zoo's)."""
-    tiers = {model_tier(ref) for ref in (target, drafter) if ref is not None}
-    return tiers.pop() if len(tiers) == 1 else CUSTOM_TIER
 
 
 def run_json(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 from dsparklab.engines.vllm.collect import CPU_KV_CACHE_BYTES
 from dsparklab.errors import DSparkLabError
+from dsparklab.ports import free_port
 
 DSPARKLAB = str(Path(sys.executable).parent / "dsparklab")
 START_TIMEOUT_S = 600.0
@@ -78,13 +78,6 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return int(self.proc.returncode)
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 10.0) -> str:

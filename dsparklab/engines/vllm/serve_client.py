@@ -14,14 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from dsparklab.engines.checkpoints import ModelRef, resolve_model
+from dsparklab.engines.checkpoints import ModelRef, models_tier, resolve_model
 from dsparklab.engines.plan import CollectOptions, load_block
 from dsparklab.engines.vllm.config import ENV_TRACE_DIR
 from dsparklab.engines.vllm.join import (
     CollectedRequest,
     TapTables,
     match_ids,
-    models_tier,
     read_tap_runs,
     response_timing,
     run_json,

@@ -105,6 +105,18 @@ def test_a_counters_run_round_trips_and_validates(tmp_path: Path) -> None:
             lambda c, t: t[0].update(reported_accept_rate=41.5),
             "reported_accept_rate",
         ),
+        (
+            "unknown AL definition",
+            lambda c, t: t[0].update(
+                reported_accept_len=2.2, reported_accept_len_definition="mean"
+            ),
+            "reported_accept_len_definition",
+        ),
+        (
+            "AL with no definition",
+            lambda c, t: t[0].update(reported_accept_len=2.2),
+            "reported_accept_len_definition",
+        ),
     ],
 )
 def test_broken_counters_are_reported(tmp_path: Path, case: str, edit: Any, field: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,15 +27,10 @@ import pytest
 import dsparklab.analysis as A
 from dsparklab.errors import DSparkLabError
 from dsparklab.importers.watch import watch
+from dsparklab.ports import free_port
 from dsparklab.store import read_run_json, read_trace, validate_trace
 
 N = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -94,7 +88,7 @@ def server() -> Iterator[Server]:
         prom = SpecDecodingProm(Spec(), ["model_name", "engine"], {0: ["tiny-target", "0"]})
     finally:
         SpecDecodingProm._counter_cls = original
-    port = _free_port()
+    port = free_port()
     httpd, _ = start_wsgi_server(port, addr="127.0.0.1", registry=registry)
     srv = Server(f"http://127.0.0.1:{port}/metrics", prom, registry, httpd, [], threading.Lock())
     srv.observe([1, 2, 0])  # traffic before the watch starts: not in any interval
@@ -216,7 +210,7 @@ def test_ctrl_c_ends_the_run_cleanly(server: Server, tmp_path: Path) -> None:
 
 
 def test_no_server_writes_nothing(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/metrics"
+    url = f"http://127.0.0.1:{free_port()}/metrics"
     with pytest.raises(DSparkLabError, match="cannot start watching"):
         watch(url, tmp_path / "out", interval_s=0.1, timeout_s=1.0)
     assert not (tmp_path / "out").exists()

@@ -76,6 +76,13 @@ def wrong_field_type(run: Path) -> tuple[str, str | None]:
     return "run.json", "num_speculative_tokens"
 
 
+def wrong_nested_field_type(run: Path) -> tuple[str, str | None]:
+    """A value the readers join onto every row, of the wrong type (here the sampling
+    temperature as a word): refused by name, never a float() traceback."""
+    _edit_json(run, lambda m: m["sampling"].update(temperature="hot"))
+    return "run.json", "sampling.temperature"
+
+
 def wrong_run_version(run: Path) -> tuple[str, str | None]:
     _edit_json(run, lambda m: m.update(schema_version=99))
     return "run.json", "schema_version"
@@ -220,6 +227,7 @@ FORMAT_BREAKS = [
     invalid_json,
     missing_field,
     wrong_field_type,
+    wrong_nested_field_type,
     wrong_run_version,
     unknown_status,
     truncated_part,
@@ -319,3 +327,56 @@ def test_missing_path_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "nope" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("engine.name", 5),
+        ("target.name", ["a"]),
+        ("drafter.name", 5),
+        ("tier", 5),
+        ("sampling.temperature", True),
+        ("load", "x"),
+        ("load.concurrency", "four"),
+    ],
+)
+def test_run_json_values_joined_onto_rows_are_typed(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    """Every run.json value the readers join onto rows is checked on read, by its dotted
+    name; absent ones are fine (an imported run may not record its load)."""
+    run = write_run(tmp_path / "run", meta=make_run_json())
+    parent, _, key = field.rpartition(".")
+
+    def edit(meta: dict) -> None:
+        holder = meta if not parent else meta.setdefault(parent, {})
+        if parent == "load" and not isinstance(holder, dict):
+            holder = meta["load"] = {}
+        holder[key] = value
+
+    _edit_json(run, edit)
+    with pytest.raises(TraceSchemaError) as info:
+        read_trace(run, "steps")
+    assert repr(field) in str(info.value)
+    assert "run.json" in str(info.value)
+    (report,) = validate_trace(run)
+    assert not report.ok
+
+
+def test_absent_optional_run_values_read(tmp_path: Path) -> None:
+    """Absent optional values read as their defaults: no tier, temperature 0, concurrency
+    0 (nothing recorded it)."""
+    run = write_run(tmp_path / "run", meta=make_run_json())
+
+    def edit(meta: dict) -> None:
+        meta.pop("tier", None)
+        meta.pop("load", None)
+        meta["sampling"].pop("temperature", None)
+        meta["engine"]["name"] = "vllm"
+
+    _edit_json(run, edit)
+    steps = read_trace(run, "steps")
+    assert len(steps)
+    assert (steps["tier"] == "").all() and (steps["temperature"] == 0.0).all()
+    assert (steps["concurrency"] == 0).all()
