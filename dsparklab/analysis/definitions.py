@@ -30,6 +30,7 @@ histogram (specdec_bench) is keyed by tokens emitted per step, :math:`L = j + 1`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -119,6 +120,14 @@ def _int_key(key: Any, field: str) -> int:
     return value
 
 
+def _count(value: Any, field: str, key: Any) -> float:
+    """A histogram entry as a float; DSparkLabError naming ``field`` and the entry's key
+    where it is not a number (a bool is not a count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DSparkLabError(f"{field}: entry {key!r} is {value!r}, not a number")
+    return float(value)
+
+
 def dense_histogram(
     histogram: Sequence[float] | Mapping[Any, float],
     *,
@@ -139,9 +148,9 @@ def dense_histogram(
         Pad to this many entries (``n + 1``); a key beyond it is an error.
     """
     if isinstance(histogram, Mapping):
-        items = [(_int_key(k, field) - offset, float(v)) for k, v in histogram.items()]
+        items = [(_int_key(k, field) - offset, _count(v, field, k)) for k, v in histogram.items()]
     else:
-        items = [(j, float(v)) for j, v in enumerate(histogram)]
+        items = [(j, _count(v, field, j)) for j, v in enumerate(histogram)]
     if any(j < 0 for j, _ in items):
         low = min(j for j, _ in items) + offset
         raise DSparkLabError(f"{field}: key {low} is below the smallest possible {offset}")

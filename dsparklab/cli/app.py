@@ -3,8 +3,8 @@
 Every command is registered here, and only here: the command modules define plain
 functions (and ``zoo`` its sub-command group) and never import this module, so
 ``python -m dsparklab``, ``python -m dsparklab.cli.app`` and the ``dsparklab`` script all
-see the same commands. Errors of dsparklab's own (bad input) print one line and exit 2,
-never a traceback.
+see the same commands. Errors of dsparklab's own (bad input), and a path a command cannot
+read or write, print one line and exit 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ def main() -> None:
         app()
     except DSparkLabError as err:
         typer.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except OSError as err:
+        if err.filename is None:  # not a path the user named (a socket, a pipe): a bug
+            raise
+        # a path the command cannot read or write (--out under a file, no permission)
+        typer.echo(f"error: {err.filename}: {err.strerror or err}", err=True)
         sys.exit(2)
 
 

@@ -54,7 +54,7 @@ def import_command(
     """
     from dsparklab.errors import DSparkLabError
     from dsparklab.importers import FORMATS, import_files
-    from dsparklab.store.location import Location
+    from dsparklab.store.layout import run_location
 
     if fmt not in FORMATS:
         fail(f"unknown format {fmt!r}; expected one of {_formats()}")
@@ -66,7 +66,7 @@ def import_command(
         fail(str(err))
     written = {str(p) for p in result.written}
     for run in runs:
-        path = Location.of(out) / run.name
+        path = run_location(out, run.run_json())
         state = "written" if str(path) in written else "already imported (use --overwrite)"
         bad = run.failed_checks
         verdict = (

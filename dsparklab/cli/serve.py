@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from dsparklab.cli.common import fail
+
 SERVE_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
@@ -37,6 +39,10 @@ def serve(
 
     if not ctx.args:
         raise typer.BadParameter("name the model to serve: dsparklab serve MODEL [OPTIONS]")
+    model = ctx.args[0]
+    # a path (not a hub id) that is not there: one line, before vLLM's long traceback
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().exists():
+        fail(f"{model}: no such model directory")
     if trace_dir is not None:
         local = "://" not in trace_dir
         os.environ[ENV_TRACE_DIR] = str(Path(trace_dir).resolve()) if local else trace_dir

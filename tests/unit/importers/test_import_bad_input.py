@@ -168,6 +168,18 @@ CASES: list[tuple[str, str, str, str, str]] = [
         "acceptance_histogram",
     ),
     (
+        "request-histogram-word",
+        "vllm-request",
+        "r.jsonl",
+        edit_lines(
+            "vllm_request_summary.jsonl",
+            lambda r: r["metrics"]["speculative_decoding"]["acceptance_histogram"].__setitem__(
+                1, "a"
+            ),
+        ),
+        "acceptance_histogram': entry 1 is 'a'",
+    ),
+    (
         "request-histogram-disagrees",
         "vllm-request",
         "r.jsonl",
@@ -219,6 +231,16 @@ CASES: list[tuple[str, str, str, str, str]] = [
         )
         + "\n",
         "meta_info.spec_verify_ct",
+    ),
+    (
+        "sglang-histogram-word",
+        "sglang",
+        "s.jsonl",
+        edit_lines(
+            "sglang_generate.jsonl",
+            lambda r: r["meta_info"]["spec_correct_drafts_histogram"].__setitem__(0, "a"),
+        ),
+        "spec_correct_drafts_histogram': entry 0",
     ),
     (
         "sglang-histogram-disagrees",
@@ -280,6 +302,15 @@ CASES: list[tuple[str, str, str, str, str]] = [
     # specdec-bench
     ("specdec-empty-list", "specdec-bench", "acceptance_rate.json", "[]", "empty list"),
     ("specdec-foreign", "specdec-bench", "x.json", json.dumps({"a": 1}), "schema_version"),
+    (
+        "specdec-length-count-word",
+        "specdec-bench",
+        "acceptance_rate.json",
+        edit_json(
+            "specdec_acceptance_rate.json", _set([0, "Acceptance_Length_Histogram", "1"], "six")
+        ),
+        "Acceptance_Length_Histogram': entry '1' is 'six'",
+    ),
     (
         "specdec-bad-length-key",
         "specdec-bench",
@@ -456,3 +487,18 @@ def test_console_entry_point(tmp_path: Path, fmt: str) -> None:
     assert str(bad) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_each_run_line_names_the_run_written(tmp_path: Path) -> None:
+    """The per-run line names the directory that holds the run's run.json, and says
+    whether this import wrote it or found it there."""
+    out = tmp_path / "o"
+    source = FIXTURES / "vllm_bench_result.json"
+    args = ["import", "vllm-bench", str(source), "--out", str(out), "--dataset", "humaneval"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    (line,) = [x for x in first.output.splitlines() if ": written;" in x]
+    run_dir = Path(line.split(": written;")[0])
+    assert (run_dir / "run.json").is_file(), line
+    again = CliRunner().invoke(app, args)
+    assert f"{run_dir}: already imported (use --overwrite)" in again.output
