@@ -34,7 +34,7 @@ written.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -243,9 +243,12 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
     if conf is not None and conf.has("per_position"):
         tables["calibration"], calibration_checks = _calibration(conf, rates)
         checks += calibration_checks
-    config = _mapping(top.value.get("config"))
-    args = _mapping(config.get("args"))
-    temperature = args.get("temperature")
+    # the run's settings, where the file has them: optional, but typed when present
+    config = top.sub("config") if top.has("config") else None
+    args = config.sub("args") if config is not None and config.has("args") else None
+    temperature = args.number("temperature", optional=True) if args is not None else None
+    target = args.text("target_name_or_path") if args is not None else None
+    drafter = args.text("draft_name_or_path") if args is not None else None
     return ImportedRun(
         fmt="deepspec",
         sources=[source],
@@ -254,9 +257,9 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
         method=options.method_or_default,
         dataset=dataset,
         engine=imported_engine("deepspec"),
-        target={"name": str(args.get("target_name_or_path") or "unknown")},
-        drafter={"name": str(args.get("draft_name_or_path") or "unknown")},
-        sampling={"temperature": temperature if isinstance(temperature, (int, float)) else None},
+        target={"name": target or "unknown"},
+        drafter={"name": drafter or "unknown"},
+        sampling={"temperature": temperature},
         tables=tables,
         reported={
             "acceptance_length (committed per round)": length,
@@ -265,16 +268,12 @@ def _one(source: SourceFile, record: Any, line: int | None, options: Options) ->
             "num_samples": samples,
             "proposal_count": proposals,
             "sample_count": conf.value.get("sample_count") if conf is not None else None,
-            "step": args.get("step"),
+            "step": args.value.get("step") if args is not None else None,
             "confidence_summary": top.value.get("confidence_summary"),
         },
         checks=checks,
         notes=notes,
     )
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def import_deepspec(sources: Sequence[SourceFile], options: Options) -> list[ImportedRun]:

@@ -344,6 +344,20 @@ CASES: list[tuple[str, str, str, str, str]] = [
     # deepspec
     ("deepspec-no-spec", "deepspec", "metrics.json", json.dumps({"confidence": {}}), "spec"),
     (
+        "deepspec-temperature-word",
+        "deepspec",
+        "metrics.json",
+        edit_json("deepspec_metrics.json", _set(["config", "args", "temperature"], "hot")),
+        "config.args.temperature",
+    ),
+    (
+        "deepspec-config-not-object",
+        "deepspec",
+        "metrics.json",
+        edit_json("deepspec_metrics.json", _set(["config"], "x")),
+        "config",
+    ),
+    (
         "deepspec-rate-above-one",
         "deepspec",
         "metrics.json",
