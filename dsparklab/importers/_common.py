@@ -55,6 +55,8 @@ class SourceFile:
 def read_source(path: Path | str) -> SourceFile:
     """Read a UTF-8 input file; a missing, unreadable or empty one is an InputFormatError."""
     path = Path(path)
+    if path.is_dir():
+        raise InputFormatError("is a directory; name the exported file", path=path)
     if not path.is_file():
         raise InputFormatError("no such file", path=path)
     data = path.read_bytes()

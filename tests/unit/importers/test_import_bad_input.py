@@ -470,7 +470,12 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
         app, ["import", "deepspec", str(missing), "--out", str(tmp_path / "o")]
     )
     assert result.exit_code == 2
-    assert str(missing) in result.stderr
+    assert str(missing) in result.stderr and "no such file" in result.stderr
+    result = CliRunner().invoke(
+        app, ["import", "vllm-request", str(tmp_path), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2
+    assert f"{tmp_path}: is a directory" in result.stderr
     result = CliRunner().invoke(app, ["import", "tgi", str(missing), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "unknown format 'tgi'" in result.stderr
