@@ -40,17 +40,6 @@ import pandas as pd
 
 from dsparklab.errors import DSparkLabError
 
-# How a reported acceptance length was computed; stored with every reported number.
-AL_DEFINITIONS: dict[str, str] = {
-    "per_step": "mean over drafts of (accepted drafted tokens + 1): 1 + sum_i s_i "
-    "= 1 + accepted / drafts (bonus token included)",
-    "per_request": "mean over requests of each request's per-step AL (requests weigh equally)",
-    "completion_per_verify": "completion tokens / verify steps (SGLang spec_accept_length: "
-    "counts the prefill's first token too, so it exceeds the per-step AL by 1 / steps)",
-    "committed_per_round": "mean over proposals of committed tokens, bonus included except "
-    "on a round that ends in EOS (DeepSpec acceptance_length)",
-}
-
 
 # -- rates --------------------------------------------------------------------------------
 def marginal_from_conditional(conditional: Sequence[float] | np.ndarray) -> np.ndarray:

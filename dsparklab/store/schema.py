@@ -146,11 +146,23 @@ COUNTERS_SCHEMA = pa.schema(
     ]
 )
 
+# How a reported acceptance length was computed; stored with every reported number.
+AL_DEFINITIONS: dict[str, str] = {
+    "per_step": "mean over drafts of (accepted drafted tokens + 1): 1 + sum_i s_i "
+    "= 1 + accepted / drafts (bonus token included)",
+    "per_request": "mean over requests of each request's per-step AL (requests weigh equally)",
+    "completion_per_verify": "completion tokens / verify steps (SGLang spec_accept_length: "
+    "counts the prefill's first token too, so it exceeds the per-step AL by 1 / steps)",
+    "committed_per_round": "mean over proposals of committed tokens, bonus included except "
+    "on a round that ends in EOS (DeepSpec acceptance_length)",
+}
+
+
 # Per unit. num_drafts: verify steps that carried drafts; num_draft_tokens: drafted tokens
 # verified; num_accepted_tokens: accepted drafted tokens (bonus excluded); num_output_tokens:
 # tokens the unit emitted (a response's completion tokens), when known. reported_*: what the
 # source printed, converted to a fraction, with the definition it uses
-# (dsparklab.analysis.definitions.AL_DEFINITIONS); t_start / t_end: a scrape interval's
+# (AL_DEFINITIONS, which validate holds them to); t_start / t_end: a scrape interval's
 # wall-clock bounds (unix seconds).
 TOTALS_SCHEMA = pa.schema(
     [

@@ -15,7 +15,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dsparklab.analysis.definitions import AL_DEFINITIONS
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store.layout import is_partitioned, partition_values, run_tables, table_location
 from dsparklab.store.location import Location, Where
@@ -31,6 +30,7 @@ from dsparklab.store.reader import (
 from dsparklab.store.rows import resumed_tokens
 from dsparklab.store.schema import (
     AGGREGATE_TABLES,
+    AL_DEFINITIONS,
     ALL_TABLES,
     RUN_JSON,
     SCOPES,
