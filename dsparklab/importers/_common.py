@@ -374,6 +374,7 @@ class ImportedRun:
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     part: str = ""  # distinguishes several runs from one set of inputs
+    load: dict[str, Any] | None = None  # run.json's load block, where the file says it
 
     @property
     def digest(self) -> str:
@@ -407,6 +408,7 @@ class ImportedRun:
             sampling=self.sampling,
             granularity=self.granularity,
             tier="imported",
+            **({} if self.load is None else {"load": self.load}),
             source={
                 "format": self.fmt,
                 "files": [s.provenance() for s in self.sources],

@@ -23,6 +23,12 @@ speculative decoding, so it can exceed TPOT). Bench saves them when its
 ``--percentile-metrics`` name them (``ttft,tpot,itl`` by default); a file without one
 leaves that column null, and a run with no completed request leaves all three null (bench
 writes 0 there).
+
+The load: ``max_concurrency`` (bench's ``--max-concurrency``, saved as
+``result_json["max_concurrency"]`` in ``vllm/benchmarks/serve.py``, vLLM 0.32.0; null when
+bench ran without a limit) becomes run.json's ``load.concurrency``, the requests bench's
+client kept in flight at most, which the notebooks and ``count`` group runs by; a file
+without a limit records no load.
 """
 
 from __future__ import annotations
@@ -138,6 +144,8 @@ def _one(
         ),
     ]
     model = f.text("model_id") or "unknown"
+    # bench's --max-concurrency (null: no limit, nothing to record)
+    concurrency = f.integer("max_concurrency", minimum=1, optional=True)
     return ImportedRun(
         fmt="vllm-bench",
         sources=[source],
@@ -147,6 +155,7 @@ def _one(
         dataset=options.dataset_or_default,
         engine=imported_engine("vllm", backend=f.text("backend")),
         target={"name": model, "tokenizer": f.text("tokenizer_id")},
+        load=None if concurrency is None else {"concurrency": concurrency},
         tables={"counters": counters, "totals": totals},
         reported={
             k: record.get(k)

@@ -18,6 +18,7 @@ import pytest
 
 import dsparklab.analysis as A
 from dsparklab.analysis import definitions as D
+from dsparklab.errors import DSparkLabError
 from dsparklab.importers import import_files, parse_files
 from dsparklab.store import list_runs, read_run_json, read_trace, validate_trace
 from tests.oracles import count_acceptance_from_steps
@@ -118,6 +119,20 @@ def test_vllm_bench_equals_the_same_window_scraped(tmp_path: Path) -> None:
     assert row["itl_s"] == pytest.approx(result["mean_itl_ms"] / 1e3)
     # the fixture's chunks carry up to 4 tokens: a chunk gap (ITL) exceeds the per-token TPOT
     assert row["itl_s"] > row["tpot_s"] > 0
+    # bench's --max-concurrency is the run's load, which the readers join onto every row
+    assert read_run_json(bench)["load"] == {"concurrency": result["max_concurrency"]}
+    assert set(read_trace(bench, "counters")["concurrency"]) == {result["max_concurrency"]}
+
+
+def test_vllm_bench_without_a_concurrency_limit_records_no_load(tmp_path: Path) -> None:
+    result = json.loads(fixture("vllm_bench_result.json").read_text())
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({**result, "max_concurrency": None}))
+    (run,) = parse_files("vllm-bench", [path])
+    assert "load" not in run.run_json()
+    path.write_text(json.dumps({**result, "max_concurrency": "four"}))
+    with pytest.raises(DSparkLabError, match="max_concurrency"):
+        parse_files("vllm-bench", [path])
 
 
 def test_vllm_bench_without_latencies_or_completions(tmp_path: Path) -> None:
