@@ -46,6 +46,7 @@ from dsparklab.store.sampling import run_sample
 from dsparklab.store.schema import (
     ALL_TABLES,
     JOINED_DIR,
+    JOINED_WRITERS,
     PART_PREFIX,
     PART_SUFFIX,
     RUN_JSON,
@@ -216,8 +217,7 @@ class TraceWriter:
             )
         if exists or (self._publish == "last" and self._outbox is None and owner):
             # the old run, or the parts of a batch writer killed before its run.json
-            for home in run_tables(self.run_dir, tuple(ALL_TABLES)):
-                home.delete()
+            remove_run(self.run_dir)
         for name in TABLES if self._outbox is None else ():
             table_location(self.run_dir, name).mkdir()  # aggregate tables' come with rows
         self.meta["status"] = "running"
@@ -267,6 +267,31 @@ class TraceWriter:
                 self._outbox.queued_bytes,
                 self._close_timeout_s,
             )
+
+    @property
+    def recorded_nothing(self) -> bool:
+        """No row added to any table, written or held."""
+        return not (
+            any(self._buffers.values())
+            or any(self._tables.values())
+            or any(self._rows_written.values())
+        )
+
+    def discard(self) -> None:
+        """End a run that recorded nothing by removing it (run.json, its runs-table row, its
+        empty table directories), so an engine that served no request leaves no run behind:
+        a complete run without rows is one ``validate`` refuses. Only the run's sole writer
+        may, and only before any row."""
+        if not self._open:
+            return
+        if self._joins is not None or self.meta.get(JOINED_WRITERS):
+            raise ValueError(f"{self.run_dir}: other writers share this run; close it instead")
+        if not self.recorded_nothing:
+            raise ValueError(f"{self.run_dir}: the run holds rows; close it instead")
+        self._open = False
+        if self._outbox is not None:
+            self._outbox.close(self._close_timeout_s)  # what is on its way lands, then goes
+        remove_run(self.run_dir)
 
     # -- rows ------------------------------------------------------------------------
     def add(self, table: str, row: Mapping[str, Any]) -> None:
@@ -446,6 +471,13 @@ def first_difference(want: pa.Schema, got: pa.Schema) -> str:
         if index >= len(got) or not got.field(index).equals(field):
             return field.name
     return got.names[len(want)]
+
+
+def remove_run(run: Where) -> None:
+    """Remove every file of the run whose run.json is in ``run``: run.json, its runs-table
+    row and its parts of every table."""
+    for home in run_tables(Location.of(run), tuple(ALL_TABLES)):
+        home.delete()
 
 
 def write_run_json(run: Where, meta: Mapping[str, Any]) -> None:

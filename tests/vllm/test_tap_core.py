@@ -542,9 +542,15 @@ def test_recorder_writes_a_valid_trace(tmp_path: Path) -> None:
 
 def test_a_recorder_opens_its_run_when_made(tmp_path: Path) -> None:
     """The run directory and run.json (running) exist before any row: the flush thread's
-    first turn, beside an engine step, writes no run.json of its own."""
+    first turn, beside an engine step, writes no run.json of its own. A recorder that
+    closes having recorded no request removes its run (a complete run holds rows)."""
     rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
     assert read_run_json(tmp_path / "run")["status"] == "running"
+    rec.close()
+    assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    # a request scheduled, even one that drafted nothing yet: the run stays
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
+    rec.start_requests(["a"])
     rec.close()
     assert read_run_json(tmp_path / "run")["status"] == "complete"
 
@@ -891,6 +897,7 @@ def test_benchmark_refuses_without_cuda(capsys) -> None:
 
 # A writer that stops at SIGKILL, the way `vllm serve` ends its engine process at shutdown:
 # it records request "a" (two draft steps) with the flush thread on, then, by mode,
+#   idle:     records nothing, waits for the settled marker, is killed;
 #   inflight: is killed once a part is on disk, "a" still running;
 #   settled:  is told "a" finished, waits for the settled marker, is killed;
 #   busy:     settles, then gets a new request "b" (the marker must go), is killed.
@@ -915,10 +922,11 @@ writer = TraceWriter(store, meta, flush_seconds=0.2)
 run = Path(writer.run_dir.path)
 rec = TraceRecorder(N, dataset="d", writer=writer, flush_seconds=0.2)
 ring = _ring()
-rec.start_requests(["a"])
-rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
-rec.stage(_slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7]))
-rec.stage(_slot(ring, ["a"], [[7, 8, 9]], sampled=[2], rejected=[2], seq=[11], last=[5]))
+if mode != "idle":
+    rec.start_requests(["a"])
+    rec.stage(_slot(ring, ["a"], [[1, 2, 3]], sampled=[1], rejected=[0], seq=[4], last=[0]))
+    rec.stage(_slot(ring, ["a"], [[4, 5, 6]], sampled=[3], rejected=[1], seq=[8], last=[7]))
+    rec.stage(_slot(ring, ["a"], [[7, 8, 9]], sampled=[2], rejected=[2], seq=[11], last=[5]))
 
 
 def wait_for(done):
@@ -930,6 +938,8 @@ def wait_for(done):
 
 if mode == "inflight":
     wait_for(lambda: any(Path(table_location(run, "steps").path).glob("part-*.parquet")))
+elif mode == "idle":  # an engine that served no request: settled from its first turn
+    wait_for((run / SETTLED_MARKER).is_file)
 else:
     rec.finish_requests(["a"])
     wait_for((run / SETTLED_MARKER).is_file)
@@ -983,6 +993,29 @@ def test_killed_writer_is_closed_from_its_settled_state(
     assert closing.close_runs_of_dead_descendants(tmp_path / "taps", wait_s=0) == {}
 
 
+def test_a_killed_writer_that_recorded_no_request_leaves_no_run(tmp_path: Path) -> None:
+    """An engine that served nothing and was SIGKILLed (a server shut down before any
+    traffic, an idle data-parallel rank): its closer removes the run, as its writer would
+    have; nothing is left for validate to call a complete run without rows."""
+    import subprocess
+
+    from dsparklab.engines.vllm import closing
+
+    store = tmp_path / "taps"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(store), "idle", str(Path(__file__).parent)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -9, stderr[-3000:]
+    (found,) = store_runs(store)
+    closed = closing.close_runs_of_dead_descendants(store, wait_s=0)
+    assert closed == {str(found): closing.REMOVED}
+    assert not [p for p in store.rglob("*") if p.is_file()]
+    assert closing.close_runs_of_dead_descendants(store, wait_s=0) == {}
+
+
 def test_the_sharded_path_says_in_run_json_which_rows_it_records(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1033,6 +1066,7 @@ def test_the_sharded_path_says_in_run_json_which_rows_it_records(
         slot.meta["req_ids"] = ["a", "b", "c"]
         tap.after(slot, torch.zeros(3, N, dtype=torch.int64))
     assert "sharded_over" not in staged[0] and staged[1]["sharded_over"] == 2
+    rec.start_requests(["a", "b", "c"])  # a run that served requests is kept at close
     rec.close()
     assert read_run_json(tmp_path / "run")["recorded_fields"] == fields
     # in a run every TP rank writes, no field is partial

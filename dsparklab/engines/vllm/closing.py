@@ -8,7 +8,9 @@ while settled is ``complete``; with requests in flight, queued slots or unwritte
 it is ``incomplete`` (every row already recorded is written first). vLLM's server
 force-kills its engine process at shutdown, so a process that outlives the writer closes
 the run from the marker instead (:func:`close_run_of_dead_writer`):
-settled means ``complete``, anything else ``incomplete``, never the other way round.
+settled means ``complete``, anything else ``incomplete``, never the other way round. A
+run that recorded no request at all (an idle data-parallel rank, a server shut down before
+any traffic) is removed instead, by its writer or by the closer: a complete run holds rows.
 
 A run several TP ranks write (vLLM 0.34's batch-sharded DSpark sampling) is closed writer
 by writer: rank 0's run.json from ``.settled``, each joined rank's ``writers/tp<k>.json``
@@ -30,13 +32,21 @@ from dsparklab.store import read_run_json
 from dsparklab.store.location import Location
 from dsparklab.store.reader import joined_record, part_files, store_runs
 from dsparklab.store.schema import JOINED_DIR, JOINED_WRITERS, TABLES
-from dsparklab.store.writer import part_suffix, utc_now, write_json_atomic, write_run_json
+from dsparklab.store.writer import (
+    part_suffix,
+    remove_run,
+    utc_now,
+    write_json_atomic,
+    write_run_json,
+)
 
 logger = logging.getLogger(__name__)
 
 # In a run directory while its recorder is settled: every request finished, every row
 # and run.json written.
 SETTLED_MARKER = ".settled"
+# What closing a run that recorded no request does: removes it (TraceWriter.discard)
+REMOVED = "removed"
 
 
 def settled_marker(run_dir: Path, joined_tag: str | None = None) -> Path:
@@ -151,6 +161,15 @@ def _close_exited(
         table: [part for part in part_files(run_dir, table) if written_here(part)]
         for table in TABLES
     }
+    if (
+        settled
+        and not any(files.values())
+        and not meta.get(JOINED_WRITERS)
+        and "writer" not in meta
+    ):
+        # its engine served no request: no run, as its writer would have left (discard)
+        remove_run(run_dir)
+        return REMOVED
     meta.update(
         status=status,
         finished_at=utc_now(),
@@ -195,7 +214,11 @@ def close_runs_of_dead_descendants(
         for run_dir, tag in list(mine):
             if tag is None:
                 status = close_run_of_dead_writer(run_dir, closed_by=closed_by)
-                still = read_run_json(run_dir, derive_status=False, joined=False)["status"]
+                still = (
+                    status
+                    if status is not None
+                    else read_run_json(run_dir, derive_status=False, joined=False)["status"]
+                )
             else:
                 status = close_joined_writer_of_dead_process(run_dir, tag, closed_by=closed_by)
                 still = (joined_record(run_dir, tag) or {}).get("status")

@@ -172,6 +172,7 @@ class TraceRecorder:
         # (slot watermark, request ids, forget the request entirely)
         self._finished: list[tuple[int, set[str], bool]] = []
         self._seq_staged = 0
+        self._started_any = False  # a request was ever scheduled (start_requests)
         self._seq_done = 0
         self._warned: set[str] = set()
         # the run opens now (its directory, run.json), not in the flush thread's first turn,
@@ -249,6 +250,7 @@ class TraceRecorder:
             if self._settled:
                 self._unsettle()
             self._active |= ids
+            self._started_any = True
 
     def _unsettle(self) -> None:
         """Remove the settled marker (called under ``_qlock``, before recording more)."""
@@ -620,6 +622,13 @@ class TraceRecorder:
 
     def _close_writer(self, status: str) -> None:
         assert self.writer is not None
+        served_nothing = self._seq_staged == 0 and not self._started_any
+        if status == "complete" and served_nothing and self.joined_rank is None:
+            # an engine that served no request (an idle data-parallel rank, a server shut
+            # down before any traffic) leaves no run: a complete run holds rows
+            self.writer.discard()
+            logger.info("dsparklab: %s recorded no request; its run is removed", self.run_dir)
+            return
         self.writer.update_meta(**self._tallies())
         if self.failed:
             self.writer.update_meta(error=self.failed)

@@ -20,7 +20,8 @@ from dsparklab.store import (
     validate_trace,
 )
 from dsparklab.store.layout import table_location
-from dsparklab.store.schema import POSITIONS_SCHEMA, SCHEMA_VERSION_KEY
+from dsparklab.store.outbox import Outbox
+from dsparklab.store.schema import JOINED_WRITERS, POSITIONS_SCHEMA, SCHEMA_VERSION_KEY
 from tests.conftest import make_run_json, request_row, step_rows, write_run
 
 
@@ -160,6 +161,35 @@ def test_a_run_writes_its_tables_partitioned_and_its_runs_row(tmp_path: Path) ->
     row = pq.read_table(store / "runs" / partition / "part-00000.parquet").to_pylist()
     assert row[0]["status"] == "complete" and row[0]["engine"] == "test"
     assert set(read_trace(store, "steps")["dataset"]) == {"humaneval"}
+
+
+@pytest.mark.parametrize("sent", ["directly", "through an outbox"])
+def test_a_run_that_recorded_nothing_is_discarded_whole(tmp_path: Path, sent: str) -> None:
+    """discard() removes an open run that holds no row (run.json, its runs-table row, its
+    table directories), from a disk or through a live writer's outbox; a run with a row, or
+    one other writers share, is refused and kept."""
+    store = tmp_path / "store"
+    outbox = Outbox(name="test store") if sent == "through an outbox" else None
+    writer = TraceWriter(store, make_run_json(), outbox=outbox, flush_seconds=1e9)
+    writer.__enter__()
+    writer.checkpoint()  # run.json and the runs row on their way, as a live writer's are
+    assert writer.recorded_nothing
+    writer.discard()
+    assert not [p for p in store.rglob("*") if p.is_file()]
+    writer.close()  # closing a discarded run does nothing
+    assert not [p for p in store.rglob("*") if p.is_file()]
+
+    with TraceWriter(store, make_run_json()) as kept:
+        kept.add_many("steps", step_rows([1], n=3)[0])
+        assert not kept.recorded_nothing
+        with pytest.raises(ValueError, match="holds rows"):
+            kept.discard()
+    assert read_run_json(store)["status"] == "complete"
+    shared = TraceWriter(
+        tmp_path / "shared", {**make_run_json(), JOINED_WRITERS: ["tp1"]}, tag="tp0"
+    )
+    with shared, pytest.raises(ValueError, match="other writers"):
+        shared.discard()
 
 
 def test_a_row_of_another_dataset_is_refused(tmp_path: Path) -> None:
