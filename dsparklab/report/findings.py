@@ -439,6 +439,8 @@ def _window_attribution(
         parts = compute_window_attribution(steps, n_boot=n_boot)
     except MissingInputError:
         return [], pd.DataFrame()
+    # the frame is joined over run sets: each row says its own
+    parts = parts.assign(run_set=str(steps["run_set"].iloc[0]))
     rows = []
     for (method, dataset), part in parts.groupby(["method", "dataset"], sort=True):
         by_part = part.set_index("component")

@@ -97,14 +97,17 @@ def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any
     ]
     if not attribution.empty:
         moves = []
-        for (method, dataset), part in attribution.groupby(["method", "dataset"], sort=True):
+        keys = [k for k in ("run_set", "method", "dataset") if k in attribution.columns]
+        for _, part in attribution.groupby(keys, sort=True):
             top = part.loc[part["delta_log_speedup"].abs().idxmax()]
             direction = "raised" if top["delta_log_speedup"] > 0 else "lowered"
-            separated = not (top["lo"] <= 0.0 <= top["hi"]) if pd.notna(top["lo"]) else False
+            has_interval = pd.notna(top["lo"]) and pd.notna(top["hi"])
+            separated = has_interval and not (top["lo"] <= 0.0 <= top["hi"])
             facts.append(
                 {
-                    "method": method,
-                    "dataset": dataset,
+                    "run_set": top.get("run_set"),
+                    "method": top["method"],
+                    "dataset": top["dataset"],
                     "low_n": int(top["low_n"]),
                     "high_n": int(top["high_n"]),
                     "largest_component": str(top["component"]),
@@ -115,10 +118,16 @@ def pay_headline(best: pd.DataFrame, attribution: pd.DataFrame) -> dict[str, Any
                 }
             )
             moves.append(
-                f"{method} on {dataset}, n = {int(top['low_n'])} → {int(top['high_n'])}: "
+                f"{_who(top)}, n = {int(top['low_n'])} → {int(top['high_n'])}: "
                 f"{COMPONENT_WORDS.get(str(top['component']), top['component'])} {direction} "
                 f"log speedup most ({with_interval(top['delta_log_speedup'], top['lo'], top['hi'])}"
-                + (")" if separated else "; its interval includes 0)")
+                + (
+                    ")"
+                    if separated
+                    else "; its interval includes 0)"
+                    if has_interval
+                    else "; no interval)"
+                )
             )
         text += " Where the time went as the window grew: " + "; ".join(moves) + "."
     return {

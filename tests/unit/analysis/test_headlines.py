@@ -41,6 +41,31 @@ def test_pay_counts_what_paid_and_names_the_largest_component() -> None:
     assert "verify cost lowered log speedup most (-0.30 (-0.35 to -0.25))" in text
 
 
+def test_where_the_time_went_is_said_per_run_set_and_without_an_interval_says_so() -> None:
+    """Two run sets holding the same method and dataset (the demo's live runs beside the
+    shipped ones): one sentence each, named; a part with no interval (no bootstrap) claims
+    nothing about 0."""
+    attribution = pd.DataFrame(
+        [
+            dict(run_set=run_set, method="dspark", dataset="humaneval", component=c,
+                 delta_log_speedup=v, lo=lo, hi=hi, low_n=3, high_n=7)
+            for run_set, lo_hi in (("smol", 0.05), ("smol-live", None))
+            for c, v in (("tokens", 0.2), ("verify", -0.1))
+            for lo, hi in [(v - lo_hi, v + lo_hi) if lo_hi else (float("nan"),) * 2]
+        ]
+    )  # fmt: skip
+    made = pay_headline(_best(), attribution)
+    text = made["text"]
+    assert "dspark on smol: humaneval, n = 3 → 7:" in text
+    assert "dspark on smol-live: humaneval, n = 3 → 7:" in text
+    assert text.count("raised log speedup most") == 2
+    assert "0.20 (0.15–0.25))" in text and "0.20; no interval)" in text
+    assert "its interval includes 0" not in text
+    moves = [f for f in made["facts"] if "largest_component" in f]
+    assert [f["run_set"] for f in moves] == ["smol", "smol-live"]
+    assert [f["separated"] for f in moves] == [True, False]
+
+
 def test_which_n_does_not_name_a_winner_the_intervals_do_not_separate() -> None:
     text = n_headline(_best())["text"]
     assert "dspark on tiny/reference: humaneval: n = 3" in text
