@@ -44,7 +44,7 @@ LEVELS = ("dataset", "prompt")
 
 
 def _prompt_sums(steps: pd.DataFrame, by: list[str], match: list[str]) -> pd.DataFrame:
-    """One row per (by, prompt_id): the five sums of :data:`_SUMS`, times divided by
+    """One row per (by, match, prompt_id): the five sums of :data:`_SUMS`, times divided by
     ``t_b``, the matched baseline's time per emitted token (the side is the baseline
     itself when it holds only target-only steps). ``steps``: rows, or per-request
     step-time counters with ``prompt_id`` among their keys."""
@@ -69,7 +69,7 @@ def _prompt_sums(steps: pd.DataFrame, by: list[str], match: list[str]) -> pd.Dat
         raise MissingInputError(f"no target-only baseline matches {missing}")
     for name in COST_COMPONENTS:
         sums[name] = sums[name] / sums["t_b"]
-    return sums.drop(columns=["t_b", *(c for c in match if c not in by)])
+    return sums.drop(columns=["t_b"])
 
 
 def _shapley_cost_parts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -126,7 +126,9 @@ def compute_speedup_attribution(
         the method's own log S.
     by
         Groups compared (``dataset`` by default); prompts are paired within a group on
-        ``prompt_id``, and only prompts both sides decoded count.
+        ``prompt_id`` and the matched run settings (``match`` less ``by``: each load and
+        temperature with its own), and only prompts both sides decoded count; a prompt
+        decoded under several settings sums them and counts once.
     level
         ``"dataset"`` (one decomposition per group, with a paired percentile bootstrap
         over prompts: a prompt drawn counts on both sides) or ``"prompt"`` (one per
@@ -149,15 +151,21 @@ def compute_speedup_attribution(
         raise DSparkLabError(f"unknown attribution level {level!r}; expected one of {LEVELS}")
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
-    a = _prompt_sums(base_steps, by, match_columns(base_steps, match))
-    b = _prompt_sums(new_steps, by, match_columns(new_steps, match))
-    paired = a.merge(b, on=[*by, "prompt_id"], suffixes=("_a", "_b"), sort=True)
+    match_a, match_b = match_columns(base_steps, match), match_columns(new_steps, match)
+    a = _prompt_sums(base_steps, by, match_a)
+    b = _prompt_sums(new_steps, by, match_b)
+    settings = [c for c in match_a if c in match_b and c not in by]
+    paired = a.merge(b, on=[*by, *settings, "prompt_id"], suffixes=("_a", "_b"), sort=True)
     if paired.empty:
         raise MissingInputError(
             "the two run sets share no prompt (dataset, prompt_id): nothing to pair"
         )
     cols_a = [f"{s}_a" for s in _SUMS]
     cols_b = [f"{s}_b" for s in _SUMS]
+    # a prompt decoded under several matched settings (loads, temperatures) pairs setting
+    # by setting, then counts once: the bootstrap's unit is the prompt
+    paired = paired.groupby([*by, "prompt_id"], sort=True)[[*cols_a, *cols_b]].sum()
+    paired = paired.reset_index()
     rows = []
     keys = [*by, "prompt_id"] if level == "prompt" else by
     for key, group in paired.groupby(keys, sort=True) if keys else [((), paired)]:

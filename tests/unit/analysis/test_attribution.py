@@ -122,3 +122,23 @@ def test_prompt_level_and_missing_inputs():
     untimed = new.assign(verify_time_s=np.nan)
     with pytest.raises(MissingInputError, match="verify time"):
         compute_speedup_attribution(base, untimed)
+
+
+def test_a_prompt_decoded_at_several_loads_pairs_load_by_load_and_counts_once():
+    """Runs of two loads in one set (each with its baseline at that load): each prompt
+    pairs at its own load and counts once, so the point value, the prompt count and the
+    interval are those of the prompts, not of every pair of loads."""
+
+    def at(load: int, frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(concurrency=load, run_id=frame["run_id"] + f"-c{load}")
+
+    base = pd.concat([_steps("eagle3", 3, prompts=6, emitted=2, draft=0.01, verify=0.02), BASELINE])
+    new = pd.concat([_steps("eagle3", 7, prompts=6, emitted=3, draft=0.02, verify=0.03), BASELINE])
+    one = compute_speedup_attribution(at(1, base), at(1, new), n_boot=200)
+    both = compute_speedup_attribution(
+        pd.concat([at(1, base), at(4, base)]), pd.concat([at(1, new), at(4, new)]), n_boot=200
+    )
+    assert (both["n_prompts"] == 6).all()
+    # the same steps at both loads: the same split, and the same prompts to resample
+    np.testing.assert_allclose(both["delta_log_speedup"], one["delta_log_speedup"], atol=1e-12)
+    np.testing.assert_allclose(both[["lo", "hi"]], one[["lo", "hi"]], atol=1e-12)
