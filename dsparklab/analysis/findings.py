@@ -16,6 +16,9 @@ import pandas as pd
 
 from dsparklab.analysis._frames import as_columns, require_columns
 
+# a comparison whose intervals overlap names no winner
+CANNOT_TELL = "cannot tell"
+
 
 def speedup_trend(
     scaling: pd.DataFrame,
@@ -119,8 +122,9 @@ def seeds_answer(
         One row per dataset holding both methods: ``<block>_trend``,
         ``<autoregressive>_trend``, their ``_change``, ``published_shape`` (bool:
         :math:`\\text{block rises} \\wedge \\text{autoregressive} \\in
-        \\{\\text{flat}, \\text{falls}\\}`) and ``block_wins_at_high_n`` (the block
-        drafter's point value at the largest n is the higher one).
+        \\{\\text{flat}, \\text{falls}\\}`) and ``faster_at_high_n``: the method whose
+        interval at its largest n lies wholly above the other's (:math:`l_b > h_a`, the
+        rule of :func:`speedup_trend`), else ``"cannot tell"``.
     """
     require_columns(trend, ["dataset", "method", "trend", "change", "high"], what="seeds_answer")
     rows = []
@@ -137,7 +141,13 @@ def seeds_answer(
                 f"{autoregressive}_trend": a["trend"],
                 f"{autoregressive}_change": float(a["change"]),
                 "published_shape": bool(b["trend"] == "rises" and a["trend"] != "rises"),
-                "block_wins_at_high_n": bool(b["high"] > a["high"]),
+                "faster_at_high_n": (
+                    block
+                    if b["high_lo"] > a["high_hi"]
+                    else autoregressive
+                    if a["high_lo"] > b["high_hi"]
+                    else CANNOT_TELL
+                ),
             }
         )
     return pd.DataFrame(rows)

@@ -93,12 +93,12 @@ rows)</summary>
 intervals at the two windows do not overlap)</summary>
 <table id="seeds-answer">
 <tr><th>dataset</th><th>DSpark</th><th>Eagle3</th><th>published shape?</th>
-<th>faster at the largest n</th></tr>
+<th>faster at the largest n (intervals apart)</th></tr>
 {% for a in f.answer %}<tr><td>{{ a.dataset }}</td>
 <td>{{ a.dspark_trend }} ({{ "%+.2f"|format(a.dspark_change) }}x)</td>
 <td>{{ a.eagle3_trend }} ({{ "%+.2f"|format(a.eagle3_change) }}x)</td>
 <td>{{ "yes" if a.published_shape else "no" }}</td>
-<td>{{ "DSpark" if a.block_wins_at_high_n else "Eagle3" }}</td></tr>
+<td>{{ a.faster_at_high_n|replace("dspark", "DSpark")|replace("eagle3", "Eagle3") }}</td></tr>
 {% endfor %}</table></details>
 {% endif %}
 {% if f.acceptance %}

@@ -39,8 +39,14 @@ def test_trend_classes_follow_the_intervals():
     answer = seeds_answer(speedup_trend(scaling)).set_index("dataset")
     assert bool(answer.loc["gsm8k", "published_shape"]) is True
     assert bool(answer.loc["code", "published_shape"]) is False
-    assert bool(answer.loc["gsm8k", "block_wins_at_high_n"]) is True
-    assert bool(answer.loc["code", "block_wins_at_high_n"]) is True  # 1.45 > 1.30
+    assert answer.loc["gsm8k", "faster_at_high_n"] == "dspark"  # 1.70 > 1.65
+    assert answer.loc["code", "faster_at_high_n"] == "dspark"  # 1.40 > 1.35
+    # the same points with overlapping intervals name no winner
+    close = scaling.assign(
+        speedup_lo=np.where(scaling["n"] == 7, scaling["speedup"] - 0.2, scaling["speedup_lo"])
+    )
+    answer = seeds_answer(speedup_trend(close)).set_index("dataset")
+    assert answer.loc["code", "faster_at_high_n"] == "cannot tell"
 
 
 def test_without_intervals_the_points_decide_and_single_windows_are_skipped():
