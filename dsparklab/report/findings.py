@@ -234,7 +234,7 @@ def compute_findings(
                     {
                         "drafter": name,
                         "dataset": dataset,
-                        "position": i + 1,
+                        "position": i,
                         "reached": rows,
                         "accept rate": conf["acceptance_given_reached"][i],
                         "ECE raw": conf["ece_raw"][i],

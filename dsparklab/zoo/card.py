@@ -60,7 +60,7 @@ def acceptance_table(summary: dict[str, Any]) -> str:
         rule += "---|"
     lines = [head, rule]
     for i, (a, s) in enumerate(zip(summary["conditional"], summary["survival"], strict=True)):
-        row = f"| {i + 1} | {fmt_number(a)} | {fmt_number(s)} |"
+        row = f"| {i} | {fmt_number(a)} | {fmt_number(s)} |"
         if has_conf:
             row += f" {fmt_number(summary['confidence_mean'][i])} |"
         lines.append(row)
@@ -136,7 +136,7 @@ def decode_time_lines(evaluation: dict[str, Any]) -> list[str]:
             "",
             f"{dataset}:",
             "",
-            "| n | AL(n) | steps | " + " | ".join(f"a_{i + 1}" for i in range(width)) + " |",
+            "| n | AL(n) | steps | " + " | ".join(f"a_{i}" for i in range(width)) + " |",
             "|---|---|---|" + "---|" * width,
         ]
         for n, v in sorted(by_n.items(), key=lambda kv: int(kv[0])):

@@ -194,7 +194,7 @@ def _confidence_table(conf: dict[str, Any]) -> str:
     lines = ["Confidence head (10-bin ECE against acceptance given reached):", "", head, rule]
     for i, rows in enumerate(conf["rows"]):
         row = (
-            f"| {i + 1} | {rows} | {conf['acceptance_given_reached'][i]:.3f} | "
+            f"| {i} | {rows} | {conf['acceptance_given_reached'][i]:.3f} | "
             f"{conf['mean_raw'][i]:.3f} | {conf['ece_raw'][i]:.3f} |"
         )
         if calibrated:
