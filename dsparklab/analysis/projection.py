@@ -391,9 +391,7 @@ def compute_projected_speedup(acceptance: pd.DataFrame, costs: pd.DataFrame) -> 
             sorted(set(map(tuple, priced.loc[unpriced, ["method", "n"]].to_numpy().tolist()))),
         )
     out = out.merge(costs, on=["method", "n", *shared], how="inner")
-    split = out["draft_cost"] + out["verify_cost"]
-    # a whole-step table (cost_table_from_step_times) gives C without its parts
-    out["step_cost"] = split.fillna(out["step_cost"]) if "step_cost" in out else split
+    out["step_cost"] = _step_cost(out)
     unknown = out["step_cost"].isna()
     if unknown.any():  # a published setup's draft pass is its own drafter's (by design)
         logger.info(
@@ -507,6 +505,14 @@ def compute_window_prediction(
     return table.sort_values([*by, "n"]).reset_index(drop=True)
 
 
+def _step_cost(costs: pd.DataFrame) -> pd.Series:
+    """Each cost row's step cost :math:`C(n) = C_d + C_u`, in decode steps; where the row
+    has no split (a whole-step table, :func:`cost_table_from_step_times`) its
+    ``step_cost``; NA where it has neither (a published setup's own drafter)."""
+    split = costs["draft_cost"] + costs["verify_cost"]
+    return split.fillna(costs["step_cost"]) if "step_cost" in costs else split
+
+
 def compute_position_payoff(
     positions: pd.DataFrame,
     *,
@@ -522,7 +528,8 @@ def compute_position_payoff(
 
     With :math:`s_i` the survival of position :math:`i` (0-based; from the group's
     largest-window run), :math:`\\mathrm{AL}(a) = 1 + \\sum_{i<a} s_i` and the step cost
-    :math:`C(n)` of the cost table:
+    :math:`C(n)` of the cost table (draft + verify, or a whole-step
+    table's ``step_cost``; a window with neither is not priced):
 
     .. math::
 
@@ -554,7 +561,8 @@ def compute_position_payoff(
         survival = part[["survival", "survival_lo", "survival_hi"]].to_numpy(float)  # [P, 3]
         survival[:, 1:] = np.where(np.isnan(survival[:, 1:]), survival[:, :1], survival[:, 1:])
         for profile, cost in costs[costs["method"] == method].groupby("profile"):
-            step_cost = dict(zip(cost["n"], cost["draft_cost"] + cost["verify_cost"], strict=True))
+            priced = cost.assign(step_cost=_step_cost(cost)).dropna(subset=["step_cost"])
+            step_cost = dict(zip(priced["n"], priced["step_cost"], strict=True))
             windows = sorted(int(n) for n in step_cost if 1 <= n <= len(survival))
             for a, b in zip(windows[:-1], windows[1:], strict=True):
                 gain = survival[a:b].sum(axis=0)  # [3]: point, lo, hi

@@ -194,6 +194,12 @@ def test_position_payoff_break_even_and_best_n():
     assert jump["marginal_tokens"] == pytest.approx(s[3:7].sum())
     with pytest.raises(MissingInputError, match="fewer than two"):
         compute_position_payoff(positions, steps=steps, costs=costs[costs["n"] == 3], n_boot=0)
+    # a whole-step table (no draft / verify split) prices the same steps by its step_cost
+    whole = costs.assign(
+        step_cost=costs["draft_cost"] + costs["verify_cost"], draft_cost=np.nan, verify_cost=np.nan
+    )
+    same = compute_position_payoff(positions, steps=steps, costs=whole, n_boot=50)
+    pd.testing.assert_frame_equal(same, payoff)
     scaling = pd.DataFrame(
         {
             "dataset": "d",
