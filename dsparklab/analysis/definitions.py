@@ -279,11 +279,11 @@ def compute_ece(score: Any, label: Any, *, n_bins: int = 10) -> float:
 
     Notes
     -----
-    Equal-width bins :math:`b_k = \\min(\\lfloor p_k M \rfloor, M - 1)`:
+    Equal-width bins :math:`b_k = \\min(\\lfloor p_k M \\rfloor, M - 1)`:
 
     .. math::
 
-        \\mathrm{ECE} = \frac{1}{N} \\sum_b \\Bigl|\\sum_{k: b_k = b} (y_k - p_k)\\Bigr|
+        \\mathrm{ECE} = \\frac{1}{N} \\sum_b \\Bigl|\\sum_{k: b_k = b} (y_k - p_k)\\Bigr|
 
     the same number :func:`dsparklab.analysis.compute_calibration` finishes from counts.
     """
@@ -298,7 +298,7 @@ def compute_ece(score: Any, label: Any, *, n_bins: int = 10) -> float:
 
 
 def compute_brier(score: Any, label: Any) -> float:
-    """Brier score :math:`\frac1N \\sum_k (p_k - y_k)^2` of a score ``[N]``."""
+    """Brier score :math:`\\frac1N \\sum_k (p_k - y_k)^2` of a score ``[N]``."""
     score, label = _score_arrays(score, label)
     return float(np.mean((score - label) ** 2)) if len(score) else math.nan
 

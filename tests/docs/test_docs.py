@@ -150,3 +150,18 @@ def test_the_plugin_docs_matrix_is_the_patch_table() -> None:
         "regenerate the matrix: python -c 'from dsparklab.engines.vllm.patch_table import "
         "compatibility_matrix; print(compatibility_matrix())'"
     )
+
+
+def test_no_docstring_holds_a_control_character() -> None:
+    """A formula in a docstring that is not raw turns ``\\frac`` into a form feed and
+    ``\\rfloor`` into a carriage return: every docstring of the package reads as written."""
+    import ast
+
+    broken = []
+    for path in sorted((ROOT / "dsparklab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node, clean=False) or ""
+                if re.search(r"[\x00-\x08\x0b-\x1f]", doc):
+                    broken.append(f"{path.relative_to(ROOT)}: {getattr(node, 'name', 'module')}")
+    assert broken == []
