@@ -15,7 +15,6 @@ from plotly.subplots import make_subplots
 from dsparklab.plots._common import (
     each_line,
     empty_figure,
-    error_bars,
     finish,
     label,
     levels,
@@ -199,15 +198,20 @@ def plot_markov_counterfactual(
                 legendgroup=name,
             )
         )
-        lo, hi = line["base_accept_rate_lo"], line["base_accept_rate_hi"]
-        mid = (lo + hi) / 2
+        # the bounds alone, one vertical segment per position (no point estimate exists)
+        segments = [
+            (v, lo, hi)
+            for v, lo, hi in zip(
+                x, line["base_accept_rate_lo"], line["base_accept_rate_hi"], strict=True
+            )
+        ]
         fig.add_trace(
             go.Scatter(
-                x=x,
-                y=mid,
-                mode="markers",
-                marker=dict(color=color, size=9, symbol="line-ew-open"),
-                error_y=error_bars(mid, lo, hi, thickness=3, width=6, color=color),
+                x=[v for at, _, _ in segments for v in (at, at, None)],
+                y=[v for _, lo, hi in segments for v in (lo, hi, None)],
+                mode="lines+markers",
+                line=dict(color=color, width=3),
+                marker=dict(color=color, size=9, symbol="line-ew"),
                 name=f"{name}: base argmax (bounds)",
                 legendgroup=name,
             )

@@ -323,19 +323,26 @@ def plot_speedup_by_load(
             col=c,
         )
     if schedule is not None and not schedule.empty:
-        fig.add_trace(
-            go.Scatter(
-                x=schedule["concurrency"],
-                y=schedule["speedup"],
-                mode="markers",
-                name="the schedule's n",
-                marker=dict(size=16, symbol="circle-open", color="#212529", line=dict(width=2)),
-                text=[f"n = {n}" for n in schedule["n"]],
-                hovertemplate="schedule at concurrency %{x}: %{text}<extra></extra>",
-            ),
-            row=1,
-            col=1,
-        )
+        # each dataset's schedule rings its own panel
+        by_panel = schedule.groupby("dataset", sort=False) if "dataset" in schedule else None
+        for rings in [schedule] if by_panel is None else [part for _, part in by_panel]:
+            panel = rings["dataset"].iloc[0] if by_panel is not None else None
+            c = panels.index(panel) + 1 if panel in panels else 1
+            fig.add_trace(
+                go.Scatter(
+                    x=rings["concurrency"],
+                    y=rings["speedup"],
+                    mode="markers",
+                    name="the schedule's n",
+                    legendgroup="schedule",
+                    showlegend=c == 1,
+                    marker=dict(size=16, symbol="circle-open", color="#212529", line=dict(width=2)),
+                    text=[f"n = {n}" for n in rings["n"]],
+                    hovertemplate="schedule at concurrency %{x}: %{text}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
     fig.add_hline(y=1.0, line=dict(color="#868e96", dash="dot", width=1))
     fig.update_xaxes(title_text="requests in flight (concurrency)")
     fig.update_yaxes(title_text="speedup vs target-only at the same load", col=1)

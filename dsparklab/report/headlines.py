@@ -225,8 +225,9 @@ def bin_sentence(lengths: pd.DataFrame, column: str) -> tuple[str, list[dict[str
 def loss_headline(
     by_position: pd.DataFrame, binned: Mapping[str, pd.DataFrame] | None = None
 ) -> dict[str, Any] | None:
-    """Per method at its largest window (pooled over datasets when one run set): the first
-    draft position whose survival falls below one half, with its interval; and how AL
+    """Per method and dataset (the caller names a dataset with its run set where there
+    are several) at its largest window: the first draft position whose survival falls
+    below one half, with its interval; and how AL
     changes with output depth and context length (:func:`bin_sentence`; ``binned``: bin
     column -> AL per bin) where the runs tell it."""
     if by_position.empty or "survival" not in by_position:
