@@ -16,13 +16,18 @@ by (request_id, step, position), with row groups of ``row_group_rows``:
    layout in place) are deleted.
 
 A compaction killed midway leaves parts run.json does not name; running it again
-replaces them. An engine reading a partition directory by itself during step 3 may see
-both generations: compact before a query, not during one. Peak memory is one run's table.
+replaces them (all of them, whatever ``file_rows`` the killed attempt used), and a move out
+of the old layout killed after its commit is finished by the next run, not compacted
+again. An engine reading a partition directory by itself during step 3 may see both
+generations: compact before a query, not during one. Peak memory is one run's table.
+``out`` naming the store itself is compaction in place.
 
 A run written as ``running`` is left alone, even one whose lease lapsed (it reads as
 ``incomplete``): its writer may be alive but slow, and its next run.json, which knows no
 compaction, would hide the compacted rows and name parts already deleted. ``stale_after_s``
 compacts such a run once its lease lapsed that long ago (its writer is taken for dead).
+A run other writers join waits until every one of them has written its file: compaction
+folds them into one writer and deletes their files, so a late writer's rows would be lost.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ from dsparklab.store.layout import (
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
     find_runs,
+    joined_record,
     lease_lapsed_s,
     part_files,
     read_parts,
     read_run_json,
 )
-from dsparklab.store.schema import ALL_TABLES, JOINED_DIR, JOINED_WRITERS, RUN_JSON
+from dsparklab.store.schema import ALL_TABLES, JOINED_DIR, JOINED_WRITERS, RUN_JSON, TEMP_SUFFIX
 from dsparklab.store.writer import part_bytes, utc_now, write_run_json
 
 logger = logging.getLogger(__name__)
@@ -93,10 +99,17 @@ def compact_store(
     (``skipped`` says why a run was left alone).
     """
     store = Location.of(store)
-    dest_store = Location.of(out) if out is not None else None
+    # --out naming the store itself is compaction in place (not a copy beside each run)
+    dest_store = Location.of(out) if out is not None and Location.of(out) != store else None
     results = []
     for run in find_runs(store):
-        why = _still_written(read_run_json(run, derive_status=False), stale_after_s)
+        written = read_run_json(run, derive_status=False)
+        if dest_store is None and not is_partitioned(run) and _moved_already(run, written, store):
+            # killed between the commit and the old copy's removal: finish the removal
+            _remove_moved(run, store)
+            logger.info("removed %s: its move into the table layout had been committed", run)
+            continue
+        why = _still_written(written, stale_after_s) or _joined_writer_missing(run, written)
         if why:
             results.append(Compacted(run, run, 0, {}, {}, skipped=why))
             logger.info("skipping %s: %s", run, why)
@@ -125,6 +138,23 @@ def _still_written(written: dict[str, Any], stale_after_s: float | None) -> str:
     )
 
 
+def _moved_already(run: Location, written: dict[str, Any], store: Location) -> bool:
+    """Whether an old-layout ``run`` was already moved into ``store``'s table layout: the
+    run.json there says it was moved from ``run`` (the commit of that move)."""
+    moved = _existing(run_location(store, written))
+    return moved is not None and (moved.get("compaction") or {}).get("moved_from") == str(run)
+
+
+def _joined_writer_missing(run: Location, written: dict[str, Any]) -> str:
+    """Why a run other writers join must wait ('' when every one has written its file):
+    compaction folds the writers into one and deletes their files, so a writer that has
+    not written yet would lose its rows."""
+    missing = [tag for tag in written.get(JOINED_WRITERS) or () if joined_record(run, tag) is None]
+    if not missing:
+        return ""
+    return f"joined writer(s) {', '.join(missing)} have not written their files yet"
+
+
 def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: int) -> Compacted:
     written = read_run_json(run, derive_status=False)
     target = run_location(home, written)
@@ -141,6 +171,7 @@ def _compact_run(run: Location, home: Location, file_rows: int, row_group_rows: 
         data = _sorted(read_parts(run, table, columns))
         directory = table_location(target, table)
         directory.mkdir()
+        _clear_generation(directory, generation)  # a killed attempt's parts, any count
         starts = range(0, data.num_rows, file_rows)
         for seq, start in enumerate(starts):
             chunk = part_bytes(data.slice(start, file_rows), table, row_group_rows)
@@ -178,18 +209,39 @@ def _existing(target: Location) -> dict[str, Any] | None:
     return read_run_json(target, derive_status=False)
 
 
+def _generation_prefix(generation: int) -> str:
+    return compacted_part_name(generation, 0)[: len("part-c000-")]
+
+
+def _clear_generation(directory: Location, generation: int) -> None:
+    """Delete ``generation``'s parts in ``directory``: what a compaction killed before its
+    commit left (possibly more files than this attempt writes), which this one replaces."""
+    prefix = _generation_prefix(generation)
+    for path in directory.files(f"{prefix}*"):
+        path.delete()
+
+
 def _delete_old(target: Location, generation: int) -> None:
-    """Delete the parts the commit made obsolete: the older generations' below the target."""
+    """Delete what the commit made obsolete below the target: the older generations' parts
+    and any temporary file a killed write left (readers never list them; validate refuses
+    a run holding one)."""
+    keep = _generation_prefix(generation)
     for table in ALL_TABLES:
         directory = table_location(target, table)
-        keep = compacted_part_name(generation, 0)[: len("part-c000-")]
-        for path in directory.files("part-*.parquet") if directory.is_dir() else []:
+        if not directory.is_dir():
+            continue
+        for path in directory.files("part-*.parquet"):
             if not path.name.startswith(keep):
+                path.delete()
+        for path in directory.walk_files():
+            if path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX):
                 path.delete()
 
 
 def _remove_moved(run: Location, store: Location) -> None:
-    """Delete a run moved out of the old layout, and the directories it leaves empty."""
+    """Delete a run moved out of the old layout, and the directories it leaves empty; its
+    run.json first, so a removal cut short leaves no half run for a reader to count."""
+    (run / RUN_JSON).delete()
     run.delete()
     parent = run.parent
     while parent != store and parent.is_dir() and not parent.walk_files():

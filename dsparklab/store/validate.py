@@ -133,6 +133,18 @@ def validate_run(run_dir: Where) -> RunReport:
         report.rows[table] = len(frames[table])
     if report.violations:
         return report  # invariants are meaningless over unreadable parts
+    if report.status != "running":  # a closed run's run.json counts what its parts hold
+        recorded = meta.get("rows") or {}
+        for table, count in report.rows.items():
+            if int(recorded.get(table, 0)) != count:
+                report.violations.append(
+                    Violation(
+                        str(run_dir / RUN_JSON),
+                        f"rows.{table}",
+                        f"run.json records {int(recorded.get(table, 0))} {table} rows; its "
+                        f"current parts hold {count}",
+                    )
+                )
 
     steps, positions, requests = frames["steps"], frames["positions"], frames["requests"]
     if granularity == "token":
@@ -145,7 +157,14 @@ def validate_run(run_dir: Where) -> RunReport:
         return report
     _check_positions(positions, n, report)
     # a writer that dropped whole flushes while its store was away leaves gaps in requests
-    _check_steps(steps, positions, n, report, gaps_allowed=bool(meta.get("dropped")))
+    _check_steps(
+        steps,
+        positions,
+        n,
+        report,
+        gaps_allowed=bool(meta.get("dropped")),
+        token_level=granularity == "token",
+    )
     if report.complete and not steps.empty:
         _check_requests(steps, requests, report)
     _check_counters(frames["counters"], n, granularity, report)
@@ -524,7 +543,23 @@ def _check_steps(
     report: RunReport,
     *,
     gaps_allowed: bool = False,
+    token_level: bool = True,
 ) -> None:
+    if token_level:  # a request is recorded whole: a step that drafted has its positions
+        drafted = steps.loc[steps["num_drafted"] > 0]
+        covered = drafted.merge(
+            positions[["request_id", "step"]].drop_duplicates(),
+            on=["request_id", "step"],
+            how="left",
+            indicator=True,
+        )
+        _flag(
+            report,
+            covered[covered["_merge"] == "left_only"],
+            "num_drafted",
+            "step {step} of request {request_id} drafted {num_drafted} tokens but the run "
+            "has no position row of it",
+        )
     _flag(
         report,
         steps[steps.duplicated(["request_id", "step"], keep="first")],
