@@ -1279,3 +1279,116 @@ def test_only_tp_rank_0_of_pcp_rank_0_writes() -> None:
     # batch-sharded sampling: every TP rank writes the rows it samples into one run
     assert records_here(Ranks(tp=1), "tp0", joined=True)
     assert not records_here(Ranks(tp=1, pcp=1), "tp0", joined=True)
+
+
+def test_a_dspark_tap_on_a_device_never_reads_the_temperature_table_through_numpy(
+    tmp_path: Path,
+) -> None:
+    """On an accelerator the temperature table has no bytes on the host: the tap divides by
+    it on the device (graph-safe) instead of asking numpy whether it is all zero, which
+    raised at the first draft step and turned tracing off. A meta tensor stands in for a
+    device one (it has no data either)."""
+    from dsparklab.engines.vllm import dspark_taps
+
+    meta = torch.device("meta")
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
+    tap = dspark_taps.DSparkTap(recorder=rec, n=N, max_num_reqs=4, device=meta, level="full")
+    assert tap.all_greedy is None and not tap.positions_at_end
+    spec = SimpleNamespace(
+        temperature=torch.zeros(8, device=meta),
+        sample_idx_mapping=torch.zeros(4 * N, dtype=torch.int64, device=meta),
+        draft_logits=None,
+        model=None,
+    )
+    tap.begin(spec, 2, "dense")
+    base = torch.zeros(2 * N, 16, device=meta)
+    tap.on_draft_logits(spec, torch.zeros(2 * N, 8, device=meta), base)
+    assert tap.stash.scale is not None and tap.stash.scale.device == meta
+    rec.close()
+
+
+def test_eagle3_sampled_drafts_of_a_short_step_read_no_token_where_vllm_drafted_none() -> None:
+    """vLLM fills a step's undrafted columns with -1 (skip_drafts, a shorter window): the
+    cached log-probability there is null, never an index of -1 (a device-side assert on a
+    GPU)."""
+    from dsparklab.engines.vllm.eagle3_taps import Eagle3V2Tap
+
+    logits = torch.randn(3, N, 5)  # request states x positions x vocabulary
+    temperature = torch.tensor([0.0, 0.7, 1.0])
+    drafts = torch.tensor([[1, 2, -1], [-1, -1, -1]])
+    expected = (logits[1, :2] / 0.7).log_softmax(-1)[torch.arange(2), torch.tensor([1, 2])]
+    # vLLM 0.33 keeps the cache as a tensor, 0.34 as a DraftLogitsCache holding it
+    for cache in (logits, SimpleNamespace(values=logits, row_mapping=None)):
+        tap = SimpleNamespace(
+            n=N, spec=SimpleNamespace(draft_logits=cache, temperature=temperature)
+        )
+        got = Eagle3V2Tap._from_cache(tap, drafts, 2, torch.tensor([1, 2]))
+        assert got.shape == (2, N)
+        torch.testing.assert_close(got[0, :2], expected)
+        assert torch.isnan(got[0, 2]) and torch.isnan(got[1]).all()
+
+
+def test_eagle3_sampled_drafts_are_read_after_the_draft_pass_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tap's own log-softmax over the cached logits runs after ``draft_end``: the step's
+    draft time is vLLM's drafting, the tap's work falls outside it."""
+    import time
+
+    from dsparklab.engines.vllm import eagle3_taps
+
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "eagle3"))
+    spec = SimpleNamespace(
+        model=SimpleNamespace(compute_logits=lambda hidden: hidden),
+        current_draft_step=torch.zeros(1, dtype=torch.int64),
+        draft_logits=torch.randn(4, N, 5),
+        temperature=torch.ones(4),
+    )
+    tap = eagle3_taps.Eagle3V2Tap(
+        spec=spec, recorder=rec, n=N, max_num_reqs=4, device=torch.device("cpu"), level="full"
+    )
+    slow = eagle3_taps.Eagle3V2Tap._from_cache
+
+    def from_cache(self, *args):  # the tap's work, made long enough to show in a span
+        time.sleep(0.05)
+        return slow(self, *args)
+
+    monkeypatch.setattr(eagle3_taps.Eagle3V2Tap, "_from_cache", from_cache)
+    slot = tap.acquire()
+    slot.meta.update(req_ids=["a", "b"], idx_mapping=torch.tensor([0, 1]))
+    tap.start_timer(slot)
+    clock = slot.clock
+    tap.after(slot, torch.tensor([[1, 2, 3], [0, 4, 1]]))
+    assert clock.draft_s() is not None and clock.draft_s() < 0.04
+    rec.close()
+
+
+def test_a_draft_model_that_samples_its_block_itself_says_its_fields_are_null(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.34 lets a DSpark model run the Markov steps with its own kernels
+    (``model.sample_sequential`` returning True: Kimi K3's fused drafter): the base logits
+    come, no per-position hook does. run.json names every position field and the
+    confidence (no embeddings for the head either) as null, with why: never a silent null."""
+    from dsparklab.engines.vllm import dspark_taps
+
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "dspark"))
+    tap = dspark_taps.DSparkTap(
+        recorder=rec, n=N, max_num_reqs=4, device=torch.device("cpu"), level="full"
+    )
+    spec = SimpleNamespace(
+        temperature=torch.zeros(4),
+        sample_idx_mapping=torch.zeros(4 * N, dtype=torch.int64),
+        draft_logits=None,
+        model=SimpleNamespace(model=SimpleNamespace(confidence_head=object())),
+    )
+    tap.spec = spec
+    for _ in range(2):
+        tap.begin(spec, 2, "dense")
+        tap.on_draft_logits(spec, torch.zeros(2 * N, 8), torch.randn(2 * N, 16))
+        tap.end(spec)  # the model's own loop ran: no _sample_logits, no markov_bias
+    fields = rec.writer.meta["recorded_fields"]
+    for name in TAP_FIELDS:
+        assert fields[name].startswith("null: the draft model's own sampling path"), name
+    assert torch.isnan(tap.buffers.draft_logprob[:2]).all()
+    rec.close()

@@ -158,6 +158,7 @@ class DraftStash:
     scale: torch.Tensor | None = None  # [R, 1] the rows' temperature_scale
     greedy: bool = False  # the step's drafts are the final logits' argmax
     positions: int = 0  # positions recorded so far this step
+    sampled: int = 0  # vLLM's per-position sampler calls seen this step (any mode)
     # (positions, values) of the dense positions recorded this step, written at its end
     recorded: list[tuple[list[int], dict[str, torch.Tensor]]] = field(default_factory=list)
     # (i, bias [R, V]) of each dense position whose values are taken at the step's end,
@@ -181,7 +182,7 @@ class DraftStash:
         self.hidden = self.base = self.base_argmax = self.base_lse = self.bias = None
         self.scale = None
         self.greedy = False
-        self.positions = 0
+        self.positions = self.sampled = 0
         self.reset_at_end = False
         self.recorded = []
         self.kept = []

@@ -99,8 +99,10 @@ class DSparkTap(SpecTap):
         # replays without dispatch and so needs no stacked copies of the step's logits
         on_cpu = torch.device(kwargs["device"]).type == "cpu"
         self.positions_at_end = on_cpu
-        # whether no request state samples (the temperature table all zero), on a CPU
-        self.all_greedy = ZeroTest()
+        # whether no request state samples (the temperature table all zero), asked of the
+        # table's bytes on a CPU only (a device tensor has none to read, and a captured
+        # graph must divide by the temperature whatever it holds)
+        self.all_greedy = ZeroTest() if on_cpu else None
         # the confidence head as the affine map it is (:func:`affine_map`), on a CPU: None
         # until the first step checks it against vLLM's head, False where vLLM's is used
         self.head_map: HeadColumns | None | bool = None if on_cpu else False
@@ -204,15 +206,19 @@ class DSparkTap(SpecTap):
         self.stash.topk_index = index
         self.stash.topk_final = out.gather(1, index)
 
-    def _skipped(self, what: str) -> None:
+    def _skipped(self, what: str, *, confidence: bool = False) -> None:
+        """Say once in run.json (and the log) that the draft model's own sampling path
+        skips the hook ``what``: the position fields (and ``confidence`` where the head
+        could not be evaluated either) are null for that reason, never silently."""
         if not self._skipped_warned:
             self._skipped_warned = True
             why = f"the draft model's own sampling path does not call {what}"
-            kept = [name for name in TAP_FIELDS if name != "confidence"]
+            kept = [name for name in TAP_FIELDS if confidence or name != "confidence"]
             self.recorder.note_null(kept, why)
 
     def on_sampled(self, logits: torch.Tensor, step: int, tokens: torch.Tensor) -> None:
         stash = self.stash
+        stash.sampled += 1
         if stash.mode == "topk":
             idx = draft_index(tokens, self.t2d)
             values, index, final = stash.topk_values, stash.topk_index, stash.topk_final
@@ -306,6 +312,10 @@ class DSparkTap(SpecTap):
                 write_step(self.buffers, stash.recorded, stash.base_argmax, base, stash.scale)
             from_vllm = vllm_confidence_source(spec)
             source = from_vllm or self._evaluate_head(spec, rows)  # the head: by slot
+            if stash.base is not None and stash.sampled == 0:
+                # the model sampled the block itself (a fused Markov kernel: vLLM's
+                # sample_sequential hook) and called none of the per-position hooks
+                self._skipped("_sample_logits / markov_bias", confidence=source is None)
             if source is None and stash.reset_at_end and whole:
                 self.buffers.confidence[:rows].fill_(float("nan"))
             if self.shard is not None:

@@ -222,7 +222,9 @@ class Eagle3V2Tap(Eagle3Tap):
 
     def _from_cache(self, drafts: torch.Tensor, rows: int, idx_mapping: torch.Tensor) -> Any:
         cache = self.spec.draft_logits
-        values = getattr(cache, "values", cache)  # 0.34: DraftLogitsCache; before: a tensor
+        # 0.34: a DraftLogitsCache; before, the tensor itself (whose own ``values`` is a
+        # sparse tensor's method, so the type decides, not getattr)
+        values = cache if isinstance(cache, torch.Tensor) else cache.values
         if getattr(cache, "row_mapping", None) is not None:
             return None  # batch-sharded: rows live on their owning rank
         k = min(self.n, int(drafts.shape[1]))
@@ -230,9 +232,15 @@ class Eagle3V2Tap(Eagle3Tap):
         scale = temperature_scale(self.spec.temperature[idx_mapping[:rows]])
         assert scale is not None
         picked = drafts[:rows, :k].long().unsqueeze(-1)
-        return (logits / scale.unsqueeze(-1)).log_softmax(-1).gather(-1, picked).squeeze(-1)
+        logprobs = (logits / scale.unsqueeze(-1)).log_softmax(-1)
+        # a step that drafted fewer than n tokens (vLLM's skip_drafts, or the tail of a
+        # shorter window) holds -1 there: no token, no log-probability (and no index)
+        values = logprobs.gather(-1, picked.clamp(min=0)).squeeze(-1)
+        return values.masked_fill(picked.squeeze(-1) < 0, float("nan"))
 
     def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        assert slot.clock is not None
+        slot.clock.mark("draft_end")  # the draft pass ends here: the tap's work is not vLLM's
         idx_mapping = slot.meta.pop("idx_mapping", None)
         if self.recording:
             rows = len(slot.meta["req_ids"])

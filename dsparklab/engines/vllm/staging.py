@@ -156,7 +156,8 @@ class SpecTap:
         """Stage the new drafts (and tap buffers) of the rows in ``slot``; hand it on, or
         hold it until its engine step ends when that step is timed."""
         assert slot.clock is not None
-        slot.clock.mark("draft_end")
+        if "draft_end" not in slot.clock.marks:  # a tap may have ended the draft before its work
+            slot.clock.mark("draft_end")
         rows = len(slot.meta["req_ids"])
         if "num_drafted" not in slot.meta:
             slot.meta["num_drafted"] = min(self.n, int(drafts.shape[1]))
