@@ -81,7 +81,22 @@ def runner_facts() -> dict[str, bool]:
         # the propose wrapper stages the step's scheduled tokens from the host (an undrafted
         # decode step schedules one): a numpy field of the batch propose receives
         "batch_scheduled_on_host": "num_scheduled_tokens: np.ndarray" in _src(ib.InputBatch),
+        # every request id the kernel warmup makes is one the plugin leaves unrecorded
+        "warmup_request_ids_known": warmup_ids_known(),
     }
+
+
+def warmup_ids_known() -> bool:
+    """The request-id literals of V2's warmup (``vllm/v1/worker/gpu/warmup.py``) all start
+    with one of the plugin's :data:`WARMUP_REQUEST_PREFIXES` (and there are some)."""
+    from vllm.v1.worker.gpu import warmup
+
+    from dsparklab.engines.vllm.runs import WARMUP_REQUEST_PREFIXES
+
+    text = _src(warmup)
+    ids = re.findall(r"""req_ids? = \[?f?["'](_[^"'{]*)""", text)
+    ids += re.findall(r"""req_id_prefix: str = ["'](_[^"']*)""", text)
+    return bool(ids) and all(i.startswith(WARMUP_REQUEST_PREFIXES) for i in ids)
 
 
 def dspark_facts() -> dict[str, bool]:

@@ -1392,3 +1392,28 @@ def test_a_draft_model_that_samples_its_block_itself_says_its_fields_are_null(
         assert fields[name].startswith("null: the draft model's own sampling path"), name
     assert torch.isnan(tap.buffers.draft_logprob[:2]).all()
     rec.close()
+
+
+def test_vllms_kernel_warmup_requests_are_not_recorded(tmp_path: Path) -> None:
+    """V2 warms its kernels up before serving with requests of its own (ids as
+    ``vllm/v1/worker/gpu/warmup.py`` makes them; ``test_vllm_lines.py`` checks every
+    line's): the propose and target-only taps stage none of their steps, and the recorder
+    never counts them as requests."""
+    from dsparklab.engines.vllm import runs, v2
+
+    warm = ["_warmup_0_", "_context_warmup_1_", "_v2_mixed_warmup_decode_"]
+    assert all(runs.is_warmup_request(r) for r in warm)
+    assert not any(runs.is_warmup_request(r) for r in ("cmpl-1-0", "chatcmpl-warmup", "r0"))
+    batch = SimpleNamespace(num_reqs=len(warm), req_ids=warm)
+    call = {"dummy_run": False, "is_profile": False, "input_batch": batch}
+    assert v2.before_v2(None, None, call.__getitem__) is None  # before any slot is taken
+    rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "eagle3"))
+    runs.STATE.recorders.append(rec)
+    try:
+        execute = runs.wrap_execute_model(lambda self, out: None)
+        new = [SimpleNamespace(req_id=r) for r in (*warm, "cmpl-1-0")]
+        execute(None, SimpleNamespace(scheduled_new_reqs=new, finished_req_ids=set()))
+        assert rec.in_flight() == {"cmpl-1-0"}
+    finally:
+        runs.STATE.recorders.remove(rec)
+        rec.close()

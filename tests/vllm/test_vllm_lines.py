@@ -44,6 +44,7 @@ FACTS_EVERY_LINE = {
     "last_sampled_2d",
     "markov_sum_unfused",
     "batch_scheduled_on_host",
+    "warmup_request_ids_known",
 }
 FACTS: dict[str, set[str]] = {
     "0.32": FACTS_EVERY_LINE,

@@ -479,6 +479,17 @@ def model_runner_of(runner: Any) -> str:
     return "v2" if any(c.__module__ == _V2_RUNNER_MODULE for c in type(runner).__mro__) else "v1"
 
 
+# Model Runner V2 warms its kernels up before serving, with requests of its own
+# (vllm/v1/worker/gpu/warmup.py: "_warmup_{i}_", "_context_warmup_{i}_" on 0.34,
+# "_v2_mixed_warmup_..."): no user sent them, and their steps time the compiling
+WARMUP_REQUEST_PREFIXES = ("_warmup_", "_context_warmup_", "_v2_mixed_warmup")
+
+
+def is_warmup_request(req_id: str) -> bool:
+    """Whether ``req_id`` is one of vLLM's own kernel-warmup requests (never recorded)."""
+    return req_id.startswith(WARMUP_REQUEST_PREFIXES)
+
+
 def ended_request_ids(scheduler_output: Any) -> tuple[set[str], set[str]]:
     """(finished, preempted) request ids of this step; a preempted request frees its
     state and comes back later under the same id, its draft never verified."""
@@ -496,7 +507,9 @@ def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 finished, preempted = ended_request_ids(scheduler_output)
                 started = {
-                    str(r.req_id) for r in getattr(scheduler_output, "scheduled_new_reqs", ())
+                    str(r.req_id)
+                    for r in getattr(scheduler_output, "scheduled_new_reqs", ())
+                    if not is_warmup_request(str(r.req_id))
                 }
                 for rec in live_recorders() if finished or preempted or started else ():
                     rec.start_requests(started)

@@ -199,6 +199,8 @@ class TargetOnlyTap(SpecTap):
         if rows <= 0:
             return None
         req_ids = list(batch.req_ids[:rows])
+        if all(runs.is_warmup_request(str(r)) for r in req_ids):
+            return None  # vLLM's kernel warmup before serving
         slot = self.acquire()
         slot.meta.update(target_only=True, req_ids=req_ids)
         if scheduler_output is not None:  # V1: everything is on the host

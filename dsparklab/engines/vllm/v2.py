@@ -21,7 +21,7 @@ import torch
 
 from dsparklab.engines.vllm.core import HostSlot
 from dsparklab.engines.vllm.eagle3_taps import Eagle3V2Tap
-from dsparklab.engines.vllm.runs import lazy_tap
+from dsparklab.engines.vllm.runs import is_warmup_request, lazy_tap
 from dsparklab.engines.vllm.staging import TAP_ATTR, Arguments, SpecTap, tap_of, wrap_propose
 
 
@@ -40,8 +40,8 @@ def before_v2(tap: SpecTap, _spec: Any, arg: Arguments) -> HostSlot | None:
         return None
     batch = arg("input_batch")
     rows = int(batch.num_reqs)
-    if rows <= 0:
-        return None
+    if rows <= 0 or all(is_warmup_request(str(r)) for r in batch.req_ids[:rows]):
+        return None  # nothing scheduled, or vLLM's kernel warmup before serving
     slot = tap.acquire()
     ring = tap.ring
     ring.copy_in(slot, "num_sampled", arg("num_sampled")[:rows])
