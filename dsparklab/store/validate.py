@@ -16,7 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
-from dsparklab.store.layout import is_partitioned, partition_values, run_tables, table_location
+from dsparklab.store.layout import (
+    RUNS_ROW,
+    RUNS_TABLE,
+    is_partitioned,
+    partition_values,
+    run_tables,
+    table_location,
+)
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
     check_part_schema,
@@ -109,6 +116,8 @@ def validate_run(run_dir: Where) -> RunReport:
     report.status = meta["status"]
     n = meta["num_speculative_tokens"]
     granularity = run_granularity(meta)
+    if is_partitioned(run_dir):
+        _check_runs_row(run_dir, report)
 
     # an object store commits a part in one PUT: only a disk can hold a leftover
     homes = run_tables(run_dir, tuple(ALL_TABLES)) if run_dir.is_local else []
@@ -171,6 +180,23 @@ def validate_run(run_dir: Where) -> RunReport:
     _check_totals(frames["totals"], frames["counters"], granularity, report)
     _check_calibration(frames["calibration"], n, report)
     return report
+
+
+def _check_runs_row(run_dir: Location, report: RunReport) -> None:
+    """The runs table's row of a run in the table layout: there (an engine reading
+    ``<store>/runs`` lists the run from it), with the status run.json's writer wrote."""
+    row = table_location(run_dir, RUNS_TABLE) / RUNS_ROW
+    if not row.is_file():
+        report.violations.append(
+            Violation(str(row), None, "the runs table has no row for this run")
+        )
+        return
+    written = read_run_json(run_dir, derive_status=False, joined=False)["status"]
+    (status,) = pq.read_table(row.path, filesystem=row.fs, columns=["status"])["status"].to_pylist()
+    if status != written:
+        report.violations.append(
+            Violation(str(row), "status", f"the runs table says {status!r}; run.json {written!r}")
+        )
 
 
 def _check_granularity(
