@@ -126,9 +126,9 @@ def compute_speedup_attribution(
         the method's own log S.
     by
         Groups compared (``dataset`` by default); prompts are paired within a group on
-        ``prompt_id`` and the matched run settings (``match`` less ``by``: each load and
-        temperature with its own), and only prompts both sides decoded count; a prompt
-        decoded under several settings sums them and counts once.
+        ``prompt_id``, and only prompts both sides decoded count. A side holding a prompt
+        under several matched settings (loads, temperatures, each against its own
+        baseline) sums them: the prompt counts once.
     level
         ``"dataset"`` (one decomposition per group, with a paired percentile bootstrap
         over prompts: a prompt drawn counts on both sides) or ``"prompt"`` (one per
@@ -151,21 +151,22 @@ def compute_speedup_attribution(
         raise DSparkLabError(f"unknown attribution level {level!r}; expected one of {LEVELS}")
     if not 0.0 < ci < 1.0:
         raise DSparkLabError(f"ci must be in (0, 1), got {ci}; e.g. ci=0.95")
-    match_a, match_b = match_columns(base_steps, match), match_columns(new_steps, match)
-    a = _prompt_sums(base_steps, by, match_a)
-    b = _prompt_sums(new_steps, by, match_b)
-    settings = [c for c in match_a if c in match_b and c not in by]
-    paired = a.merge(b, on=[*by, *settings, "prompt_id"], suffixes=("_a", "_b"), sort=True)
+    # per side and prompt: a prompt decoded under several matched settings (loads,
+    # temperatures), each scaled by its own baseline, sums them and counts once (the
+    # bootstrap's unit is the prompt); the sides themselves may differ in them (one load
+    # against another)
+    keys = [*by, "prompt_id"]
+    a, b = (
+        _prompt_sums(side, by, match_columns(side, match)).groupby(keys)[list(_SUMS)].sum()
+        for side in (base_steps, new_steps)
+    )
+    paired = a.reset_index().merge(b.reset_index(), on=keys, suffixes=("_a", "_b"), sort=True)
     if paired.empty:
         raise MissingInputError(
             "the two run sets share no prompt (dataset, prompt_id): nothing to pair"
         )
     cols_a = [f"{s}_a" for s in _SUMS]
     cols_b = [f"{s}_b" for s in _SUMS]
-    # a prompt decoded under several matched settings (loads, temperatures) pairs setting
-    # by setting, then counts once: the bootstrap's unit is the prompt
-    paired = paired.groupby([*by, "prompt_id"], sort=True)[[*cols_a, *cols_b]].sum()
-    paired = paired.reset_index()
     rows = []
     keys = [*by, "prompt_id"] if level == "prompt" else by
     for key, group in paired.groupby(keys, sort=True) if keys else [((), paired)]:

@@ -124,10 +124,10 @@ def test_prompt_level_and_missing_inputs():
         compute_speedup_attribution(base, untimed)
 
 
-def test_a_prompt_decoded_at_several_loads_pairs_load_by_load_and_counts_once():
-    """Runs of two loads in one set (each with its baseline at that load): each prompt
-    pairs at its own load and counts once, so the point value, the prompt count and the
-    interval are those of the prompts, not of every pair of loads."""
+def test_a_prompt_decoded_at_several_loads_counts_once():
+    """Runs of two loads in one set (each with its baseline at that load): each side sums
+    a prompt's loads and the prompt counts once, so the point value, the prompt count and
+    the interval are those of the prompts, not of every pair of loads."""
 
     def at(load: int, frame: pd.DataFrame) -> pd.DataFrame:
         return frame.assign(concurrency=load, run_id=frame["run_id"] + f"-c{load}")
@@ -142,3 +142,7 @@ def test_a_prompt_decoded_at_several_loads_pairs_load_by_load_and_counts_once():
     # the same steps at both loads: the same split, and the same prompts to resample
     np.testing.assert_allclose(both["delta_log_speedup"], one["delta_log_speedup"], atol=1e-12)
     np.testing.assert_allclose(both[["lo", "hi"]], one[["lo", "hi"]], atol=1e-12)
+    # one load against another (the regression notebook's BASE and NEW): prompts pair
+    across = compute_speedup_attribution(at(1, base), at(4, new), n_boot=0)
+    assert (across["n_prompts"] == 6).all()
+    np.testing.assert_allclose(across["delta_log_speedup"], one["delta_log_speedup"], atol=1e-12)
