@@ -102,13 +102,11 @@ def compact_store(
     # --out naming the store itself is compaction in place (not a copy beside each run)
     dest_store = Location.of(out) if out is not None and Location.of(out) != store else None
     results = []
-    for run in find_runs(store):
+    runs = find_runs(store)
+    if dest_store is None:  # first, before a run's target is compacted again
+        runs = [run for run in runs if not _finish_move(run, store)]
+    for run in runs:
         written = read_run_json(run, derive_status=False)
-        if dest_store is None and not is_partitioned(run) and _moved_already(run, written, store):
-            # killed between the commit and the old copy's removal: finish the removal
-            _remove_moved(run, store)
-            logger.info("removed %s: its move into the table layout had been committed", run)
-            continue
         why = _still_written(written, stale_after_s) or _joined_writer_missing(run, written)
         if why:
             results.append(Compacted(run, run, 0, {}, {}, skipped=why))
@@ -138,11 +136,18 @@ def _still_written(written: dict[str, Any], stale_after_s: float | None) -> str:
     )
 
 
-def _moved_already(run: Location, written: dict[str, Any], store: Location) -> bool:
-    """Whether an old-layout ``run`` was already moved into ``store``'s table layout: the
-    run.json there says it was moved from ``run`` (the commit of that move)."""
-    moved = _existing(run_location(store, written))
-    return moved is not None and (moved.get("compaction") or {}).get("moved_from") == str(run)
+def _finish_move(run: Location, store: Location) -> bool:
+    """Remove an old-layout ``run`` whose move into ``store``'s table layout was committed
+    (the run.json there says it was moved from ``run``) but not finished (a compaction
+    killed between its commit and the removal); whether it did."""
+    if is_partitioned(run):
+        return False
+    moved = _existing(run_location(store, read_run_json(run, derive_status=False)))
+    if moved is None or (moved.get("compaction") or {}).get("moved_from") != str(run):
+        return False
+    _remove_moved(run, store)
+    logger.info("removed %s: its move into the table layout had been committed", run)
+    return True
 
 
 def _joined_writer_missing(run: Location, written: dict[str, Any]) -> str:

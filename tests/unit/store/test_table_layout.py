@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,112 @@ def test_compact_cli_reports_each_run_and_leaves_a_running_one(tmp_path: Path) -
     )
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.count("\n") == 1 and "nowhere" in missing.stderr
+
+
+def test_a_rerun_replaces_every_part_a_killed_attempt_left_at_its_generation(
+    tmp_path: Path,
+) -> None:
+    """A compaction killed before its commit with a smaller file size left more files of
+    the next generation than the rerun writes: the rerun clears them all, so no reader
+    counts a row twice, and run.json's counts match the parts (validate checks it)."""
+    root = _store(tmp_path / "store")
+    compact_store(root)
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    before = _tables(root)
+    # the killed attempt's generation 2, in files of 10 rows
+    rows = pq.read_table(part_files(run, "positions")[0].path)
+    for seq, start in enumerate(range(0, rows.num_rows, 10)):
+        name = f"part-c002-{seq:05d}.parquet"
+        (table_location(run, "positions") / name).write_bytes(
+            part_bytes(rows.slice(start, 10), "positions")
+        )
+    # and a temporary file its killed write left
+    (Path(table_location(run, "positions").path) / ".part-c002-99999.parquet.1-1.tmp").write_bytes(
+        b"PAR1"
+    )
+    compact_store(root)  # one file per table this time
+    after = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[table], before[table], check_dtype=False)
+    assert [p.name for p in part_files(run, "positions")] == ["part-c002-00000.parquet"]
+    assert table_dataset(root, "positions").count_rows() == len(before["positions"])
+    assert not list(Path(table_location(run, "positions").path).glob(".*.tmp"))
+    assert all(r.ok for r in validate_trace(root))
+
+
+def test_a_move_killed_after_its_commit_is_finished_not_compacted_again(tmp_path: Path) -> None:
+    """Moving an old-layout run: after the commit, before the old copy is gone (here: its
+    positions already deleted, its run.json not yet). The rerun removes the old copy and
+    keeps the moved run whole."""
+    root = _old_store(tmp_path / "store", tmp_path / "scratch")
+    before = _tables(root)
+    old = next(r for r in find_runs(root) if "dspark" in str(r))
+    moved = compact_store(root, out=tmp_path / "elsewhere")  # the move's result, elsewhere
+    assert len(moved) == 3
+    # replay the in-place move's commit for the DSpark run, then cut its removal short
+    compact_store(root)  # moves all three, committed and removed
+    assert not Path(old.path).exists()
+    as_old_layout(
+        Path(next(r for r in find_runs(tmp_path / "elsewhere") if "dspark" in str(r)).path),
+        Path(old.path),
+    )
+    shutil.rmtree(Path(old.path) / "positions")
+    meta_path = (
+        next(Path(r.path) for r in find_runs(root) if is_partitioned(r) and "dspark" in str(r))
+        / "run.json"
+    )
+    meta = json.loads(meta_path.read_text())
+    meta["compaction"]["moved_from"] = str(old)
+    meta_path.write_text(json.dumps(meta))
+    results = compact_store(root)
+    assert not Path(old.path).exists()
+    assert len(find_runs(root)) == 3
+    # the old copy was only removed: every run compacted is the table layout's
+    assert len(results) == 3 and all(is_partitioned(r.source) for r in results)
+    after = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[table], before[table], check_dtype=False)
+
+
+def test_out_naming_the_store_compacts_in_place(tmp_path: Path) -> None:
+    root = _old_store(tmp_path / "store", tmp_path / "scratch")
+    before = _tables(root)
+    compact_store(root, out=root)
+    assert len(find_runs(root)) == 3 and all(is_partitioned(r) for r in find_runs(root))
+    after = _tables(root)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[table], before[table], check_dtype=False)
+
+
+def test_a_run_whose_joined_writer_has_not_written_waits(tmp_path: Path) -> None:
+    """Compaction folds the writers of a run into one and deletes their files: a joined
+    writer with no file yet would lose its rows, so the run is left alone."""
+    from dsparklab.store import TraceWriter
+    from dsparklab.store.schema import JOINED_WRITERS
+
+    root = tmp_path / "store"
+    with TraceWriter(root, {**make_run_json(), JOINED_WRITERS: ["tp1"]}, tag="tp0") as owner:
+        owner.add_many("steps", [])
+    (result,) = compact_store(root)
+    assert "tp1" in result.skipped and result.generation == 0
+
+
+def test_validate_holds_run_json_counts_to_the_parts_and_drafted_steps_to_positions(
+    tmp_path: Path,
+) -> None:
+    root = _store(tmp_path / "store")
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    meta_path = Path(run.path) / "run.json"
+    meta = json.loads(meta_path.read_text())
+    meta["rows"]["steps"] += 1
+    meta_path.write_text(json.dumps(meta))
+    (report,) = validate_trace(run)
+    assert [v.field for v in report.violations] == ["rows.steps"]
+    meta["rows"]["steps"] -= 1
+    meta_path.write_text(json.dumps(meta))
+    for part in Path(table_location(run, "positions").path).glob("part-*.parquet"):
+        part.unlink()
+    meta["rows"]["positions"] = 0
+    meta_path.write_text(json.dumps(meta))
+    (report,) = validate_trace(run)
+    assert report.violations and {v.field for v in report.violations} == {"num_drafted"}
