@@ -142,7 +142,9 @@ def validate_run(run_dir: Where) -> RunReport:
         report.rows[table] = len(frames[table])
     if report.violations:
         return report  # invariants are meaningless over unreadable parts
-    if report.status != "running":  # a closed run's run.json counts what its parts hold
+    # a complete run's run.json counts what its parts hold (a killed writer's may lag the
+    # parts it wrote after its last run.json: incomplete, not corrupt)
+    if report.complete:
         recorded = meta.get("rows") or {}
         for table, count in report.rows.items():
             if int(recorded.get(table, 0)) != count:
@@ -172,7 +174,9 @@ def validate_run(run_dir: Where) -> RunReport:
         n,
         report,
         gaps_allowed=bool(meta.get("dropped")),
-        token_level=granularity == "token",
+        # a writer killed between a flush's steps part and its positions part leaves steps
+        # without their positions: only a complete run must hold every one
+        positions_required=granularity == "token" and report.complete,
     )
     if report.complete and not steps.empty:
         _check_requests(steps, requests, report)
@@ -569,9 +573,9 @@ def _check_steps(
     report: RunReport,
     *,
     gaps_allowed: bool = False,
-    token_level: bool = True,
+    positions_required: bool = True,
 ) -> None:
-    if token_level:  # a request is recorded whole: a step that drafted has its positions
+    if positions_required:  # a request is recorded whole: a step that drafted has positions
         drafted = steps.loc[steps["num_drafted"] > 0]
         covered = drafted.merge(
             positions[["request_id", "step"]].drop_duplicates(),
