@@ -57,6 +57,7 @@ from dsparklab.store.location import Location
 
 OVERHEAD_GOAL = 0.03
 SUM_GOAL = 0.05
+TIERS = ("smol", "tiny")
 CONFIGS = (("dspark", 3), ("dspark", 7), ("eagle3", 3), ("eagle3", 7), ("none", 0))
 STEP_FIELDS = ("draft_time_s", "verify_time_s", "other_time_s", "batch_size", "emitted")
 POSITION_FIELDS = ("draft_logprob", "base_logprob", "markov_bias", "markov_flip", "confidence")
@@ -65,6 +66,12 @@ POSITION_FIELDS = ("draft_logprob", "base_logprob", "markov_bias", "markov_flip"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where the traced runs are written")
+    parser.add_argument(
+        "--tier",
+        choices=TIERS,
+        default="smol",
+        help="the zoo's models to serve: <tier>-target and its drafters (see the docstring)",
+    )
     parser.add_argument("--dataset", default="humaneval")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per run")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -89,6 +96,9 @@ def options(args: argparse.Namespace, out: str | Path) -> CollectOptions:
     return CollectOptions(
         methods=("dspark", "eagle3", "none"),
         ns=(3, 7),
+        target=f"{args.tier}-target",
+        dspark=f"{args.tier}-dspark",
+        eagle3=f"{args.tier}-eagle3",
         datasets=(args.dataset,),
         out=out,
         limit=args.prompts,
@@ -335,7 +345,7 @@ def untraced(spec: Any) -> Iterator[None]:
 
 
 def draft_pass(
-    rounds: int, levels: list[str], rows: int = 4, reps: int = 20, copies: int = 3
+    tier: str, rounds: int, levels: list[str], rows: int = 4, reps: int = 20, copies: int = 3
 ) -> pd.DataFrame:
     """The taps' cost on the draft pass alone, where it can be told from noise: vLLM's own
     DSpark Markov stage (``_sample_sequential``) and Eagle3 positions (``compute_logits``
@@ -356,7 +366,7 @@ def draft_pass(
 
     out = []
     for method, n in [c for c in CONFIGS if c[0] != "none"]:
-        drafter = zoo_path(f"tiny-{method}")
+        drafter = zoo_path(f"{tier}-{method}")
         built = []  # (level, call, untraced context)
         hidden = None  # the same inputs for every speculator
         for level, _ in itertools.product(levels, range(copies)):
@@ -366,7 +376,7 @@ def draft_pass(
             # room for 8 requests, as every run so far, or for the rows asked where more
             max_reqs = max(rows, 8)
             vllm_config = harness.cpu_vllm_config(
-                zoo_path("tiny-target"), method, drafter, n, max_reqs
+                zoo_path(f"{tier}-target"), method, drafter, n, max_reqs
             )
             spec = harness.load_speculator(vllm_config, method)
             if hidden is None:
@@ -424,7 +434,7 @@ def draft_pass_in_processes(args: argparse.Namespace) -> pd.DataFrame:
         for index in range(args.pass_processes):
             path = Path(scratch) / f"pass-{index}.json"
             command = [sys.executable, __file__, "--out", str(args.out)]
-            command += ["--rounds", str(args.rounds), "--levels", args.levels]
+            command += ["--tier", args.tier, "--rounds", str(args.rounds), "--levels", args.levels]
             command += ["--max-num-seqs", str(args.max_num_seqs), "--draft-pass-json", str(path)]
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             frames.append(pd.read_json(path, orient="split"))
@@ -572,22 +582,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.draft_pass_json:  # one of draft_pass_in_processes' fresh processes
-        passes = draft_pass(args.rounds, args.levels.split(","), rows=args.max_num_seqs)
+        passes = draft_pass(args.tier, args.rounds, args.levels.split(","), rows=args.max_num_seqs)
         passes.to_json(args.draft_pass_json, orient="split")
         return 0
     out = Path(args.out)
     served = harness.collect(options(args, out), max_num_seqs=args.max_num_seqs)
     timelines = {run.spec.name: run.timeline for run in served}
     sums = step_sums(timelines, out)
-    models = ModelSet("tiny-target")
+    models = ModelSet(f"{args.tier}-target", {m: f"{args.tier}-{m}" for m in ("dspark", "eagle3")})
     times = overhead(args, models)
     table = overhead_table(times)
     passes = draft_pass_in_processes(args)
     host = host_work(args, models)
     by_run = sums.groupby("run")["rel_err"].agg(["median", "max", "count"])
     print(
-        f"# V2 harness step costs ({args.rounds} rounds, {args.prompts} prompts, "
-        f"{args.max_new_tokens} tokens, {args.max_num_seqs} in flight)\n"
+        f"# V2 harness step costs ({args.tier} models, {args.rounds} rounds, "
+        f"{args.prompts} prompts, {args.max_new_tokens} tokens, {args.max_num_seqs} in flight)\n"
     )
     print(markdown_table(table.reset_index()))
     print(f"\noverhead goal: <= {OVERHEAD_GOAL:.0%} of the step")
