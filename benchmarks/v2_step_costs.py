@@ -22,7 +22,19 @@ V2 runner's method order) with the plugin's own wrappers around it. This script:
    time the driver measured around ``execute_model`` + ``sample_tokens`` (goal: within 5 %);
 5. prints each field's coverage (the share of rows where it is not null).
 
+The models (``--tier``): the taps' cost is mostly passes over the draft vocabulary at each
+drafted position, a fixed amount per step beside a target forward that grows with the
+model. Draft-vocabulary entries per target FLOP of a token: Kimi K2.6 (163,840 over about
+64 GFLOP) 2.6e-6; the zoo's ``smol`` (SmolLM2-135M, a drafter vocabulary of 8,192 over
+269 MFLOP) 3.0e-5, twelve times Kimi's; ``tiny`` (2.4 M parameters, 4,096 over 4.7
+MFLOP) 8.7e-4, 340 times Kimi's, where the taps weigh as much against the step as a
+large share of the target's own LM head. So ``smol`` (the default) is the tier whose
+ratio says something about a served model; ``tiny`` runs in about half the time and
+shows the taps' cost where it is largest (``dsparklab zoo prepare --tier smol`` makes
+the smol target once).
+
     .venv/bin/python benchmarks/v2_step_costs.py --out runs/v2-harness
+    .venv/bin/python benchmarks/v2_step_costs.py --tier tiny --out runs/v2-harness-tiny
 """
 
 from __future__ import annotations

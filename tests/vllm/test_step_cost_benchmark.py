@@ -253,8 +253,22 @@ def test_the_draft_pass_is_timed_for_more_rows_than_eight() -> None:
     with 16 requests in flight asked for 16 rows of a speculator sized for 8)."""
     bench = _module()
     try:
-        passes = bench.draft_pass(1, ["full"], rows=12, reps=1, copies=1)
+        passes = bench.draft_pass("tiny", 1, ["full"], rows=12, reps=1, copies=1)
     finally:
         patching.uninstall()
     assert set(passes.index) == {"dspark-n3", "dspark-n7", "eagle3-n3", "eagle3-n7"}
     assert (passes["draft pass ms off"] > 0).all()
+
+
+@pytest.mark.parametrize(("argv", "tier"), [([], "smol"), (["--tier", "tiny"], "tiny")])
+def test_the_tier_picks_every_model_the_runs_serve(argv: list[str], tier: str) -> None:
+    """smol by default (the tier whose taps-to-step ratio says something of a served
+    model); each of the target and both drafters from the tier asked."""
+    bench = _module()
+    args = bench.parse_args(["--out", "runs", *argv])
+    opts = bench.options(args, "runs")
+    assert (opts.target, opts.dspark, opts.eagle3) == (
+        f"{tier}-target",
+        f"{tier}-dspark",
+        f"{tier}-eagle3",
+    )

@@ -171,6 +171,12 @@ def position_out_of_range(run: Path) -> tuple[str, str | None]:
     return part.name, "position"
 
 
+def position_without_step_row(run: Path) -> tuple[str, str | None]:
+    part = _first(run, "positions")  # the last row names a step the run never took
+    _rewrite(part, lambda t: _set_column(t, "step", t["step"].to_pylist()[:-1] + [999]))
+    return part.name, "step"
+
+
 def empty_run(run: Path) -> tuple[str, str | None]:
     for part in _table(run, "steps").glob("*.parquet"):
         part.unlink()
@@ -242,6 +248,7 @@ INVARIANT_BREAKS = [
     not_prefix_closed,
     duplicate_rows,
     position_out_of_range,
+    position_without_step_row,
     empty_run,
     accepted_len_mismatch,
     steps_not_contiguous,
