@@ -30,8 +30,8 @@ model. Draft-vocabulary entries per target FLOP of a token: Kimi K2.6 (163,840 o
 MFLOP) 8.7e-4, 340 times Kimi's, where the taps weigh as much against the step as a
 large share of the target's own LM head. So ``smol`` (the default) is the tier whose
 ratio says something about a served model; ``tiny`` runs in about half the time and
-shows the taps' cost where it is largest (``dsparklab zoo prepare --tier smol`` makes
-the smol target once).
+shows the taps' cost where it is largest. The smol target is made from its PyPI wheel on
+first use, as ``dsparklab zoo prepare --tier smol`` makes it.
 
     .venv/bin/python benchmarks/v2_step_costs.py --out runs/v2-harness
     .venv/bin/python benchmarks/v2_step_costs.py --tier tiny --out runs/v2-harness-tiny
@@ -597,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
         passes = draft_pass(args.tier, args.rounds, args.levels.split(","), rows=args.max_num_seqs)
         passes.to_json(args.draft_pass_json, orient="split")
         return 0
+    if args.tier == "smol":  # made from its PyPI wheel on first use (idempotent)
+        from dsparklab.zoo import ZOO_DIR
+        from dsparklab.zoo.smol.prepare import prepare_smol_target
+
+        prepare_smol_target(ZOO_DIR)
     out = Path(args.out)
     served = harness.collect(options(args, out), max_num_seqs=args.max_num_seqs)
     timelines = {run.spec.name: run.timeline for run in served}
