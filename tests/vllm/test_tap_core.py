@@ -1328,32 +1328,40 @@ def test_eagle3_sampled_drafts_of_a_short_step_read_no_token_where_vllm_drafted_
         assert torch.isnan(got[0, 2]) and torch.isnan(got[1]).all()
 
 
-def test_eagle3_sampled_drafts_are_read_after_the_draft_pass_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_eagle3_taps_stage_their_values_after_the_draft_pass_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner: str
 ) -> None:
-    """The tap's own log-softmax over the cached logits runs after ``draft_end``: the step's
-    draft time is vLLM's drafting, the tap's work falls outside it."""
+    """The tap's own work at the draft's end (V2: the log-softmax over the cached logits;
+    V1: the positions' log-probabilities stacked) runs after ``draft_end``: the step's draft
+    time is vLLM's drafting, the tap's work falls outside it."""
     import time
 
     from dsparklab.engines.vllm import eagle3_taps
 
     rec = TraceRecorder(N, dataset="d", writer=_writer(tmp_path / "run", "eagle3"))
-    spec = SimpleNamespace(
-        model=SimpleNamespace(compute_logits=lambda hidden: hidden),
-        current_draft_step=torch.zeros(1, dtype=torch.int64),
-        draft_logits=torch.randn(4, N, 5),
-        temperature=torch.ones(4),
-    )
-    tap = eagle3_taps.Eagle3V2Tap(
-        spec=spec, recorder=rec, n=N, max_num_reqs=4, device=torch.device("cpu"), level="full"
-    )
-    slow = eagle3_taps.Eagle3V2Tap._from_cache
+    model = SimpleNamespace(compute_logits=lambda hidden: hidden)
+    common = {"recorder": rec, "n": N, "max_num_reqs": 4, "device": torch.device("cpu")}
+    if runner == "v2":
+        spec = SimpleNamespace(
+            model=model,
+            current_draft_step=torch.zeros(1, dtype=torch.int64),
+            draft_logits=torch.randn(4, N, 5),
+            temperature=torch.ones(4),
+        )
+        cls, work = eagle3_taps.Eagle3V2Tap, "_from_cache"
+        tap = cls(spec=spec, level="full", **common)
+    else:
+        cls, work = eagle3_taps.Eagle3V1Tap, "_logprobs"
+        tap = cls(drafter=SimpleNamespace(model=model), level="full", **common)
+        tap.begin()
+    slow = getattr(cls, work)
 
-    def from_cache(self, *args):  # the tap's work, made long enough to show in a span
+    def slowed(self, *args):  # the tap's work, made long enough to show in a span
         time.sleep(0.05)
         return slow(self, *args)
 
-    monkeypatch.setattr(eagle3_taps.Eagle3V2Tap, "_from_cache", from_cache)
+    monkeypatch.setattr(cls, work, slowed)
     slot = tap.acquire()
     slot.meta.update(req_ids=["a", "b"], idx_mapping=torch.tensor([0, 1]))
     tap.start_timer(slot)

@@ -122,14 +122,13 @@ class DSparkTap(SpecTap):
         self.shard = None
         self.stash.clear()
 
-    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
-        """Stage the step as :class:`SpecTap` does, saying whether its draft was sampled
-        batch-sharded (the recorder then writes the rows this rank sampled). Asked of the
-        speculator at every step, on the host: a replayed graph runs no tap Python."""
+    def stage_values(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        """Say whether the step's draft was sampled batch-sharded (the recorder then writes
+        the rows this rank sampled). Asked of the speculator at every step, on the host: a
+        replayed graph runs no tap Python."""
         size = sharded_sampling_size(self.spec)
         if size is not None:
             slot.meta["sharded_over"] = size
-        super().after(slot, drafts)
 
     # -- one draft step ----------------------------------------------------------------
     def begin(self, spec: Any, num_reqs: int, mode: str) -> None:

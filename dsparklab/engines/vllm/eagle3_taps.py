@@ -134,7 +134,7 @@ class Eagle3V1Tap(Eagle3Tap):
         self._set_source(FROM_LOGITS)
         return torch.stack([c[:rows] for c in calls], dim=1)
 
-    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+    def stage_values(self, slot: HostSlot, drafts: torch.Tensor) -> None:
         self._collecting = False
         if self.recording:
             rows = len(slot.meta["req_ids"])
@@ -147,7 +147,6 @@ class Eagle3V1Tap(Eagle3Tap):
                 padded[:, :k] = values[:, :k]
             self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
             self._calls = []
-        super().after(slot, drafts)
 
 
 def wrap_compute_logits(model: Any, tap: Eagle3V1Tap | Eagle3V2Tap) -> None:
@@ -238,9 +237,7 @@ class Eagle3V2Tap(Eagle3Tap):
         values = logprobs.gather(-1, picked.clamp(min=0)).squeeze(-1)
         return values.masked_fill(picked.squeeze(-1) < 0, float("nan"))
 
-    def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
-        assert slot.clock is not None
-        slot.clock.mark("draft_end")  # the draft pass ends here: the tap's work is not vLLM's
+    def stage_values(self, slot: HostSlot, drafts: torch.Tensor) -> None:
         idx_mapping = slot.meta.pop("idx_mapping", None)
         if self.recording:
             rows = len(slot.meta["req_ids"])
@@ -256,4 +253,3 @@ class Eagle3V2Tap(Eagle3Tap):
                     padded = torch.full_like(self.logprob[:rows], float("nan"))
                     padded[:, : values.shape[1]] = values
                     self.ring.copy_in(slot, DRAFT_LOGPROB, padded)
-        super().after(slot, drafts)

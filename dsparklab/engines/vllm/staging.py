@@ -153,11 +153,12 @@ class SpecTap:
         slot.clock.mark("draft_start")
 
     def after(self, slot: HostSlot, drafts: torch.Tensor) -> None:
-        """Stage the new drafts (and tap buffers) of the rows in ``slot``; hand it on, or
-        hold it until its engine step ends when that step is timed."""
+        """The draft pass ended: stage the method's own values (:meth:`stage_values`), the
+        new drafts and the tap buffers of the rows in ``slot``; hand it on, or hold it until
+        its engine step ends when that step is timed."""
         assert slot.clock is not None
-        if "draft_end" not in slot.clock.marks:  # a tap may have ended the draft before its work
-            slot.clock.mark("draft_end")
+        slot.clock.mark("draft_end")  # before any tap's work: that is not vLLM's draft
+        self.stage_values(slot, drafts)
         rows = len(slot.meta["req_ids"])
         if "num_drafted" not in slot.meta:
             slot.meta["num_drafted"] = min(self.n, int(drafts.shape[1]))
@@ -176,6 +177,10 @@ class SpecTap:
             self.held = slot
             return
         self.hand_on(slot)
+
+    def stage_values(self, slot: HostSlot, drafts: torch.Tensor) -> None:
+        """Stage into ``slot`` what this method's taps take on the host after the draft
+        pass (the in-graph buffers :meth:`after` stages itself); nothing by default."""
 
     def hand_on(self, slot: HostSlot) -> None:
         """Queue ``slot`` for the recorder (and read it here without a flush thread)."""
