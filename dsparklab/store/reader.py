@@ -277,13 +277,24 @@ def part_files(run_dir: Where, table: str, meta: Mapping[str, Any] | None = None
     """Finished parts of ``table`` in name order, of the run's current compaction
     generation (temporary files are never listed). ``meta``: the run's run.json, read when
     not given and compacted parts are there."""
+    return parts_by_generation(run_dir, table, meta)[0]
+
+
+def parts_by_generation(
+    run_dir: Where, table: str, meta: Mapping[str, Any] | None = None
+) -> tuple[list[Location], list[Location]]:
+    """(:func:`part_files`, the finished parts of ``table`` of any other compaction
+    generation: what a compaction in progress or cut short has not yet committed or
+    deleted, which no reader lists)."""
     if table not in ALL_TABLES:
         raise TraceSchemaError(f"unknown table {table!r}; expected one of {sorted(ALL_TABLES)}")
     run_dir = resolve_run(run_dir)
     files = table_location(run_dir, table).files(f"{PART_PREFIX}*{PART_SUFFIX}")
     if meta is None and any(f.name.startswith(COMPACTED_PREFIX) for f in files):
         meta = read_run_json(run_dir, derive_status=False)  # which generation is current
-    return current_parts(files, meta or {})
+    current = current_parts(files, meta or {})
+    kept = set(current)
+    return current, [f for f in files if f not in kept]
 
 
 def check_part_schema(path: Where, table: str, *, partitioned: bool = False) -> pa.Schema:

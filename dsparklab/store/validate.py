@@ -17,18 +17,21 @@ import pyarrow.parquet as pq
 
 from dsparklab.errors import TraceSchemaError
 from dsparklab.store.layout import (
+    PARTITION_KEYS,
+    RUNS_DIR,
     RUNS_ROW,
     RUNS_TABLE,
     is_partitioned,
     partition_values,
     run_tables,
+    store_of,
     table_location,
 )
 from dsparklab.store.location import Location, Where
 from dsparklab.store.reader import (
     check_part_schema,
     find_runs,
-    part_files,
+    parts_by_generation,
     read_run_json,
     resolve_run,
     run_granularity,
@@ -101,8 +104,49 @@ class RunReport:
 
 
 def validate_trace(root: Where) -> list[RunReport]:
-    """Validate one run or every run below ``root``."""
-    return [validate_run(run_dir) for run_dir in find_runs(root)]
+    """Validate one run or every run below ``root``; below a store in the table layout,
+    also report each partition holding parts that no run.json owns
+    (:func:`unowned_partitions`)."""
+    runs = find_runs(root)
+    return [validate_run(run_dir) for run_dir in runs] + unowned_partitions(root, runs)
+
+
+def unowned_partitions(store: Where, runs: list[Location]) -> list[RunReport]:
+    """One report per ``<store>/<table>/<partition>`` with files but no
+    ``<store>/_runs/<partition>/run.json`` among ``runs``: a removal or a move cut short,
+    or a copy that left run.json behind. No reader of dsparklab's counts those parts (they
+    list a run's parts from its run.json), but a SQL engine reading ``<store>/<table>``
+    natively does, so a store holding them is not valid."""
+    store = Location.of(store)
+    owned = {
+        run.relative_to(store / RUNS_DIR)
+        for run in runs
+        if is_partitioned(run) and store_of(run) == store
+    }
+    found: dict[str, list[str]] = {}
+    for table in (*ALL_TABLES, RUNS_TABLE):
+        home = store / table
+        for part in home.walk_files() if home.is_dir() else []:
+            partition = "/".join(part.relative_to(home).split("/")[: len(PARTITION_KEYS)])
+            if partition not in owned and partition.count("=") == len(PARTITION_KEYS):
+                found.setdefault(partition, []).append(table)
+    return [
+        RunReport(
+            path=store / RUNS_DIR / partition,
+            status="no run.json",
+            violations=[
+                Violation(
+                    str(store / table / partition),
+                    None,
+                    "parts with no run.json: a removal or move cut short, or run.json not "
+                    "copied; SQL reading the table directory counts them, dsparklab's readers "
+                    "do not: delete the directory or restore its run.json",
+                )
+                for table in dict.fromkeys(tables)
+            ],
+        )
+        for partition, tables in sorted(found.items())
+    ]
 
 
 def validate_run(run_dir: Where) -> RunReport:
@@ -490,7 +534,18 @@ def _load_table(run_dir: Location, meta: dict, table: str, report: RunReport) ->
     pieces = []
     partitioned = is_partitioned(run_dir)
     constants = partition_values(run_dir) if partitioned else {}
-    for path in part_files(run_dir, table, meta):
+    current, others = parts_by_generation(run_dir, table, meta)
+    for other in others:
+        report.violations.append(
+            Violation(
+                str(other),
+                None,
+                "a part of a compaction generation run.json does not name (a compaction in "
+                "progress or cut short): dsparklab's readers skip it, SQL reading the table "
+                "directory counts it; run `dsparklab compact` on the store again",
+            )
+        )
+    for path in current:
         try:
             check_part_schema(path, table, partitioned=partitioned)
             arrow = pq.read_table(path.path, filesystem=path.fs)

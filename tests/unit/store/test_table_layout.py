@@ -356,3 +356,44 @@ def test_validate_holds_run_json_counts_to_the_parts_and_drafted_steps_to_positi
     meta_path.write_text(json.dumps(meta))
     (report,) = validate_trace(run)
     assert report.violations and {v.field for v in report.violations} == {"num_drafted"}
+
+
+def test_validate_reports_the_parts_no_run_json_owns(tmp_path: Path) -> None:
+    """A removal cut short after run.json went (``remove_run`` deletes it first) leaves
+    parts that dsparklab's readers no longer list but a SQL engine reading the table
+    directory still counts: validate names each such directory, and exits 2."""
+    root = _store(tmp_path / "store")
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    (Path(run.path) / "run.json").unlink()
+    reports = validate_trace(root)
+    unowned = [r for r in reports if not r.ok]
+    assert [r.path for r in unowned] == [run]
+    (report,) = unowned
+    assert {Path(v.file) for v in report.violations} == {
+        Path(table_location(run, table).path) for table in (*TABLES, "runs")
+    }
+    ((counted,),) = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{root}/steps/**/*.parquet', "
+        "hive_partitioning = true)"
+    ).fetchall()
+    assert counted > read_trace(root, "steps").shape[0]  # why it is not valid
+    result = CliRunner().invoke(app, ["validate", str(root)])
+    assert result.exit_code == 2
+    assert "parts with no run.json" in result.output
+
+
+def test_validate_reports_parts_of_a_generation_run_json_does_not_name(tmp_path: Path) -> None:
+    """A compaction cut short between its commit and deleting the old generation leaves
+    parts no reader lists but SQL over the table directory counts twice: validate names
+    them."""
+    root = _store(tmp_path / "store")
+    compact_store(root)
+    run = next(r for r in find_runs(root) if "dspark" in str(r))
+    home = Path(table_location(run, "steps").path)
+    (current,) = home.glob("part-c*.parquet")
+    stale = home / "part-00000.parquet"  # the uncompacted generation's name
+    shutil.copy(current, stale)
+    (report,) = validate_trace(run)
+    assert [Path(v.file) for v in report.violations] == [stale]
+    assert "compaction generation" in report.violations[0].message
+    assert read_trace(run, "steps").shape[0] == read_run_json(run)["rows"]["steps"]
