@@ -373,8 +373,7 @@ def test_validate_reports_the_parts_no_run_json_owns(tmp_path: Path) -> None:
         Path(table_location(run, table).path) for table in (*TABLES, "runs")
     }
     ((counted,),) = duckdb.sql(
-        f"SELECT count(*) FROM read_parquet('{root}/steps/**/*.parquet', "
-        "hive_partitioning = true)"
+        f"SELECT count(*) FROM read_parquet('{root}/steps/**/*.parquet', hive_partitioning = true)"
     ).fetchall()
     assert counted > read_trace(root, "steps").shape[0]  # why it is not valid
     result = CliRunner().invoke(app, ["validate", str(root)])
